@@ -1,0 +1,91 @@
+"""Status codes and the exception hierarchy shared by the engine, the wire and the client.
+
+Every failure a caller can see carries one ``ErrorCode``; the code travels on the wire and the
+client raises the matching exception class, so callers catch by meaning, not by message::
+
+    DuomoError                    (base; .code, .message)
+    ├── InvalidArgumentError      the request itself is wrong: bad image, shape, dtype, field
+    ├── NotFoundError             no such model (or slot, or file)
+    ├── UnavailableError          the model is not serving now (stopping, loading, failed)
+    ├── ResourceExhaustedError    a bounded queue is full; retry later
+    ├── DeadlineExceededError     the request's deadline passed before it could run
+    └── InternalError             a bug or a backend failure; details are in the supervisor log
+
+Code that handles a request needs one ``except DuomoError as err: status = err.code`` and one
+generic fallback that answers INTERNAL without leaking details.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ErrorCode(IntEnum):
+    """Outcome of one request. Values are part of the wire format: never renumber."""
+
+    OK = 0
+    INVALID_ARGUMENT = 1
+    NOT_FOUND = 2
+    UNAVAILABLE = 3
+    RESOURCE_EXHAUSTED = 4
+    DEADLINE_EXCEEDED = 5
+    INTERNAL = 6
+
+
+class DuomoError(Exception):
+    """Base of every error Duomo reports to a caller."""
+
+    code: ErrorCode = ErrorCode.INTERNAL
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.code.name}: {self.message}"
+
+
+class InvalidArgumentError(DuomoError):
+    code = ErrorCode.INVALID_ARGUMENT
+
+
+class NotFoundError(DuomoError):
+    code = ErrorCode.NOT_FOUND
+
+
+class UnavailableError(DuomoError):
+    code = ErrorCode.UNAVAILABLE
+
+
+class ResourceExhaustedError(DuomoError):
+    code = ErrorCode.RESOURCE_EXHAUSTED
+
+
+class DeadlineExceededError(DuomoError):
+    code = ErrorCode.DEADLINE_EXCEEDED
+
+
+class InternalError(DuomoError):
+    code = ErrorCode.INTERNAL
+
+
+_BY_CODE: dict[ErrorCode, type[DuomoError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidArgumentError,
+        NotFoundError,
+        UnavailableError,
+        ResourceExhaustedError,
+        DeadlineExceededError,
+        InternalError,
+    )
+}
+
+
+def error_for(code: int, message: str) -> DuomoError:
+    """The exception instance for a status code received from the other side."""
+    try:
+        cls = _BY_CODE[ErrorCode(code)]
+    except (ValueError, KeyError):
+        return InternalError(f"unknown status code {code}: {message}")
+    return cls(message)

@@ -1,0 +1,198 @@
+"""The YAML configuration: schema, loading, and every check that can run without loading a model.
+
+Called by the CLI (``duomo check``, ``duomo infer``, later ``duomo start``) and the engine.
+
+``load_config(path)`` returns a validated ``DuomoConfig`` or raises ``ConfigError`` whose lines each
+name the file, the field path (``models[1].max_batch``) and the reason. Checked here: unknown keys
+(at every level, executor params included), types and ranges, unique model names, known devices,
+known tasks with the model-file roles they need, and that every model file exists. Relative paths
+are resolved against ``model_root``, itself relative to the config file's folder (default: the
+config file's folder).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError, model_validator
+
+from worker.backends.ort_backend import OrtOptions
+from worker.config_model import StrictModel
+from worker.executors import resolve_executor
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+
+
+class DeviceConfig(StrictModel):
+    id: int = Field(default=0, ge=0)
+    kind: Literal["cpu", "cuda", "ascend"] = "cpu"
+
+
+class BackendsConfig(StrictModel):
+    onnxruntime: OrtOptions = Field(default_factory=OrtOptions)
+
+
+class ModelConfig(StrictModel):
+    name: str = Field(pattern=NAME_PATTERN)
+    task: str
+    backend: Literal["onnxruntime"] = "onnxruntime"
+    device: int = Field(default=0, ge=0)
+    file: Path | None = None
+    files: dict[str, Path] | None = None
+    instances: int = Field(default=1, ge=1, le=64)
+    max_batch: int = Field(default=1, ge=1, le=1024)
+    max_delay_ms: float = Field(default=0.0, ge=0, le=10_000)
+    queue_size: int = Field(default=64, ge=1, le=1_000_000)
+    priority: int = Field(default=0, ge=-1000, le=1000)
+    memory_budget_mb: int | None = Field(default=None, ge=1)
+    intra_op_threads: int | None = Field(default=None, ge=1, le=1024)
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_file_field(self) -> ModelConfig:
+        if (self.file is None) == (self.files is None):
+            raise ValueError("give exactly one of 'file' (one model file) or 'files' (role: path)")
+        return self
+
+    @property
+    def file_roles(self) -> dict[str, Path]:
+        return dict(self.files) if self.files is not None else {"model": self.file}  # type: ignore[dict-item]
+
+
+class DuomoConfig(StrictModel):
+    version: Literal[1] = 1
+    model_root: Path | None = None
+    devices: list[DeviceConfig] = Field(default_factory=lambda: [DeviceConfig()], min_length=1)
+    backends: BackendsConfig = Field(default_factory=BackendsConfig)
+    models: list[ModelConfig] = Field(min_length=1)
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """A model entry with its executor class, validated params and absolute file paths."""
+
+    config: ModelConfig
+    executor: type
+    params: StrictModel
+    files: dict[str, Path]
+
+
+@dataclass(frozen=True)
+class LoadedConfig:
+    path: Path
+    config: DuomoConfig
+    models: dict[str, ResolvedModel]
+
+
+class ConfigError(Exception):
+    """An invalid configuration; ``problems`` are (field path, reason) pairs."""
+
+    def __init__(self, path: Path, problems: Sequence[tuple[str, str]]) -> None:
+        self.path = path
+        self.problems = list(problems)
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        return "\n".join(f"{self.path}: {where}: {why}" for where, why in self.problems)
+
+
+def field_path(loc: Sequence[int | str]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def _pydantic_problems(
+    err: ValidationError, prefix: Sequence[int | str] = ()
+) -> list[tuple[str, str]]:
+    problems = []
+    for e in err.errors(include_url=False):
+        loc = [p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
+        message = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            message = "unknown key (check the spelling)"
+        problems.append((field_path([*prefix, *loc]), message))
+    return problems
+
+
+def load_config(path: str | Path) -> LoadedConfig:
+    path = Path(path).resolve()
+    try:
+        raw = yaml.safe_load(path.read_text("utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(path, [("(file)", "no such file")]) from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(path, [("(file)", f"cannot read: {err}")]) from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(file)"
+        raise ConfigError(
+            path, [(where, f"not valid YAML: {getattr(err, 'problem', err)}")]
+        ) from None
+    if not isinstance(raw, dict):
+        raise ConfigError(path, [("(top level)", "must be a mapping with a 'models' list")])
+    try:
+        config = DuomoConfig.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(path, _pydantic_problems(err)) from None
+    models, problems = _resolve_models(path, config)
+    if problems:
+        raise ConfigError(path, problems)
+    return LoadedConfig(path=path, config=config, models=models)
+
+
+def _resolve_models(
+    path: Path, config: DuomoConfig
+) -> tuple[dict[str, ResolvedModel], list[tuple[str, str]]]:
+    root = (path.parent / config.model_root) if config.model_root else path.parent
+    devices = {d.id for d in config.devices}
+    problems: list[tuple[str, str]] = []
+    models: dict[str, ResolvedModel] = {}
+    for i, model in enumerate(config.models):
+        where = f"models[{i}]"
+        if model.name in models:
+            problems.append((f"{where}.name", f"duplicate model name {model.name!r}"))
+            continue
+        if model.device not in devices:
+            problems.append((f"{where}.device", f"no device with id {model.device} in 'devices'"))
+        try:
+            executor = resolve_executor(model.task, path.parent)
+        except ValueError as err:
+            problems.append((f"{where}.task", str(err)))
+            continue
+        try:
+            params = executor.Params.model_validate(model.params)
+        except ValidationError as err:
+            problems.extend(_pydantic_problems(err, (*_loc(where), "params")))
+            continue
+        files: dict[str, Path] = {}
+        key = "files" if model.files is not None else "file"
+        roles = model.file_roles
+        if set(roles) != set(executor.roles):
+            problems.append(
+                (
+                    f"{where}.{key}",
+                    f"task {model.task!r} needs files for roles {list(executor.roles)}, "
+                    f"got {list(roles)}",
+                )
+            )
+            continue
+        for role, file in roles.items():
+            resolved = (root / file).resolve()
+            if not resolved.is_file():
+                field = f"{where}.files.{role}" if key == "files" else f"{where}.file"
+                problems.append((field, f"model file not found: {resolved}"))
+            files[role] = resolved
+        models[model.name] = ResolvedModel(model, executor, params, files)
+    return models, problems
+
+
+def _loc(where: str) -> list[int | str]:
+    # "models[3]" -> ["models", 3]
+    name, _, index = where.partition("[")
+    return [name, int(index.rstrip("]"))]

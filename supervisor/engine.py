@@ -1,0 +1,165 @@
+"""The in-process engine: one backend init, one thread budget, one ``ServedModel`` per model.
+
+Used by ``duomo infer`` and the benchmark today, and by the supervisor process as its core.
+``start`` loads every model in parallel (each instance on its own thread) and returns when all
+are ready; ``submit``/``infer`` reach a model by name; ``close`` stops models and backends.
+
+Concurrency:
+
+=====================  ==========================================  ==========================
+thread                 runs                                         hands off through
+=====================  ==========================================  ==========================
+caller (any thread)    ``submit``/``infer``: validates the name,     ``Batcher.put`` (bounded,
+                       queues a ``Request``                         priority heap, condition)
+model instance thread  load + warm-up, then batches: prepare →      ``Request.complete`` →
+(one per instance)     execute (holds the ``ComputeGate``) → post   the caller's callback /
+                                                                   ``Future``
+=====================  ==========================================  ==========================
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from concurrent.futures import Future
+from typing import Any
+
+import structlog
+
+from ipc.errors import DuomoError, NotFoundError
+from supervisor.config import LoadedConfig
+from worker.backends import Backend, create_backend
+from worker.request import Outcome
+from worker.served_model import ModelSpec, ServedModel
+from worker.thread_budget import (
+    ComputeGate,
+    InstanceDemand,
+    ThreadPlan,
+    available_cores,
+    plan_threads,
+)
+
+log = structlog.get_logger("duomo.engine")
+
+
+class Engine:
+    def __init__(self, loaded: LoadedConfig, only: Iterable[str] | None = None) -> None:
+        self.loaded = loaded
+        wanted = list(only) if only is not None else list(loaded.models)
+        for name in wanted:
+            if name not in loaded.models:
+                raise NotFoundError(
+                    f"no model named {name!r} in {loaded.path} (have: {sorted(loaded.models)})"
+                )
+        self._wanted = wanted
+        self.models: dict[str, ServedModel] = {}
+        self._backends: dict[str, Backend] = {}
+        ort = loaded.config.backends.onnxruntime
+        budget = ort.thread_budget or available_cores()
+        self.plan: ThreadPlan = plan_threads(
+            [
+                InstanceDemand(
+                    n, loaded.models[n].config.instances, loaded.models[n].config.intra_op_threads
+                )
+                for n in wanted
+            ],
+            budget,
+        )
+        self.gate = ComputeGate(budget)
+
+    def start(self) -> None:
+        """Load every model in parallel; return once all are ready, raise the first failure."""
+        errors: list[BaseException] = []
+        lock = threading.Lock()
+
+        def load(model: ServedModel) -> None:
+            try:
+                model.start()
+            except BaseException as err:
+                with lock:
+                    errors.append(err)
+
+        for name in self._wanted:
+            resolved = self.loaded.models[name]
+            cfg = resolved.config
+            backend = self._backends.get(cfg.backend)
+            if backend is None:
+                backend = create_backend(cfg.backend, self.loaded.config.backends.onnxruntime)
+                self._backends[cfg.backend] = backend
+            spec = ModelSpec(
+                name=name,
+                task=cfg.task,
+                executor=resolved.executor,
+                params=resolved.params,
+                files=resolved.files,
+                instances=cfg.instances,
+                max_batch=cfg.max_batch,
+                max_delay_s=cfg.max_delay_ms / 1e3,
+                queue_size=cfg.queue_size,
+                priority=cfg.priority,
+                intra_op_threads=self.plan.threads_per_instance[name],
+            )
+            self.models[name] = ServedModel(spec, backend, self.gate)
+        loaders = [threading.Thread(target=load, args=(m,)) for m in self.models.values()]
+        for t in loaders:
+            t.start()
+        for t in loaders:
+            t.join()
+        if errors:
+            self.close()
+            raise errors[0]
+        log.info(
+            "engine ready",
+            models=list(self.models),
+            thread_budget=self.plan.budget,
+            threads=self.plan.threads_per_instance,
+        )
+
+    def model(self, name: str) -> ServedModel:
+        try:
+            return self.models[name]
+        except KeyError:
+            raise NotFoundError(
+                f"no model named {name!r} (serving: {sorted(self.models)})"
+            ) from None
+
+    def submit(
+        self, name: str, payload: Any, priority: int | None = None, deadline_s: float | None = None
+    ) -> Future[Any]:
+        """Queue one request; the future resolves to the result dict or raises a DuomoError."""
+        future: Future[Any] = Future()
+
+        def done(outcome: Outcome) -> None:
+            if outcome.error is not None:
+                future.set_exception(outcome.error)
+            else:
+                future.set_result(outcome.result)
+
+        try:
+            self.model(name).submit(payload, done, priority=priority, deadline_s=deadline_s)
+        except DuomoError as err:
+            future.set_exception(err)
+        return future
+
+    def infer(self, name: str, payload: Any, timeout_s: float | None = None) -> Any:
+        return self.submit(name, payload).result(timeout_s)
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "thread_budget": self.plan.budget,
+            "models": {name: m.status() for name, m in self.models.items()},
+        }
+
+    def close(self) -> None:
+        for model in self.models.values():
+            model.stop()
+        for backend in self._backends.values():
+            backend.close()
+        self._backends.clear()
+
+    def __enter__(self) -> Engine:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

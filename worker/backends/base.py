@@ -1,0 +1,113 @@
+"""The backend interface every runtime implements, and the reusable host I/O buffers.
+
+A ``Backend`` is created once per process (one runtime init); ``open`` is called on a model
+worker's own thread and returns a ``ModelSession`` that only that thread uses. Executors write
+their batch straight into ``session.input_buffer(...)`` views and read outputs from the views
+``run`` returns; both live in memory allocated once per session and reused, so the steady state
+allocates nothing per request.
+
+Invariant: output views returned by ``run`` stay valid until the next ``run`` on that session.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from worker.thread_budget import ComputeGate
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A model input or output: name, element type and shape (``None`` = dynamic dimension)."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[int | None, ...]
+
+    def to_dict(self) -> dict[str, object]:
+        return {"name": self.name, "dtype": self.dtype.name, "shape": list(self.shape)}
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    """What a worker asks of the session it opens."""
+
+    intra_op_threads: int
+    gate: ComputeGate | None = None
+
+
+class HostBuffers:
+    """Named flat host arrays handed out as shaped views; grown only when a shape needs more.
+
+    Growth happens during warm-up at the executor's largest shapes, so it is a load-time event;
+    ``growths`` counts it so a steady-state regrowth would be visible in the stats.
+    """
+
+    def __init__(self) -> None:
+        self._flat: dict[str, np.ndarray] = {}
+        self.growths = 0
+
+    def view(self, name: str, dtype: np.dtype, shape: Sequence[int]) -> np.ndarray:
+        count = int(np.prod(shape, dtype=np.int64))
+        flat = self._flat.get(name)
+        if flat is None or flat.dtype != dtype or flat.size < count:
+            flat = np.empty(max(count, 1), dtype=dtype)
+            self._flat[name] = flat
+            self.growths += 1
+        return flat[:count].reshape(shape)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self._flat.values())
+
+
+class ModelSession(ABC):
+    """One loaded model file, used by exactly one worker thread."""
+
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    metadata: Mapping[str, str]
+    path: Path
+
+    @abstractmethod
+    def input_buffer(self, name: str, shape: Sequence[int]) -> np.ndarray:
+        """A writable view of this session's reusable memory for input ``name`` at ``shape``."""
+
+    @abstractmethod
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Execute once. Outputs are views valid until the next ``run``."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the runtime objects; the session is unusable afterwards."""
+
+    def spec(self, name: str) -> TensorSpec:
+        for spec in (*self.inputs, *self.outputs):
+            if spec.name == name:
+                return spec
+        raise KeyError(f"{self.path.name} has no tensor named {name!r}")
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "file": str(self.path),
+            "inputs": [s.to_dict() for s in self.inputs],
+            "outputs": [s.to_dict() for s in self.outputs],
+        }
+
+
+class Backend(ABC):
+    """A runtime initialised once per process."""
+
+    name: str
+
+    @abstractmethod
+    def open(self, path: Path, settings: SessionSettings) -> ModelSession:
+        """Load ``path``; called on the worker thread that will use the session."""
+
+    def close(self) -> None:  # noqa: B027 - most backends hold nothing process-wide
+        """Release process-wide runtime state after every session is closed."""

@@ -1,0 +1,200 @@
+"""The ONNX Runtime backend: one environment per process, one session per model instance.
+
+Created by ``worker.backends.create_backend``; ``open`` runs on the model worker's thread.
+
+What it guarantees:
+- providers are passed explicitly (onnxruntime lists ``AzureExecutionProvider`` first on some
+  installs) and the provider actually in use is checked after the session is created: a silent
+  fall-back to CPU is an error unless ``allow_cpu_fallback`` is set;
+- each session gets the intra-op thread count the thread plan gave its instance, no inter-op
+  pool, and no spinning (an idle server burns no CPU);
+- I/O goes through one reused IOBinding over the session's own buffers: inputs are bound where the
+  executor wrote them, outputs are bound to pre-allocated arrays once their shape for a given set
+  of input shapes is known (learned on the first run with those shapes, usually the warm-up);
+- every ``run`` holds the process's ``ComputeGate`` for its threads.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field
+
+from worker.backends.base import Backend, HostBuffers, ModelSession, SessionSettings, TensorSpec
+from worker.config_model import StrictModel
+
+_ORT_TYPES = {
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(double)": np.float64,
+    "tensor(int8)": np.int8,
+    "tensor(uint8)": np.uint8,
+    "tensor(int16)": np.int16,
+    "tensor(uint16)": np.uint16,
+    "tensor(int32)": np.int32,
+    "tensor(int64)": np.int64,
+    "tensor(bool)": np.bool_,
+}
+_OPT_LEVELS = {"disable": 0, "basic": 1, "extended": 2, "all": 99}
+_SHAPE_MEMO_SIZE = 256
+_init_lock = threading.Lock()
+_logger_quieted = False
+
+
+class OrtOptions(StrictModel):
+    """``backends.onnxruntime`` in the config."""
+
+    providers: list[str] = Field(default_factory=lambda: ["CPUExecutionProvider"], min_length=1)
+    provider_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    allow_cpu_fallback: bool = False
+    thread_budget: int | None = Field(
+        default=None, ge=1, description="cores for intra-op threads; default: the cores available"
+    )
+    graph_optimization: Literal["disable", "basic", "extended", "all"] = "all"
+    allow_spinning: bool = False
+    enable_cpu_mem_arena: bool = True
+
+
+def _spec(arg: Any) -> TensorSpec:
+    dtype = _ORT_TYPES.get(arg.type)
+    if dtype is None:
+        raise ValueError(f"tensor {arg.name!r} has unsupported type {arg.type}")
+    shape = tuple(d if isinstance(d, int) and d >= 0 else None for d in arg.shape)
+    return TensorSpec(name=arg.name, dtype=np.dtype(dtype), shape=shape)
+
+
+class OrtSession(ModelSession):
+    def __init__(
+        self, path: Path, session: Any, gate_threads: int, settings: SessionSettings
+    ) -> None:
+        self.path = path
+        self._session = session
+        self._binding = session.io_binding()
+        self._threads = gate_threads
+        self._gate = settings.gate
+        self.inputs = tuple(_spec(a) for a in session.get_inputs())
+        self.outputs = tuple(_spec(a) for a in session.get_outputs())
+        self.metadata = dict(session.get_modelmeta().custom_metadata_map)
+        self.providers = list(session.get_providers())
+        self._in = HostBuffers()
+        self._out = HostBuffers()
+        self._output_shapes: OrderedDict[tuple[tuple[int, ...], ...], list[tuple[int, ...]]]
+        self._output_shapes = OrderedDict()
+
+    @property
+    def buffer_bytes(self) -> int:
+        return self._in.nbytes + self._out.nbytes
+
+    @property
+    def buffer_growths(self) -> int:
+        return self._in.growths + self._out.growths
+
+    def input_buffer(self, name: str, shape: Sequence[int]) -> np.ndarray:
+        return self._in.view(name, self.spec(name).dtype, shape)
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        binding = self._binding
+        binding.clear_binding_inputs()
+        binding.clear_binding_outputs()
+        keep_alive = []
+        for spec in self.inputs:
+            array = inputs.get(spec.name)
+            if array is None:
+                raise ValueError(f"missing input {spec.name!r} for {self.path.name}")
+            if array.dtype != spec.dtype or not array.flags.c_contiguous:
+                array = np.ascontiguousarray(array, dtype=spec.dtype)
+                keep_alive.append(array)
+            binding.bind_input(
+                spec.name, "cpu", 0, spec.dtype, list(array.shape), array.ctypes.data
+            )
+        key = tuple(tuple(inputs[s.name].shape) for s in self.inputs)
+        shapes = self._output_shapes.get(key)
+        views: dict[str, np.ndarray] = {}
+        for i, spec in enumerate(self.outputs):
+            if shapes is None:
+                binding.bind_output(spec.name, "cpu")
+            else:
+                view = self._out.view(spec.name, spec.dtype, shapes[i])
+                binding.bind_output(
+                    spec.name, "cpu", 0, spec.dtype, list(view.shape), view.ctypes.data
+                )
+                views[spec.name] = view
+        if self._gate is None:
+            self._session.run_with_iobinding(binding)
+        else:
+            with self._gate.hold(self._threads):
+                self._session.run_with_iobinding(binding)
+        if shapes is not None:
+            self._output_shapes.move_to_end(key)
+            return views
+        produced = binding.copy_outputs_to_cpu()
+        self._output_shapes[key] = [tuple(a.shape) for a in produced]
+        if len(self._output_shapes) > _SHAPE_MEMO_SIZE:
+            self._output_shapes.popitem(last=False)
+        result = {}
+        for spec, array in zip(self.outputs, produced):
+            view = self._out.view(spec.name, spec.dtype, array.shape)
+            view[...] = array
+            result[spec.name] = view
+        return result
+
+    def close(self) -> None:
+        self._binding = None
+        self._session = None
+
+
+class OrtBackend(Backend):
+    name = "onnxruntime"
+
+    def __init__(self, options: OrtOptions | None = None) -> None:
+        self.options = options or OrtOptions()
+
+    def open(self, path: Path, settings: SessionSettings) -> OrtSession:
+        import onnxruntime as ort
+
+        _quiet_ort_logging(ort)
+        opts = self.options
+        available = ort.get_available_providers()
+        missing = [p for p in opts.providers if p not in available]
+        if missing and not opts.allow_cpu_fallback:
+            raise RuntimeError(
+                f"onnxruntime provider(s) {missing} not available in this install "
+                f"(available: {available}); install the matching onnxruntime package or set "
+                "backends.onnxruntime.allow_cpu_fallback: true"
+            )
+        providers = [p for p in opts.providers if p in available] or ["CPUExecutionProvider"]
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = settings.intra_op_threads
+        so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.graph_optimization_level = ort.GraphOptimizationLevel(
+            _OPT_LEVELS[opts.graph_optimization]
+        )
+        so.enable_cpu_mem_arena = opts.enable_cpu_mem_arena
+        so.log_severity_level = 3
+        so.add_session_config_entry(
+            "session.intra_op.allow_spinning", "1" if opts.allow_spinning else "0"
+        )
+        provider_options = [opts.provider_options.get(p, {}) for p in providers]
+        session = ort.InferenceSession(
+            str(path), sess_options=so, providers=providers, provider_options=provider_options
+        )
+        in_use = session.get_providers()
+        if providers[0] not in in_use and not opts.allow_cpu_fallback:
+            raise RuntimeError(
+                f"{path.name}: asked for {providers[0]} but onnxruntime runs it on {in_use}"
+            )
+        return OrtSession(path, session, settings.intra_op_threads, settings)
+
+
+def _quiet_ort_logging(ort: Any) -> None:
+    global _logger_quieted
+    with _init_lock:
+        if not _logger_quieted:
+            ort.set_default_logger_severity(3)
+            _logger_quieted = True

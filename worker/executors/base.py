@@ -1,0 +1,101 @@
+"""The executor contract: per-task pre/post-processing around one or more backend sessions.
+
+An executor instance belongs to one worker thread and owns the sessions it was given (one per
+role: ``("model",)`` for most tasks, ``("det", "cls", "rec")`` for OCR). The worker calls
+``prepare`` once per request (validation + per-image work; a bad request fails alone with
+``InvalidArgumentError``) and ``execute`` once per batch, which writes the prepared items into the
+sessions' reusable input buffers, runs, and turns outputs into one result per item.
+
+A new task is a subclass with ``roles``, a ``Params`` model (its config section, strict) and
+those two methods; register it by name in ``worker.executors`` or point a config's ``task`` at
+``package.module:ClassName``.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ipc.errors import InvalidArgumentError
+from worker.backends.base import ModelSession
+from worker.config_model import StrictModel
+
+MAX_IMAGE_SIDE = 16384
+
+
+class NoParams(StrictModel):
+    """For executors that take no parameters."""
+
+
+class StageTimer:
+    """Accumulates the seconds one batch spends per stage inside ``execute``."""
+
+    def __init__(self) -> None:
+        self.seconds = {"preprocess": 0.0, "infer": 0.0, "postprocess": 0.0}
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] += time.perf_counter() - start
+
+
+class Executor(ABC):
+    roles: ClassVar[tuple[str, ...]] = ("model",)
+    Params: ClassVar[type[StrictModel]] = NoParams
+
+    def __init__(
+        self, params: StrictModel, sessions: Mapping[str, ModelSession], max_batch: int
+    ) -> None:
+        self.params = params
+        self.sessions = sessions
+        self.max_batch = max_batch
+
+    @abstractmethod
+    def prepare(self, payload: Any) -> Any:
+        """Validate and pre-process one request's payload; raise InvalidArgumentError if bad."""
+
+    @abstractmethod
+    def execute(self, items: Sequence[Any], timer: StageTimer) -> list[Any]:
+        """Run one batch of prepared items; return one result (or a DuomoError) per item."""
+
+    def warmup(self) -> None:  # noqa: B027 - optional hook
+        """Run once at the largest shapes so every buffer is sized at load, not under load."""
+
+    def describe(self) -> dict[str, Any]:
+        """What a client needs to know about this model's inputs and outputs."""
+        return {role: session.describe() for role, session in self.sessions.items()}
+
+    def close(self) -> None:
+        for session in self.sessions.values():
+            session.close()
+
+
+def as_rgb_image(payload: Any) -> np.ndarray:
+    """The payload as a uint8 H×W×3 array; grayscale is expanded, an alpha channel dropped."""
+    if not isinstance(payload, np.ndarray):
+        raise InvalidArgumentError(f"expected an image array, got {type(payload).__name__}")
+    image = payload
+    if image.dtype != np.uint8:
+        raise InvalidArgumentError(f"image must be uint8, got {image.dtype}")
+    if image.ndim == 3 and image.shape[2] == 1:
+        image = image[:, :, 0]
+    if image.ndim == 2:
+        image = np.repeat(image[:, :, None], 3, axis=2)
+    elif image.ndim == 3 and image.shape[2] == 4:
+        image = image[:, :, :3]
+    if image.ndim != 3 or image.shape[2] != 3:
+        raise InvalidArgumentError(
+            f"image must be H×W, H×W×3 or H×W×4, got shape {tuple(payload.shape)}"
+        )
+    h, w = image.shape[:2]
+    if not (1 <= h <= MAX_IMAGE_SIDE and 1 <= w <= MAX_IMAGE_SIDE):
+        raise InvalidArgumentError(f"image size {w}×{h} is outside 1..{MAX_IMAGE_SIDE} per side")
+    return np.ascontiguousarray(image)

@@ -1,0 +1,102 @@
+"""Image classification (EfficientNet-Lite0 in the demo): resize, centre crop, top-k with labels.
+
+Result: ``{"top": [{"index": int, "label": str, "score": float}, ...]}``, best first, scores
+are softmax probabilities. Labels are ImageNet-1k by default or one label per line from
+``params.labels``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field
+
+from worker.backends.base import ModelSession
+from worker.config_model import StrictModel
+from worker.executors.base import Executor, StageTimer, as_rgb_image
+from worker.executors.image_ops import normalize_into, resize
+
+# (scale, offset) applied to 0..255 pixels; imagenet's per-channel mean/std is folded per channel.
+_IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32) * 255
+_IMAGENET_STD = np.array([0.229, 0.224, 0.225], dtype=np.float32) * 255
+
+
+class ClassificationParams(StrictModel):
+    top_k: int = Field(default=5, ge=1, le=1000)
+    input_size: int = Field(default=224, ge=8, le=4096)
+    normalization: Literal["tflite", "imagenet"] = "tflite"
+    labels: Path | None = None
+
+
+def load_imagenet_labels() -> list[str]:
+    text = resources.files("worker.executors").joinpath("imagenet_labels.txt").read_text("utf-8")
+    # "n02123045<TAB>tabby, tabby cat" -> "tabby"
+    return [line.split("\t", 1)[1].split(",")[0].strip() for line in text.splitlines() if line]
+
+
+class ClassificationExecutor(Executor):
+    Params = ClassificationParams
+
+    def __init__(
+        self, params: ClassificationParams, sessions: Mapping[str, ModelSession], max_batch: int
+    ) -> None:
+        super().__init__(params, sessions, max_batch)
+        self.p = params
+        self.session = sessions["model"]
+        self.input = self.session.inputs[0].name
+        self.output = self.session.outputs[0].name
+        if params.labels is not None:
+            self.labels = params.labels.read_text("utf-8").splitlines()
+        else:
+            self.labels = load_imagenet_labels()
+
+    def prepare(self, payload: Any) -> np.ndarray:
+        image = as_rgb_image(payload)
+        h, w = image.shape[:2]
+        size = self.p.input_size
+        scale = size / min(h, w)
+        rw, rh = max(size, round(w * scale)), max(size, round(h * scale))
+        resized = resize(image, rw, rh)
+        top, left = (rh - size) // 2, (rw - size) // 2
+        return resized[top : top + size, left : left + size]
+
+    def execute(self, items: Sequence[np.ndarray], timer: StageTimer) -> list[Any]:
+        size = self.p.input_size
+        with timer.stage("preprocess"):
+            batch = self.session.input_buffer(self.input, (len(items), 3, size, size))
+            for row, crop in zip(batch, items):
+                if self.p.normalization == "tflite":
+                    normalize_into(row, crop, 1 / 127.5, -1.0)
+                else:
+                    normalize_into(row, crop, 1.0, 0.0)
+                    row -= _IMAGENET_MEAN[:, None, None]
+                    row /= _IMAGENET_STD[:, None, None]
+        with timer.stage("infer"):
+            logits = self.session.run({self.input: batch})[self.output]
+        with timer.stage("postprocess"):
+            return [self._top_k(row) for row in logits[: len(items)]]
+
+    def _top_k(self, logits: np.ndarray) -> dict[str, Any]:
+        shifted = np.exp(logits - logits.max())
+        probs = shifted / shifted.sum()
+        k = min(self.p.top_k, probs.size)
+        best = np.argpartition(-probs, k - 1)[:k]
+        best = best[np.argsort(-probs[best])]
+        return {
+            "top": [
+                {
+                    "index": int(i),
+                    "label": self.labels[i] if i < len(self.labels) else str(i),
+                    "score": float(probs[i]),
+                }
+                for i in best
+            ]
+        }
+
+    def warmup(self) -> None:
+        blank = np.zeros((self.p.input_size, self.p.input_size, 3), dtype=np.uint8)
+        self.execute([blank] * self.max_batch, StageTimer())

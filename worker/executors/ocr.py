@@ -1,0 +1,213 @@
+"""OCR: PP-OCR text detection → line crops → angle classifier (0/180°) → CTC recognition.
+
+The three models are chained inside one executor on one worker thread, so a request crosses no
+extra queue or process between stages. Result::
+
+    {"lines": [{"text": str, "score": float, "box": [[x, y] × 4]}, ...]}
+
+in reading order (top to bottom, then left to right), boxes in the input image's pixels,
+clockwise from the top-left corner. Lines whose recognition score is below ``text_score`` are
+dropped. The recogniser's character list is read from the ONNX metadata (``character``).
+
+Batching: images of a batch are padded into one detection canvas; the text lines of all images
+are then classified and recognised together in batches of ``cls_batch`` / ``rec_batch``, sorted by
+aspect ratio so that each batch pads little.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import cv2
+import numpy as np
+from pydantic import Field
+
+from worker.backends.base import ModelSession
+from worker.config_model import StrictModel
+from worker.executors.base import Executor, StageTimer, as_rgb_image
+from worker.executors.image_ops import normalize_into, resize
+from worker.executors.ocr_geometry import DbParams, crop_text_line, detect_boxes
+
+# PP-OCR normalises every stage with mean 0.5 / std 0.5 on 0..1 pixels: x/127.5 - 1.
+_SCALE, _OFFSET = 1 / 127.5, -1.0
+_CLS_SHAPE = (48, 192)
+
+
+class OcrParams(StrictModel):
+    det_limit_side: int = Field(default=736, ge=32, le=4096)
+    det_max_side: int = Field(default=2016, ge=64, le=8192, multiple_of=32)
+    det_thresh: float = Field(default=0.3, gt=0, lt=1)
+    det_box_thresh: float = Field(default=0.5, gt=0, lt=1)
+    det_unclip_ratio: float = Field(default=1.6, gt=0, le=10)
+    det_max_candidates: int = Field(default=1000, ge=1)
+    det_use_dilation: bool = True
+    use_angle_cls: bool = True
+    cls_thresh: float = Field(default=0.9, gt=0, lt=1)
+    cls_batch: int = Field(default=6, ge=1, le=256)
+    rec_batch: int = Field(default=6, ge=1, le=256)
+    rec_height: int = Field(default=48, ge=8, le=256)
+    rec_min_width: int = Field(default=320, ge=8, le=8192)
+    rec_max_width: int = Field(default=2560, ge=8, le=16384)
+    text_score: float = Field(default=0.5, ge=0, le=1)
+
+
+@dataclass(frozen=True)
+class OcrInput:
+    """One image as BGR (PP-OCR's training order) and its detector-sized copy."""
+
+    bgr: np.ndarray
+    resized: np.ndarray
+
+
+@dataclass
+class TextLine:
+    image: int
+    box: np.ndarray
+    crop: np.ndarray
+    text: str = ""
+    score: float = 0.0
+
+
+def _round32(x: float) -> int:
+    return max(32, int(round(x / 32) * 32))
+
+
+class OcrExecutor(Executor):
+    roles = ("det", "cls", "rec")
+    Params = OcrParams
+
+    def __init__(
+        self, params: OcrParams, sessions: Mapping[str, ModelSession], max_batch: int
+    ) -> None:
+        super().__init__(params, sessions, max_batch)
+        self.p = params
+        self.det, self.cls, self.rec = sessions["det"], sessions["cls"], sessions["rec"]
+        characters = self.rec.metadata.get("character")
+        if not characters:
+            raise ValueError(
+                f"{self.rec.path.name}: no 'character' list in the ONNX metadata; "
+                "a PP-OCR recognition model exported by PaddleOCR/rapidocr carries one"
+            )
+        self.charset = ["", *characters.splitlines(), " "]  # index 0 is the CTC blank
+        self.db = DbParams(
+            thresh=params.det_thresh,
+            box_thresh=params.det_box_thresh,
+            unclip_ratio=params.det_unclip_ratio,
+            max_candidates=params.det_max_candidates,
+            use_dilation=params.det_use_dilation,
+        )
+
+    def prepare(self, payload: Any) -> OcrInput:
+        bgr = np.ascontiguousarray(as_rgb_image(payload)[:, :, ::-1])
+        h, w = bgr.shape[:2]
+        ratio = self.p.det_limit_side / min(h, w) if min(h, w) < self.p.det_limit_side else 1.0
+        if max(h, w) * ratio > self.p.det_max_side:
+            ratio = self.p.det_max_side / max(h, w)
+        rw = min(_round32(w * ratio), self.p.det_max_side)
+        rh = min(_round32(h * ratio), self.p.det_max_side)
+        return OcrInput(bgr=bgr, resized=resize(bgr, rw, rh))
+
+    def execute(self, items: Sequence[OcrInput], timer: StageTimer) -> list[Any]:
+        det_in = self.det.inputs[0].name
+        with timer.stage("preprocess"):
+            canvas_h = max(i.resized.shape[0] for i in items)
+            canvas_w = max(i.resized.shape[1] for i in items)
+            batch = self.det.input_buffer(det_in, (len(items), 3, canvas_h, canvas_w))
+            for row, item in zip(batch, items):
+                if item.resized.shape[:2] != (canvas_h, canvas_w):
+                    row.fill(_OFFSET)  # black, as PP-OCR pads
+                normalize_into(row, item.resized, _SCALE, _OFFSET)
+        with timer.stage("infer"):
+            prob = self.det.run({det_in: batch})[self.det.outputs[0].name]
+        with timer.stage("postprocess"):
+            lines: list[TextLine] = []
+            for i, item in enumerate(items):
+                rh, rw = item.resized.shape[:2]
+                h, w = item.bgr.shape[:2]
+                boxes, _ = detect_boxes(prob[i, 0, :rh, :rw], w, h, self.db)
+                lines.extend(TextLine(i, b, crop_text_line(item.bgr, b)) for b in boxes)
+        if lines:
+            if self.p.use_angle_cls:
+                self._classify_angles(lines, timer)
+            self._recognize(lines, timer)
+        with timer.stage("postprocess"):
+            results: list[dict[str, Any]] = [{"lines": []} for _ in items]
+            for line in lines:
+                if line.score >= self.p.text_score and line.text:
+                    results[line.image]["lines"].append(
+                        {
+                            "text": line.text,
+                            "score": line.score,
+                            "box": [[float(x), float(y)] for x, y in line.box],
+                        }
+                    )
+            return list(results)
+
+    def _by_aspect(self, lines: list[TextLine], size: int) -> list[list[TextLine]]:
+        ordered = sorted(lines, key=lambda ln: ln.crop.shape[1] / ln.crop.shape[0])
+        return [ordered[i : i + size] for i in range(0, len(ordered), size)]
+
+    def _fill_line_batch(
+        self, session: ModelSession, group: list[TextLine], width: int, max_width: int
+    ) -> np.ndarray:
+        """Each crop resized to the line height keeping its aspect, left-aligned, zero-padded."""
+        height = self.p.rec_height if session is self.rec else _CLS_SHAPE[0]
+        name = session.inputs[0].name
+        batch = session.input_buffer(name, (len(group), 3, height, width))
+        batch.fill(0.0)
+        for row, line in zip(batch, group):
+            h, w = line.crop.shape[:2]
+            target_w = min(max_width, width, max(1, math.ceil(height * w / h)))
+            normalize_into(row, resize(line.crop, target_w, height), _SCALE, _OFFSET)
+        return batch
+
+    def _classify_angles(self, lines: list[TextLine], timer: StageTimer) -> None:
+        for group in self._by_aspect(lines, self.p.cls_batch):
+            with timer.stage("preprocess"):
+                batch = self._fill_line_batch(self.cls, group, _CLS_SHAPE[1], _CLS_SHAPE[1])
+            with timer.stage("infer"):
+                probs = self.cls.run({self.cls.inputs[0].name: batch})[self.cls.outputs[0].name]
+            with timer.stage("postprocess"):
+                for line, p in zip(group, probs[: len(group)]):
+                    if int(np.argmax(p)) == 1 and float(p[1]) > self.p.cls_thresh:
+                        line.crop = cv2.rotate(line.crop, cv2.ROTATE_180)
+
+    def _recognize(self, lines: list[TextLine], timer: StageTimer) -> None:
+        height = self.p.rec_height
+        for group in self._by_aspect(lines, self.p.rec_batch):
+            with timer.stage("preprocess"):
+                widest = max(
+                    math.ceil(height * ln.crop.shape[1] / ln.crop.shape[0]) for ln in group
+                )
+                width = min(max(self.p.rec_min_width, widest), self.p.rec_max_width)
+                width = min(-(-width // 32) * 32, self.p.rec_max_width)  # fewer distinct shapes
+                batch = self._fill_line_batch(self.rec, group, width, self.p.rec_max_width)
+            with timer.stage("infer"):
+                probs = self.rec.run({self.rec.inputs[0].name: batch})[self.rec.outputs[0].name]
+            with timer.stage("postprocess"):
+                for line, seq in zip(group, probs[: len(group)]):
+                    line.text, line.score = self._ctc_decode(seq)
+
+    def _ctc_decode(self, seq: np.ndarray) -> tuple[str, float]:
+        """Greedy CTC: best class per step, repeats merged, blanks dropped."""
+        best = seq.argmax(axis=1)
+        keep = np.ones(best.shape, dtype=bool)
+        keep[1:] = best[1:] != best[:-1]
+        keep &= best != 0
+        if not keep.any():
+            return "", 0.0
+        chars = self.charset
+        text = "".join(chars[i] if i < len(chars) else "" for i in best[keep])
+        score = float(seq[np.flatnonzero(keep), best[keep]].mean())
+        return text, score
+
+    def warmup(self) -> None:
+        blank = np.full((self.p.det_limit_side, self.p.det_limit_side, 3), 255, dtype=np.uint8)
+        self.execute([self.prepare(blank)] * self.max_batch, StageTimer())
+        line = TextLine(0, np.zeros((4, 2), np.float32), np.full((48, 320, 3), 255, np.uint8))
+        if self.p.use_angle_cls:
+            self._classify_angles([line] * self.p.cls_batch, StageTimer())
+        self._recognize([line] * self.p.rec_batch, StageTimer())

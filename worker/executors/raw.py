@@ -1,0 +1,128 @@
+"""Raw tensors in, raw tensors out, for any model.
+
+Payload: ``{input_name: array}`` (or one array for a single-input model), each array with the
+model's rank; for a model whose first dimension is dynamic that dimension is the request's batch
+count. Requests with the same trailing shapes are concatenated along the first dimension (up to
+``max_batch`` rows per run) and each gets its own rows of every output back, copied out of the
+session's reused buffers. Result: ``{output_name: array}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ipc.errors import InvalidArgumentError
+from worker.backends.base import ModelSession
+from worker.config_model import StrictModel
+from worker.executors.base import Executor, StageTimer
+
+
+@dataclass(frozen=True)
+class RawInput:
+    tensors: dict[str, np.ndarray]
+    rows: int
+
+    @property
+    def signature(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(a.shape[1:] for a in self.tensors.values())
+
+
+class RawExecutor(Executor):
+    def __init__(
+        self, params: StrictModel, sessions: Mapping[str, ModelSession], max_batch: int
+    ) -> None:
+        super().__init__(params, sessions, max_batch)
+        self.session = sessions["model"]
+        first_dims = [s.shape[0] if s.shape else 1 for s in self.session.inputs]
+        self.batchable = all(d is None for d in first_dims)
+
+    def prepare(self, payload: Any) -> RawInput:
+        specs = self.session.inputs
+        if isinstance(payload, np.ndarray):
+            if len(specs) != 1:
+                raise InvalidArgumentError(
+                    f"model has {len(specs)} inputs {[s.name for s in specs]}; pass a dict"
+                )
+            payload = {specs[0].name: payload}
+        if not isinstance(payload, dict):
+            raise InvalidArgumentError(f"expected a dict of arrays, got {type(payload).__name__}")
+        names = {s.name for s in specs}
+        if set(payload) != names:
+            raise InvalidArgumentError(
+                f"inputs must be exactly {sorted(names)}, got {sorted(payload)}"
+            )
+        tensors: dict[str, np.ndarray] = {}
+        rows: set[int] = set()
+        for spec in specs:
+            array = payload[spec.name]
+            if not isinstance(array, np.ndarray):
+                raise InvalidArgumentError(f"input {spec.name!r} must be a numpy array")
+            if array.dtype != spec.dtype:
+                raise InvalidArgumentError(
+                    f"input {spec.name!r} must be {spec.dtype.name}, got {array.dtype.name}"
+                )
+            if array.ndim != len(spec.shape) or any(
+                d is not None and d != a for d, a in zip(spec.shape, array.shape)
+            ):
+                raise InvalidArgumentError(
+                    f"input {spec.name!r} shape {list(array.shape)} does not fit "
+                    f"{['?' if d is None else d for d in spec.shape]}"
+                )
+            tensors[spec.name] = array
+            rows.add(array.shape[0] if self.batchable else 1)
+        if len(rows) != 1:
+            raise InvalidArgumentError(f"inputs disagree on the batch dimension: {sorted(rows)}")
+        n = rows.pop()
+        if not 1 <= n <= self.max_batch:
+            raise InvalidArgumentError(f"batch of {n} rows is outside 1..{self.max_batch}")
+        return RawInput(tensors, n)
+
+    def execute(self, items: Sequence[RawInput], timer: StageTimer) -> list[Any]:
+        results: list[Any] = [None] * len(items)
+        for group in self._groups(items):
+            with timer.stage("preprocess"):
+                feed = self._assemble([items[i] for i in group])
+            with timer.stage("infer"):
+                out = self.session.run(feed)
+            with timer.stage("postprocess"):
+                start = 0
+                for i in group:
+                    n = items[i].rows
+                    if self.batchable:
+                        results[i] = {k: v[start : start + n].copy() for k, v in out.items()}
+                    else:
+                        results[i] = {k: v.copy() for k, v in out.items()}
+                    start += n
+        return results
+
+    def _groups(self, items: Sequence[RawInput]) -> list[list[int]]:
+        """Indices that can share one run: same trailing shapes, rows within max_batch."""
+        if not self.batchable:
+            return [[i] for i in range(len(items))]
+        groups: list[list[int]] = []
+        open_groups: dict[tuple[tuple[int, ...], ...], tuple[list[int], int]] = {}
+        for i, item in enumerate(items):
+            group, rows = open_groups.get(item.signature, ([], 0))
+            if group and rows + item.rows > self.max_batch:
+                group, rows = [], 0
+            if not group:
+                groups.append(group)
+            group.append(i)
+            open_groups[item.signature] = (group, rows + item.rows)
+        return groups
+
+    def _assemble(self, group: list[RawInput]) -> dict[str, np.ndarray]:
+        if len(group) == 1:
+            return group[0].tensors
+        feed = {}
+        for spec in self.session.inputs:
+            parts = [item.tensors[spec.name] for item in group]
+            shape = (sum(p.shape[0] for p in parts), *parts[0].shape[1:])
+            buffer = self.session.input_buffer(spec.name, shape)
+            np.concatenate(parts, axis=0, out=buffer)
+            feed[spec.name] = buffer
+        return feed

@@ -1,0 +1,149 @@
+"""One model instance: a thread that loads its own sessions and serves batches from the batcher.
+
+Created and started by ``ServedModel``. Everything the executor owns (sessions, I/O buffers, and
+for ACL the context and stream) is created on this thread and used only by it.
+
+Per batch: expired requests are answered DEADLINE_EXCEEDED; each request is prepared alone (a bad
+one fails alone with its own error); the rest execute together. An exception from ``execute``
+fails every member of the batch: a ``DuomoError`` with its own code, anything else as INTERNAL
+with the traceback in the log and not in the answer.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from ipc.errors import DeadlineExceededError, DuomoError, InternalError
+from worker.batcher import Batcher, TakenBatch
+from worker.executors.base import Executor, StageTimer
+from worker.request import Request
+
+log = structlog.get_logger("duomo.worker")
+
+
+class ModelWorker:
+    def __init__(
+        self,
+        model: str,
+        index: int,
+        load: Callable[[], Executor],
+        batcher: Batcher,
+        on_batch: Callable[[int], None],
+    ) -> None:
+        self.model = model
+        self.index = index
+        self._load = load
+        self._batcher = batcher
+        self._on_batch = on_batch
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self.load_error: BaseException | None = None
+        self.executor: Executor | None = None
+        self.in_flight = 0
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self._run, name=f"duomo-{self.model}-{self.index}", daemon=True
+        )
+        self._thread.start()
+
+    def wait_ready(self, timeout_s: float | None = None) -> bool:
+        return self._ready.wait(timeout_s)
+
+    def join(self, timeout_s: float | None = None) -> bool:
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            return not self._thread.is_alive()
+        return True
+
+    def _run(self) -> None:
+        log_ = log.bind(model=self.model, instance=self.index)
+        try:
+            started = time.perf_counter()
+            executor = self._load()
+            executor.warmup()
+            self.executor = executor
+            log_.info("instance ready", load_ms=round((time.perf_counter() - started) * 1e3, 1))
+        except BaseException as err:  # the caller re-raises it with the model's name
+            self.load_error = err
+            self._ready.set()
+            return
+        self._ready.set()
+        try:
+            while (taken := self._batcher.next_batch()) is not None:
+                self._serve(executor, taken)
+        finally:
+            executor.close()
+
+    def _serve(self, executor: Executor, taken: TakenBatch) -> None:
+        now = time.monotonic()
+        for request in taken.expired:
+            request.timings.queue_s = now - request.enqueued_s
+            request.complete(error=DeadlineExceededError("deadline passed while queued"))
+        live: list[Request] = []
+        prepared: list[Any] = []
+        self.in_flight = len(taken.run)
+        for request in taken.run:
+            start = time.perf_counter()
+            request.timings.queue_s = time.monotonic() - request.enqueued_s
+            try:
+                prepared.append(executor.prepare(request.payload))
+                live.append(request)
+            except DuomoError as err:
+                request.complete(error=err)
+            except Exception:
+                log.exception("prepare failed", model=self.model)
+                request.complete(error=InternalError(f"model {self.model!r}: preprocessing failed"))
+            request.timings.preprocess_s = time.perf_counter() - start
+        if not live:
+            self.in_flight = 0
+            return
+        self._on_batch(len(live))
+        timer = StageTimer()
+        try:
+            results = executor.execute(prepared, timer)
+        except DuomoError as err:
+            self._finish(live, timer, error=err)
+            return
+        except Exception:
+            log.exception("batch failed", model=self.model, batch=len(live))
+            self._finish(
+                live, timer, error=InternalError(f"model {self.model!r}: inference failed")
+            )
+            return
+        if len(results) != len(live):
+            log.error(
+                "executor returned the wrong number of results",
+                model=self.model,
+                expected=len(live),
+                got=len(results),
+            )
+            self._finish(
+                live, timer, error=InternalError(f"model {self.model!r}: bad executor output")
+            )
+            return
+        self._finish(live, timer, results=results)
+
+    def _finish(
+        self,
+        live: list[Request],
+        timer: StageTimer,
+        results: list[Any] | None = None,
+        error: DuomoError | None = None,
+    ) -> None:
+        for i, request in enumerate(live):
+            t = request.timings
+            t.preprocess_s += timer.seconds["preprocess"]
+            t.infer_s = timer.seconds["infer"]
+            t.postprocess_s = timer.seconds["postprocess"]
+            result = results[i] if results is not None else None
+            if isinstance(result, DuomoError):
+                request.complete(error=result, batch_size=len(live))
+            else:
+                request.complete(result=result, error=error, batch_size=len(live))
+        self.in_flight = 0

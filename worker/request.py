@@ -1,0 +1,82 @@
+"""The messages that flow through a model: a ``Request`` in, an ``Outcome`` out.
+
+Created by whoever accepts work (the engine's in-process API, later the supervisor's reactor),
+queued by the ``Batcher``, completed exactly once by a ``ModelWorker`` (or by the batcher when the
+deadline passed first) through the request's ``on_done`` callback.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ipc.errors import DuomoError, ErrorCode
+
+_sequence = itertools.count()
+
+
+@dataclass
+class StageTimings:
+    """Seconds a request spent in each stage; batch stages are shared by the batch's members."""
+
+    queue_s: float = 0.0
+    preprocess_s: float = 0.0
+    infer_s: float = 0.0
+    postprocess_s: float = 0.0
+
+    def to_dict(self) -> dict[str, float]:
+        return {
+            "queue_ms": self.queue_s * 1e3,
+            "preprocess_ms": self.preprocess_s * 1e3,
+            "infer_ms": self.infer_s * 1e3,
+            "postprocess_ms": self.postprocess_s * 1e3,
+        }
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one request ended: a result, or an error with its code."""
+
+    result: Any = None
+    error: DuomoError | None = None
+    timings: StageTimings = field(default_factory=StageTimings)
+    batch_size: int = 0
+
+    @property
+    def code(self) -> ErrorCode:
+        return ErrorCode.OK if self.error is None else self.error.code
+
+
+@dataclass(eq=False)
+class Request:
+    """One unit of work for one model. ``deadline_s`` is on the ``time.monotonic`` clock."""
+
+    payload: Any
+    on_done: Callable[[Outcome], None]
+    priority: int = 0
+    deadline_s: float | None = None
+    enqueued_s: float = field(default_factory=time.monotonic)
+    seq: int = field(default_factory=lambda: next(_sequence))
+    timings: StageTimings = field(default_factory=StageTimings)
+    _done: bool = field(default=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def expired(self, now_s: float) -> bool:
+        return self.deadline_s is not None and now_s >= self.deadline_s
+
+    def complete(
+        self, result: Any = None, error: DuomoError | None = None, batch_size: int = 0
+    ) -> bool:
+        """Deliver the outcome once; a second completion is ignored and returns False."""
+        with self._lock:
+            if self._done:
+                return False
+            self._done = True
+        self.on_done(
+            Outcome(result=result, error=error, timings=self.timings, batch_size=batch_size)
+        )
+        return True

@@ -1,0 +1,144 @@
+"""One configured model being served: its batcher, its instance threads and its statistics.
+
+Created by the engine from a ``ModelSpec``; ``start`` loads every instance on its own thread (in
+parallel) and returns once all are ready, or raises with the first load error. ``submit`` queues a
+request and returns at once; the outcome arrives through the request's callback.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ipc.errors import UnavailableError
+from worker.backends.base import Backend, ModelSession, SessionSettings
+from worker.batcher import Batcher
+from worker.config_model import StrictModel
+from worker.executors.base import Executor
+from worker.model_worker import ModelWorker
+from worker.request import Outcome, Request
+from worker.stats import ModelStats
+from worker.thread_budget import ComputeGate
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Everything the worker layer needs to serve one model (resolved from the config)."""
+
+    name: str
+    task: str
+    executor: type[Executor]
+    params: StrictModel
+    files: Mapping[str, Path]
+    instances: int = 1
+    max_batch: int = 1
+    max_delay_s: float = 0.0
+    queue_size: int = 64
+    priority: int = 0
+    intra_op_threads: int = 1
+
+
+class ServedModel:
+    def __init__(self, spec: ModelSpec, backend: Backend, gate: ComputeGate | None) -> None:
+        self.spec = spec
+        self._backend = backend
+        self._gate = gate
+        self.stats = ModelStats()
+        self.batcher = Batcher(spec.name, spec.max_batch, spec.max_delay_s, spec.queue_size)
+        self.workers: list[ModelWorker] = []
+        self.state = "NEW"
+
+    def _load_executor(self) -> Executor:
+        settings = SessionSettings(intra_op_threads=self.spec.intra_op_threads, gate=self._gate)
+        sessions: dict[str, ModelSession] = {}
+        try:
+            for role in self.spec.executor.roles:
+                sessions[role] = self._backend.open(self.spec.files[role], settings)
+            return self.spec.executor(self.spec.params, sessions, self.spec.max_batch)
+        except BaseException:
+            for session in sessions.values():
+                session.close()
+            raise
+
+    def start(self, timeout_s: float = 300.0) -> None:
+        self.state = "LOADING"
+        self.workers = [
+            ModelWorker(
+                self.spec.name, i, self._load_executor, self.batcher, self.stats.record_batch
+            )
+            for i in range(self.spec.instances)
+        ]
+        for worker in self.workers:
+            worker.start()
+        deadline = time.monotonic() + timeout_s
+        for worker in self.workers:
+            if not worker.wait_ready(max(0.0, deadline - time.monotonic())):
+                self.stop()
+                raise RuntimeError(f"model {self.spec.name!r}: load timed out after {timeout_s}s")
+            if worker.load_error is not None:
+                self.stop()
+                err = worker.load_error
+                raise RuntimeError(f"model {self.spec.name!r} failed to load: {err}") from err
+        self.state = "READY"
+
+    def submit(
+        self,
+        payload: Any,
+        on_done: Callable[[Outcome], None],
+        priority: int | None = None,
+        deadline_s: float | None = None,
+    ) -> Request:
+        """Queue one request; raises at once if the model is not ready or its queue is full."""
+        if self.state != "READY":
+            raise UnavailableError(f"model {self.spec.name!r} is {self.state.lower()}")
+        start = time.monotonic()
+
+        def done(outcome: Outcome) -> None:
+            self.stats.record(outcome, time.monotonic() - start)
+            on_done(outcome)
+
+        request = Request(
+            payload=payload,
+            on_done=done,
+            priority=self.spec.priority if priority is None else priority,
+            deadline_s=deadline_s,
+            enqueued_s=start,
+        )
+        self.batcher.put(request)
+        return request
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop accepting, let the instances finish what is queued, then fail what is left."""
+        if self.state in ("STOPPED", "NEW"):
+            self.state = "STOPPED"
+            return
+        self.state = "STOPPING"
+        self.batcher.close()
+        deadline = time.monotonic() + timeout_s
+        for worker in self.workers:
+            worker.join(max(0.0, deadline - time.monotonic()))
+        for request in self.batcher.drain():
+            request.complete(error=UnavailableError(f"model {self.spec.name!r} stopped"))
+        self.state = "STOPPED"
+
+    def describe(self) -> dict[str, Any]:
+        ready = next((w.executor for w in self.workers if w.executor is not None), None)
+        return {
+            "name": self.spec.name,
+            "task": self.spec.task,
+            "max_batch": self.spec.max_batch,
+            "tensors": ready.describe() if ready is not None else {},
+        }
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "state": self.state,
+            "instances": self.spec.instances,
+            "intra_op_threads": self.spec.intra_op_threads,
+            "queue_depth": self.batcher.depth,
+            "in_flight": sum(w.in_flight for w in self.workers),
+            **self.stats.snapshot(),
+        }

@@ -1,0 +1,63 @@
+"""Per-model statistics: outcomes by code, stage latency percentiles, batch-size histogram.
+
+Written by the model's workers (and the batcher's expiry path), read by ``status`` and the
+benchmark. Latencies are kept in a bounded window of recent requests, so percentiles describe
+current behaviour and memory stays flat however long the server runs.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter, deque
+from typing import Any
+
+import numpy as np
+
+from ipc.errors import ErrorCode
+from worker.request import Outcome
+
+STAGES = ("queue", "preprocess", "infer", "postprocess", "total")
+_WINDOW = 4096
+
+
+class ModelStats:
+    def __init__(self, window: int = _WINDOW) -> None:
+        self._lock = threading.Lock()
+        self._outcomes: Counter[str] = Counter()
+        self._batches: Counter[int] = Counter()
+        self._latency = {stage: deque[float](maxlen=window) for stage in STAGES}
+
+    def record(self, outcome: Outcome, total_s: float) -> None:
+        t = outcome.timings
+        with self._lock:
+            self._outcomes[outcome.code.name.lower()] += 1
+            if outcome.code is ErrorCode.OK:
+                self._latency["queue"].append(t.queue_s)
+                self._latency["preprocess"].append(t.preprocess_s)
+                self._latency["infer"].append(t.infer_s)
+                self._latency["postprocess"].append(t.postprocess_s)
+                self._latency["total"].append(total_s)
+
+    def record_batch(self, size: int) -> None:
+        with self._lock:
+            self._batches[size] += 1
+
+    def snapshot(self) -> dict[str, Any]:
+        """A JSON-ready view: counts, p50/p90/p99 per stage in ms, batch sizes."""
+        with self._lock:
+            outcomes = dict(self._outcomes)
+            batches = {str(k): v for k, v in sorted(self._batches.items())}
+            samples = {
+                stage: np.fromiter(d, dtype=np.float64) for stage, d in self._latency.items()
+            }
+        latency: dict[str, dict[str, float]] = {}
+        for stage, values in samples.items():
+            if values.size:
+                p50, p90, p99 = (float(v) for v in np.percentile(values, [50, 90, 99]) * 1e3)
+                latency[stage] = {"p50_ms": p50, "p90_ms": p90, "p99_ms": p99}
+        return {
+            "requests": sum(outcomes.values()),
+            "outcomes": outcomes,
+            "latency": latency,
+            "batch_sizes": batches,
+        }
