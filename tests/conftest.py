@@ -1,0 +1,52 @@
+"""Shared fixtures: paths, fixture images, and one engine over the demo config per session.
+
+Tests under tests/unit are fast and need no model; tests under tests/integration use the real
+demo models from ``python tools/prepare_models.py`` (the README's test command runs it first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from supervisor.config import LoadedConfig, load_config
+from supervisor.image_files import read_image
+
+ROOT = Path(__file__).resolve().parent.parent
+IMAGES = ROOT / "tests" / "fixtures" / "images"
+DEMO_CONFIG = ROOT / "configs" / "default.yaml"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for folder in ("unit", "integration", "hardware"):
+            if f"{folder}/" in item.nodeid:
+                item.add_marker(getattr(pytest.mark, folder))
+
+
+def fixture_image(name: str) -> np.ndarray:
+    return read_image(IMAGES / name)
+
+
+@pytest.fixture(scope="session")
+def demo_config() -> LoadedConfig:
+    missing = [
+        p for p in ("ocr/PP-OCRv6_det_small.onnx", "face/centerface_dyn.onnx")
+        if not (ROOT / "models" / p).is_file()
+    ]
+    if missing:
+        pytest.fail(f"demo models missing ({missing}); run: python tools/prepare_models.py")
+    return load_config(DEMO_CONFIG)
+
+
+@pytest.fixture(scope="session")
+def demo_engine(demo_config: LoadedConfig) -> Iterator[object]:
+    from supervisor.engine import Engine
+
+    engine = Engine(demo_config)
+    engine.start()
+    yield engine
+    engine.close()

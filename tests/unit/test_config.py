@@ -1,0 +1,130 @@
+"""Config loading: a valid file loads; each kind of mistake names the file and the field path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from supervisor.cli import main
+from supervisor.config import ConfigError, load_config
+
+
+def write_config(tmp_path: Path, models: list[dict[str, object]], **top: object) -> Path:
+    for name in ("a.onnx", "det.onnx", "cls.onnx", "rec.onnx"):
+        (tmp_path / name).write_bytes(b"")
+    path = tmp_path / "duomo.yaml"
+    path.write_text(yaml.safe_dump({"version": 1, "models": models, **top}))
+    return path
+
+
+def classify(**overrides: object) -> dict[str, object]:
+    return {"name": "classify", "task": "classification", "file": "a.onnx", **overrides}
+
+
+def problems(path: Path) -> list[tuple[str, str]]:
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(path) in info.value.render()
+    return info.value.problems
+
+
+def test_valid_config_loads_with_defaults_and_absolute_paths(tmp_path: Path) -> None:
+    path = write_config(
+        tmp_path,
+        [
+            classify(max_batch=8, max_delay_ms=2, params={"top_k": 3}),
+            {"name": "ocr", "task": "ocr", "files": {"det": "det.onnx", "cls": "cls.onnx", "rec": "rec.onnx"}},
+        ],
+    )
+    loaded = load_config(path)
+    model = loaded.models["classify"]
+    assert model.config.max_batch == 8
+    assert model.params.top_k == 3  # type: ignore[attr-defined]
+    assert model.files["model"] == tmp_path / "a.onnx"
+    assert set(loaded.models["ocr"].files) == {"det", "cls", "rec"}
+    assert loaded.config.backends.onnxruntime.providers == ["CPUExecutionProvider"]
+
+
+def test_typo_is_rejected_with_field_path(tmp_path: Path) -> None:
+    found = problems(write_config(tmp_path, [classify(max_bach=4)]))
+    assert found == [("models[0].max_bach", "unknown key (check the spelling)")]
+
+
+def test_wrong_type_is_rejected_with_field_path(tmp_path: Path) -> None:
+    found = problems(write_config(tmp_path, [classify(), classify(name="b", max_batch="eight")]))
+    assert [where for where, _ in found] == ["models[1].max_batch"]
+    assert "integer" in found[0][1]
+
+
+def test_missing_model_file_names_the_path(tmp_path: Path) -> None:
+    found = problems(write_config(tmp_path, [classify(file="nowhere/missing.onnx")]))
+    assert found[0][0] == "models[0].file"
+    assert str(tmp_path / "nowhere" / "missing.onnx") in found[0][1]
+
+
+def test_executor_params_are_strict_too(tmp_path: Path) -> None:
+    found = problems(write_config(tmp_path, [classify(params={"top_kk": 3})]))
+    assert found == [("models[0].params.top_kk", "unknown key (check the spelling)")]
+
+
+def test_backend_options_typo(tmp_path: Path) -> None:
+    found = problems(
+        write_config(tmp_path, [classify()], backends={"onnxruntime": {"provider": ["X"]}})
+    )
+    assert found[0][0] == "backends.onnxruntime.provider"
+
+
+def test_unknown_task_duplicate_name_and_wrong_roles(tmp_path: Path) -> None:
+    found = dict(
+        problems(
+            write_config(
+                tmp_path,
+                [
+                    classify(),
+                    classify(),
+                    {"name": "x", "task": "segmentation", "file": "a.onnx"},
+                    {"name": "o", "task": "ocr", "file": "a.onnx"},
+                ],
+            )
+        )
+    )
+    assert "duplicate" in found["models[1].name"]
+    assert "unknown task 'segmentation'" in found["models[2].task"]
+    assert "det" in found["models[3].file"]
+
+
+def test_model_root_is_relative_to_the_config_file(tmp_path: Path) -> None:
+    (tmp_path / "weights").mkdir()
+    (tmp_path / "weights" / "m.onnx").write_bytes(b"")
+    path = write_config(tmp_path, [classify(file="m.onnx")], model_root="weights")
+    assert load_config(path).models["classify"].files["model"] == tmp_path / "weights" / "m.onnx"
+
+
+def test_user_executor_class_from_the_config_folder(tmp_path: Path) -> None:
+    (tmp_path / "my_tasks.py").write_text(
+        "from worker.executors.raw import RawExecutor\n"
+        "class Doubler(RawExecutor):\n    pass\n"
+    )
+    path = write_config(tmp_path, [{"name": "d", "task": "my_tasks:Doubler", "file": "a.onnx"}])
+    assert load_config(path).models["d"].executor.__name__ == "Doubler"
+
+
+def test_invalid_yaml_and_non_mapping(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("models: [\n")
+    assert "not valid YAML" in problems(bad)[0][1]
+    bad.write_text("- 1\n- 2\n")
+    assert problems(bad)[0][0] == "(top level)"
+
+
+def test_check_command_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = write_config(tmp_path, [classify()])
+    assert main(["check", "-c", str(good)]) == 0
+    assert "OK (1 models)" in capsys.readouterr().out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"models": [classify(max_batch=0)]}))
+    assert main(["check", "-c", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}: models[0].max_batch:" in err
