@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from supervisor.config import LoadedConfig, load_config
 from supervisor.image_files import read_image
@@ -34,12 +35,23 @@ def fixture_image(name: str) -> np.ndarray:
 @pytest.fixture(scope="session")
 def demo_config() -> LoadedConfig:
     missing = [
-        p for p in ("ocr/PP-OCRv6_det_small.onnx", "face/centerface_dyn.onnx")
+        p
+        for p in ("ocr/PP-OCRv6_det_small.onnx", "face/centerface_dyn.onnx")
         if not (ROOT / "models" / p).is_file()
     ]
     if missing:
         pytest.fail(f"demo models missing ({missing}); run: python tools/prepare_models.py")
     return load_config(DEMO_CONFIG)
+
+
+def demo_variant(tmp_dir: Path, models: list[str], **overrides: object) -> LoadedConfig:
+    """The demo config restricted to ``models``, with ``overrides`` applied to each of them."""
+    raw = yaml.safe_load(DEMO_CONFIG.read_text())
+    raw["model_root"] = str(ROOT / "models")
+    raw["models"] = [{**m, **overrides} for m in raw["models"] if m["name"] in models]
+    path = tmp_dir / "variant.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return load_config(path)
 
 
 @pytest.fixture(scope="session")

@@ -35,7 +35,11 @@ def test_valid_config_loads_with_defaults_and_absolute_paths(tmp_path: Path) -> 
         tmp_path,
         [
             classify(max_batch=8, max_delay_ms=2, params={"top_k": 3}),
-            {"name": "ocr", "task": "ocr", "files": {"det": "det.onnx", "cls": "cls.onnx", "rec": "rec.onnx"}},
+            {
+                "name": "ocr",
+                "task": "ocr",
+                "files": {"det": "det.onnx", "cls": "cls.onnx", "rec": "rec.onnx"},
+            },
         ],
     )
     loaded = load_config(path)
@@ -104,8 +108,7 @@ def test_model_root_is_relative_to_the_config_file(tmp_path: Path) -> None:
 
 def test_user_executor_class_from_the_config_folder(tmp_path: Path) -> None:
     (tmp_path / "my_tasks.py").write_text(
-        "from worker.executors.raw import RawExecutor\n"
-        "class Doubler(RawExecutor):\n    pass\n"
+        "from worker.executors.raw import RawExecutor\nclass Doubler(RawExecutor):\n    pass\n"
     )
     path = write_config(tmp_path, [{"name": "d", "task": "my_tasks:Doubler", "file": "a.onnx"}])
     assert load_config(path).models["d"].executor.__name__ == "Doubler"

@@ -1,0 +1,58 @@
+"""``duomo infer`` as a user runs it: a real process, the demo config, the fixture images."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import DEMO_CONFIG, IMAGES, ROOT
+
+
+def duomo(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "supervisor.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_infer_json_on_the_four_fixture_images(demo_config: object) -> None:
+    expectations = {
+        "classify": ["coffee.png", "chelsea.png"],
+        "face": ["astronaut.png"],
+        "ocr": ["page.png"],
+    }
+    for model, names in expectations.items():
+        paths = [str(IMAGES / n) for n in names]
+        run = duomo("infer", "-c", str(DEMO_CONFIG), model, *paths, "--json")
+        assert run.returncode == 0, run.stderr
+        rows = [json.loads(line) for line in run.stdout.splitlines()]
+        assert [r["image"] for r in rows] == paths
+        assert all(r["model"] == model for r in rows)
+        if model == "classify":
+            assert rows[0]["result"]["top"][0]["label"] == "espresso"
+            assert {t["index"] for t in rows[1]["result"]["top"][:3]} & {281, 282, 283, 284, 285}
+        elif model == "face":
+            assert len(rows[0]["result"]["faces"]) == 1
+        else:
+            assert rows[0]["result"]["lines"][0]["text"] == "Region-based segmentation"
+
+
+def test_a_file_that_is_not_an_image_is_a_clear_error(tmp_path: Path, demo_config: object) -> None:
+    junk = tmp_path / "notes.png"
+    junk.write_text("not a picture")
+    good = str(IMAGES / "coffee.png")
+    run = duomo("infer", "-c", str(DEMO_CONFIG), "classify", str(junk), good, "--json")
+    assert run.returncode == 1
+    assert "not an image" in run.stderr and "Traceback" not in run.stderr
+    assert json.loads(run.stdout)["image"] == good  # the good image was still answered
+
+
+def test_unknown_model_exits_2(demo_config: object) -> None:
+    run = duomo("infer", "-c", str(DEMO_CONFIG), "nope", str(IMAGES / "coffee.png"))
+    assert run.returncode == 2
+    assert "no model named 'nope'" in run.stderr

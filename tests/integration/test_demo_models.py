@@ -1,0 +1,148 @@
+"""The three demo models give real answers on the fixture images (real weights, no mocks)."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image, ImageDraw, ImageFont
+
+from ipc.errors import InvalidArgumentError
+from supervisor.engine import Engine
+from tests.conftest import demo_variant, fixture_image
+from worker.request import Outcome
+from worker.thread_budget import available_cores
+
+CAT_CLASSES = {281, 282, 283, 284, 285}  # tabby, tiger, Persian, Siamese, Egyptian cat
+OCR_LINES = ["Ascend inference server", "Invoice No. 2026-0471", "Total: 1,234.56 CNY"]
+
+
+def rendered_text(lines: list[str]) -> np.ndarray:
+    """Black text on white in Pillow's built-in font: OCR with exact ground truth."""
+    font = ImageFont.load_default(size=36)
+    image = Image.new("RGB", (760, 80 + 70 * len(lines)), "white")
+    draw = ImageDraw.Draw(image)
+    for i, line in enumerate(lines):
+        draw.text((40, 40 + 70 * i), line, fill="black", font=font)
+    return np.asarray(image)
+
+
+def test_face_astronaut_has_exactly_one_face(demo_engine: Engine) -> None:
+    faces = demo_engine.infer("face", fixture_image("astronaut.png"))["faces"]
+    assert len(faces) == 1
+    face = faces[0]
+    x1, y1, x2, y2 = face["box"]
+    assert abs(x1 - 181) < 12 and abs(y1 - 58) < 12 and abs(x2 - 270) < 12 and abs(y2 - 178) < 12
+    assert face["score"] > 0.8
+    assert len(face["landmarks"]) == 5
+    for x, y in face["landmarks"]:
+        assert x1 <= x <= x2 and y1 <= y <= y2
+
+
+def test_classify_coffee_is_espresso(demo_engine: Engine) -> None:
+    top = demo_engine.infer("classify", fixture_image("coffee.png"))["top"]
+    assert top[0]["label"] == "espresso" and top[0]["index"] == 967
+    assert len(top) == 5
+    assert [t["score"] for t in top] == sorted((t["score"] for t in top), reverse=True)
+
+
+def test_classify_chelsea_is_a_cat(demo_engine: Engine) -> None:
+    top = demo_engine.infer("classify", fixture_image("chelsea.png"))["top"]
+    assert {t["index"] for t in top[:3]} & CAT_CLASSES
+
+
+def test_ocr_reads_rendered_lines_exactly_in_order(demo_engine: Engine) -> None:
+    lines = demo_engine.infer("ocr", rendered_text(OCR_LINES))["lines"]
+    assert [line["text"] for line in lines] == OCR_LINES
+    for line in lines:
+        assert line["score"] > 0.9
+        assert len(line["box"]) == 4
+
+
+def test_ocr_page_first_line(demo_engine: Engine) -> None:
+    lines = demo_engine.infer("ocr", fixture_image("page.png"))["lines"]
+    assert lines[0]["text"] == "Region-based segmentation"
+    tops = [line["box"][0][1] for line in lines]
+    assert tops == sorted(tops)  # reading order
+
+
+def test_grayscale_and_bad_images_are_handled(demo_engine: Engine) -> None:
+    gray = fixture_image("coffee.png").mean(axis=2).astype(np.uint8)
+    assert demo_engine.infer("classify", gray)["top"]
+    with pytest.raises(InvalidArgumentError, match="uint8"):
+        demo_engine.infer("classify", np.zeros((10, 10, 3), dtype=np.float32))
+    with pytest.raises(InvalidArgumentError, match="shape"):
+        demo_engine.infer("face", np.zeros((10, 10, 5), dtype=np.uint8))
+
+
+def _close(a: Any, b: Any, tol: float = 1e-4) -> bool:
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k], tol) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_close(x, y, tol) for x, y in zip(a, b))
+    if isinstance(a, float):
+        return abs(a - b) <= tol
+    return bool(a == b)
+
+
+@pytest.mark.parametrize(
+    ("model", "images"),
+    [
+        ("classify", ["coffee.png", "chelsea.png", "astronaut.png", "page.png"]),
+        ("face", ["astronaut.png", "coffee.png", "chelsea.png", "astronaut.png"]),
+        ("ocr", ["page.png", "coffee.png", "page.png", "astronaut.png"]),
+    ],
+)
+def test_a_batch_of_four_equals_four_single_runs(
+    tmp_path: Path, model: str, images: list[str]
+) -> None:
+    # A long fill window and max_batch 4: four requests submitted together run as one batch.
+    config = demo_variant(tmp_path, [model], max_batch=4, max_delay_ms=1000)
+    arrays = [fixture_image(name) for name in images]
+    if model == "ocr":
+        arrays[1] = rendered_text(OCR_LINES)
+    with Engine(config) as engine:
+        served = engine.model(model)
+        singles = []
+        for a in arrays:
+            future: Future[Outcome] = Future()
+            served.submit(a, future.set_result)
+            singles.append(future.result(60))  # alone, it waits out the window: a batch of 1
+        futures: list[Future[Outcome]] = []
+        for a in arrays:
+            future = Future()
+            served.submit(a, future.set_result)
+            futures.append(future)
+        batched = [f.result(60) for f in futures]
+    assert [o.batch_size for o in singles] == [1, 1, 1, 1]
+    assert [o.batch_size for o in batched] == [4, 4, 4, 4]
+    for single, together in zip(singles, batched):
+        assert _close(single.result, together.result), (single.result, together.result)
+
+
+def test_thread_budget_of_the_demo_config(demo_engine: Engine) -> None:
+    cores = available_cores()
+    plan = demo_engine.plan
+    assert plan.budget == cores
+    assert all(1 <= t <= cores for t in plan.threads_per_instance.values())
+    assert plan.max_concurrent_threads <= cores
+    if sum(plan.instances.values()) <= cores:
+        assert plan.total_threads <= cores
+    # the sessions really run with the planned thread counts
+    for name, served in demo_engine.models.items():
+        for worker in served.workers:
+            assert worker.executor is not None
+            for session in worker.executor.sessions.values():
+                opts = session._session.get_session_options()  # type: ignore[attr-defined]
+                assert opts.intra_op_num_threads == plan.threads_per_instance[name]
+    # and under load on all three models at once, no more than the budget computes at once
+    images = {"ocr": "page.png", "face": "astronaut.png", "classify": "coffee.png"}
+    futures = [
+        demo_engine.submit(m, fixture_image(images[m])) for m in ("ocr", "face", "classify") * 3
+    ]
+    for f in futures:
+        f.result(60)
+    assert 1 <= demo_engine.gate.high_water <= cores

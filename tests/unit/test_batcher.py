@@ -1,0 +1,116 @@
+"""The batching rule: composition, max_delay from the first request, priorities, deadlines."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from ipc.errors import ResourceExhaustedError, UnavailableError
+from worker.batcher import Batcher
+from worker.request import Outcome, Request
+
+
+def request(name: str, priority: int = 0, deadline_s: float | None = None) -> Request:
+    return Request(payload=name, on_done=lambda _o: None, priority=priority, deadline_s=deadline_s)
+
+
+def names(batch: list[Request]) -> list[str]:
+    return [r.payload for r in batch]
+
+
+def test_full_batch_is_taken_without_waiting_for_the_delay() -> None:
+    b = Batcher("m", max_batch=3, max_delay_s=30.0, queue_size=10)
+    for n in "abcd":
+        b.put(request(n))
+    start = time.monotonic()
+    taken = b.next_batch()
+    assert taken is not None and names(taken.run) == ["a", "b", "c"]
+    assert time.monotonic() - start < 5.0
+    b.close()  # closing ends the fill window of the rest
+    taken = b.next_batch()
+    assert taken is not None and names(taken.run) == ["d"]
+
+
+def test_max_delay_counts_from_the_first_request_not_from_the_call() -> None:
+    delay = 0.6
+    b = Batcher("m", max_batch=8, max_delay_s=delay, queue_size=10)
+    first = request("a")
+    b.put(first)
+    time.sleep(0.3)  # the batch is half-way through its fill window before anyone asks
+    b.put(request("b"))
+    called = time.monotonic()
+    taken = b.next_batch()
+    returned = time.monotonic()
+    assert taken is not None and names(taken.run) == ["a", "b"]
+    assert returned - first.enqueued_s >= delay
+    assert returned - called < delay - 0.1  # it did not restart the window at the call
+
+
+def test_backlog_is_taken_at_once() -> None:
+    b = Batcher("m", max_batch=8, max_delay_s=30.0, queue_size=10)
+    old = request("old")
+    old.enqueued_s -= 60.0
+    b.put(old)
+    start = time.monotonic()
+    taken = b.next_batch()
+    assert taken is not None and names(taken.run) == ["old"]
+    assert time.monotonic() - start < 5.0
+
+
+def test_late_arrivals_within_the_window_join_the_batch() -> None:
+    b = Batcher("m", max_batch=3, max_delay_s=30.0, queue_size=10)
+    b.put(request("a"))
+    result: list[list[str]] = []
+    t = threading.Thread(target=lambda: result.append(names(b.next_batch().run)))  # type: ignore[union-attr]
+    t.start()
+    b.put(request("b"))
+    b.put(request("c"))  # fills the batch: the waiting worker returns now, not after 30 s
+    t.join(timeout=10)
+    assert result == [["a", "b", "c"]]
+
+
+def test_priority_order_then_fifo() -> None:
+    b = Batcher("m", max_batch=2, max_delay_s=0.0, queue_size=10)
+    for name, prio in [("low1", 0), ("high", 5), ("low2", 0), ("mid", 2)]:
+        b.put(request(name, priority=prio))
+    first, second = b.next_batch(), b.next_batch()
+    assert first is not None and names(first.run) == ["high", "mid"]
+    assert second is not None and names(second.run) == ["low1", "low2"]
+
+
+def test_expired_requests_are_handed_back_not_run() -> None:
+    b = Batcher("m", max_batch=4, max_delay_s=0.0, queue_size=10)
+    b.put(request("late", deadline_s=time.monotonic() - 1))
+    b.put(request("ok", deadline_s=time.monotonic() + 60))
+    taken = b.next_batch()
+    assert taken is not None
+    assert names(taken.run) == ["ok"] and names(taken.expired) == ["late"]
+
+
+def test_full_queue_is_resource_exhausted_at_once() -> None:
+    b = Batcher("m", max_batch=1, max_delay_s=0.0, queue_size=2)
+    b.put(request("a"))
+    b.put(request("b"))
+    with pytest.raises(ResourceExhaustedError, match="queue is full"):
+        b.put(request("c"))
+
+
+def test_close_drains_then_ends() -> None:
+    b = Batcher("m", max_batch=4, max_delay_s=30.0, queue_size=10)
+    b.put(request("a"))
+    b.close()
+    with pytest.raises(UnavailableError):
+        b.put(request("b"))
+    taken = b.next_batch()
+    assert taken is not None and names(taken.run) == ["a"]
+    assert b.next_batch() is None
+
+
+def test_request_completes_once() -> None:
+    seen: list[Outcome] = []
+    r = Request(payload=None, on_done=seen.append)
+    assert r.complete(result=1)
+    assert not r.complete(result=2)
+    assert [o.result for o in seen] == [1]

@@ -1,0 +1,161 @@
+"""Model workers with event gates: which requests ran together, and how failures stay contained."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+import pytest
+
+from ipc.errors import DuomoError, ErrorCode, InvalidArgumentError
+from worker.backends.ort_backend import OrtBackend
+from worker.executors.base import Executor, NoParams, StageTimer
+from worker.request import Outcome
+from worker.served_model import ModelSpec, ServedModel
+
+
+class GatedExecutor(Executor):
+    """Records every batch; the first batch blocks until the test opens the gate."""
+
+    roles = ()
+    batches: list[list[Any]]
+    gate: threading.Event
+    entered: threading.Event
+
+    def prepare(self, payload: Any) -> Any:
+        if payload == "bad":
+            raise InvalidArgumentError("bad payload")
+        if payload == "crash-prepare":
+            raise ZeroDivisionError("bug in preprocessing")
+        return payload
+
+    def execute(self, items: Sequence[Any], timer: StageTimer) -> list[Any]:
+        cls = type(self)
+        cls.batches.append(list(items))
+        if len(cls.batches) == 1:
+            cls.entered.set()
+            assert cls.gate.wait(10)
+        if "explode" in items:
+            raise RuntimeError("backend fell over")
+        return [f"done:{x}" for x in items]
+
+
+@pytest.fixture
+def gated() -> Iterator[type[GatedExecutor]]:
+    GatedExecutor.batches = []
+    GatedExecutor.gate = threading.Event()
+    GatedExecutor.entered = threading.Event()
+    yield GatedExecutor
+    GatedExecutor.gate.set()
+
+
+def serve(executor: type[Executor], max_batch: int, instances: int = 1) -> ServedModel:
+    spec = ModelSpec(
+        name="m",
+        task="test",
+        executor=executor,
+        params=NoParams(),
+        files={},
+        instances=instances,
+        max_batch=max_batch,
+        max_delay_s=0.0,
+        queue_size=100,
+    )
+    model = ServedModel(spec, OrtBackend(), gate=None)
+    model.start()
+    return model
+
+
+def submit(model: ServedModel, payload: Any) -> Future[Outcome]:
+    future: Future[Outcome] = Future()
+    model.submit(payload, future.set_result)
+    return future
+
+
+def test_requests_queued_behind_a_busy_worker_run_together(gated: type[GatedExecutor]) -> None:
+    model = serve(gated, max_batch=3)
+    try:
+        first = submit(model, "r1")
+        assert gated.entered.wait(10)  # r1 is executing alone; the rest queue up behind it
+        rest = [submit(model, f"r{i}") for i in range(2, 7)]
+        gated.gate.set()
+        outcomes = [f.result(10) for f in [first, *rest]]
+    finally:
+        model.stop()
+    assert gated.batches == [["r1"], ["r2", "r3", "r4"], ["r5", "r6"]]
+    assert [o.result for o in outcomes] == [f"done:r{i}" for i in range(1, 7)]
+    assert [o.batch_size for o in outcomes] == [1, 3, 3, 3, 2, 2]
+    assert model.stats.snapshot()["batch_sizes"] == {"1": 1, "2": 1, "3": 1}
+
+
+def test_a_bad_request_fails_alone(gated: type[GatedExecutor]) -> None:
+    model = serve(gated, max_batch=4)
+    try:
+        blocker = submit(model, "block")
+        assert gated.entered.wait(10)
+        futures = [submit(model, p) for p in ("a", "bad", "crash-prepare", "b")]
+        gated.gate.set()
+        blocker.result(10)
+        outcomes = [f.result(10) for f in futures]
+    finally:
+        model.stop()
+    assert [o.code for o in outcomes] == [
+        ErrorCode.OK,
+        ErrorCode.INVALID_ARGUMENT,
+        ErrorCode.INTERNAL,
+        ErrorCode.OK,
+    ]
+    assert gated.batches[-1] == ["a", "b"]
+    assert "bad payload" in str(outcomes[1].error)
+    assert "ZeroDivisionError" not in str(outcomes[2].error)  # no internals leak to the caller
+
+
+def test_a_backend_failure_fails_the_whole_batch(gated: type[GatedExecutor]) -> None:
+    model = serve(gated, max_batch=4)
+    try:
+        blocker = submit(model, "block")
+        assert gated.entered.wait(10)
+        futures = [submit(model, p) for p in ("a", "explode", "b")]
+        gated.gate.set()
+        blocker.result(10)
+        outcomes = [f.result(10) for f in futures]
+        after = submit(model, "c").result(10)  # the model keeps serving
+    finally:
+        model.stop()
+    assert all(o.code is ErrorCode.INTERNAL for o in outcomes)
+    assert after.result == "done:c"
+    assert model.stats.snapshot()["outcomes"] == {"ok": 2, "internal": 3}
+
+
+def test_stop_fails_what_is_still_queued(gated: type[GatedExecutor]) -> None:
+    model = serve(gated, max_batch=1)
+    blocker = submit(model, "block")
+    assert gated.entered.wait(10)
+    queued = [submit(model, f"q{i}") for i in range(3)]
+    threading.Timer(0.2, gated.gate.set).start()
+    model.stop(timeout_s=10)
+    assert blocker.result(10).code is ErrorCode.OK
+    # a graceful stop finishes queued work rather than dropping it
+    assert all(f.result(10).code is ErrorCode.OK for f in queued)
+    with pytest.raises(DuomoError) as info:
+        model.submit("late", lambda _o: None)
+    assert info.value.code is ErrorCode.UNAVAILABLE
+
+
+def test_load_failure_names_the_model() -> None:
+    class Broken(Executor):
+        roles = ()
+
+        def __init__(self, *args: Any) -> None:
+            raise ValueError("weights are corrupt")
+
+        def prepare(self, payload: Any) -> Any:
+            return payload
+
+        def execute(self, items: Sequence[Any], timer: StageTimer) -> list[Any]:
+            return list(items)
+
+    with pytest.raises(RuntimeError, match="model 'm' failed to load: weights are corrupt"):
+        serve(Broken, max_batch=1)

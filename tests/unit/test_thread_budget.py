@@ -1,0 +1,60 @@
+"""The thread plan and the compute gate."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from worker.thread_budget import ComputeGate, InstanceDemand, plan_threads
+
+
+def test_even_split_never_exceeds_the_budget_when_it_can() -> None:
+    plan = plan_threads([InstanceDemand("a", 1), InstanceDemand("b", 1), InstanceDemand("c", 1)], 8)
+    assert plan.threads_per_instance == {"a": 3, "b": 3, "c": 2}
+    assert plan.total_threads == 8
+
+
+def test_one_model_gets_every_core() -> None:
+    assert plan_threads([InstanceDemand("a", 1)], 4).threads_per_instance == {"a": 4}
+
+
+def test_more_instances_than_cores_get_one_thread_each_and_the_gate_caps_them() -> None:
+    plan = plan_threads([InstanceDemand("a", 2), InstanceDemand("b", 1)], 2)
+    assert plan.threads_per_instance == {"a": 1, "b": 1}
+    assert plan.total_threads == 3
+    assert plan.max_concurrent_threads == 2
+
+
+def test_explicit_threads_are_kept_and_bounded() -> None:
+    plan = plan_threads([InstanceDemand("a", 1, 2), InstanceDemand("b", 1)], 4)
+    assert plan.threads_per_instance == {"a": 2, "b": 2}
+    with pytest.raises(ValueError, match=r"outside 1\.\.4"):
+        plan_threads([InstanceDemand("a", 1, 5)], 4)
+
+
+def test_gate_never_lets_more_than_its_tokens_run() -> None:
+    gate = ComputeGate(2)
+    running = 0
+    peak = 0
+    lock = threading.Lock()
+
+    def work(n: int) -> None:
+        nonlocal running, peak
+        for _ in range(20):
+            with gate.hold(n):
+                with lock:
+                    running += n
+                    peak = max(peak, running)
+                time.sleep(0.001)
+                with lock:
+                    running -= n
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in (1, 1, 1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert peak <= 2
+    assert gate.high_water == 2
