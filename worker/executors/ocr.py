@@ -9,9 +9,10 @@ in reading order (top to bottom, then left to right), boxes in the input image's
 clockwise from the top-left corner. Lines whose recognition score is below ``text_score`` are
 dropped. The recogniser's character list is read from the ONNX metadata (``character``).
 
-Batching: images of a batch are padded into one detection canvas; the text lines of all images
-are then classified and recognised together in batches of ``cls_batch`` / ``rec_batch``, sorted by
-aspect ratio so that each batch pads little.
+Batching never changes a result: images of the same detector size share a detection run (frames
+of one camera do); text lines of all images are then classified (fixed 48×192 input) and
+recognised together, grouped by a padded width that depends only on each line's own aspect
+ratio, in batches of up to ``cls_batch`` / ``rec_batch``.
 """
 
 from __future__ import annotations
@@ -111,24 +112,9 @@ class OcrExecutor(Executor):
         return OcrInput(bgr=bgr, resized=resize(bgr, rw, rh))
 
     def execute(self, items: Sequence[OcrInput], timer: StageTimer) -> list[Any]:
-        det_in = self.det.inputs[0].name
-        with timer.stage("preprocess"):
-            canvas_h = max(i.resized.shape[0] for i in items)
-            canvas_w = max(i.resized.shape[1] for i in items)
-            batch = self.det.input_buffer(det_in, (len(items), 3, canvas_h, canvas_w))
-            for row, item in zip(batch, items):
-                if item.resized.shape[:2] != (canvas_h, canvas_w):
-                    row.fill(_OFFSET)  # black, as PP-OCR pads
-                normalize_into(row, item.resized, _SCALE, _OFFSET)
-        with timer.stage("infer"):
-            prob = self.det.run({det_in: batch})[self.det.outputs[0].name]
-        with timer.stage("postprocess"):
-            lines: list[TextLine] = []
-            for i, item in enumerate(items):
-                rh, rw = item.resized.shape[:2]
-                h, w = item.bgr.shape[:2]
-                boxes, _ = detect_boxes(prob[i, 0, :rh, :rw], w, h, self.db)
-                lines.extend(TextLine(i, b, crop_text_line(item.bgr, b)) for b in boxes)
+        lines: list[TextLine] = []
+        for group in self._same_size(items):
+            lines.extend(self._detect([items[i] for i in group], group, timer))
         if lines:
             if self.p.use_angle_cls:
                 self._classify_angles(lines, timer)
@@ -145,6 +131,33 @@ class OcrExecutor(Executor):
                         }
                     )
             return list(results)
+
+    @staticmethod
+    def _same_size(items: Sequence[OcrInput]) -> list[list[int]]:
+        """Indices grouped by detector input size: only equal sizes share a detector run."""
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i, item in enumerate(items):
+            groups.setdefault(item.resized.shape, []).append(i)
+        return list(groups.values())
+
+    def _detect(
+        self, group: list[OcrInput], indices: list[int], timer: StageTimer
+    ) -> list[TextLine]:
+        det_in = self.det.inputs[0].name
+        rh, rw = group[0].resized.shape[:2]
+        with timer.stage("preprocess"):
+            batch = self.det.input_buffer(det_in, (len(group), 3, rh, rw))
+            for row, item in zip(batch, group):
+                normalize_into(row, item.resized, _SCALE, _OFFSET)
+        with timer.stage("infer"):
+            prob = self.det.run({det_in: batch})[self.det.outputs[0].name]
+        with timer.stage("postprocess"):
+            lines: list[TextLine] = []
+            for k, (index, item) in enumerate(zip(indices, group)):
+                h, w = item.bgr.shape[:2]
+                boxes, _ = detect_boxes(prob[k, 0], w, h, self.db)
+                lines.extend(TextLine(index, b, crop_text_line(item.bgr, b)) for b in boxes)
+            return lines
 
     def _by_aspect(self, lines: list[TextLine], size: int) -> list[list[TextLine]]:
         ordered = sorted(lines, key=lambda ln: ln.crop.shape[1] / ln.crop.shape[0])
@@ -175,21 +188,30 @@ class OcrExecutor(Executor):
                     if int(np.argmax(p)) == 1 and float(p[1]) > self.p.cls_thresh:
                         line.crop = cv2.rotate(line.crop, cv2.ROTATE_180)
 
+    def _rec_width(self, crop: np.ndarray) -> int:
+        """The padded width for one crop, from its own aspect ratio alone (multiple of 32).
+
+        Depending on nothing else makes a line's result independent of what it is batched with.
+        """
+        natural = math.ceil(self.p.rec_height * crop.shape[1] / crop.shape[0])
+        width = max(self.p.rec_min_width, -(-natural // 32) * 32)
+        return min(width, self.p.rec_max_width)
+
     def _recognize(self, lines: list[TextLine], timer: StageTimer) -> None:
-        height = self.p.rec_height
-        for group in self._by_aspect(lines, self.p.rec_batch):
-            with timer.stage("preprocess"):
-                widest = max(
-                    math.ceil(height * ln.crop.shape[1] / ln.crop.shape[0]) for ln in group
-                )
-                width = min(max(self.p.rec_min_width, widest), self.p.rec_max_width)
-                width = min(-(-width // 32) * 32, self.p.rec_max_width)  # fewer distinct shapes
-                batch = self._fill_line_batch(self.rec, group, width, self.p.rec_max_width)
-            with timer.stage("infer"):
-                probs = self.rec.run({self.rec.inputs[0].name: batch})[self.rec.outputs[0].name]
-            with timer.stage("postprocess"):
-                for line, seq in zip(group, probs[: len(group)]):
-                    line.text, line.score = self._ctc_decode(seq)
+        by_width: dict[int, list[TextLine]] = {}
+        for line in lines:
+            by_width.setdefault(self._rec_width(line.crop), []).append(line)
+        for width, same in sorted(by_width.items()):
+            for start in range(0, len(same), self.p.rec_batch):
+                group = same[start : start + self.p.rec_batch]
+                with timer.stage("preprocess"):
+                    batch = self._fill_line_batch(self.rec, group, width, width)
+                with timer.stage("infer"):
+                    name = self.rec.inputs[0].name
+                    probs = self.rec.run({name: batch})[self.rec.outputs[0].name]
+                with timer.stage("postprocess"):
+                    for line, seq in zip(group, probs[: len(group)]):
+                        line.text, line.score = self._ctc_decode(seq)
 
     def _ctc_decode(self, seq: np.ndarray) -> tuple[str, float]:
         """Greedy CTC: best class per step, repeats merged, blanks dropped."""
