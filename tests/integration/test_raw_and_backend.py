@@ -107,3 +107,26 @@ def test_missing_provider_is_an_error_unless_fallback_is_allowed(tmp_path: Path)
     with Engine(lenient) as engine:
         out = engine.infer("affine", np.zeros((1, 4), dtype=np.float32))
         np.testing.assert_array_equal(out["y"], np.ones((1, 4), dtype=np.float32))
+
+
+def test_outputs_whose_shape_depends_on_the_data(tmp_path: Path) -> None:
+    """NonZero's output size changes with the values: the session must notice and adapt."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from worker.backends.base import SessionSettings
+    from worker.backends.ort_backend import OrtBackend
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
+    y = helper.make_tensor_value_info("y", TensorProto.INT64, [1, None])
+    graph = helper.make_graph([helper.make_node("NonZero", ["x"], ["y"])], "nz", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "nz.onnx")
+    session = OrtBackend().open(tmp_path / "nz.onnx", SessionSettings(intra_op_threads=1))
+    try:
+        for values in ([1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 0, 1], [1, 1, 1, 1]):
+            out = session.run({"x": np.array(values, dtype=np.float32)})["y"]
+            np.testing.assert_array_equal(out, np.nonzero(values)[0][None, :])
+    finally:
+        session.close()

@@ -85,6 +85,7 @@ class OrtSession(ModelSession):
         self._out = HostBuffers()
         self._output_shapes: OrderedDict[tuple[tuple[int, ...], ...], list[tuple[int, ...]]]
         self._output_shapes = OrderedDict()
+        self._data_dependent = False
 
     @property
     def buffer_bytes(self) -> int:
@@ -100,7 +101,6 @@ class OrtSession(ModelSession):
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         binding = self._binding
         binding.clear_binding_inputs()
-        binding.clear_binding_outputs()
         keep_alive = []
         for spec in self.inputs:
             array = inputs.get(spec.name)
@@ -113,29 +113,51 @@ class OrtSession(ModelSession):
                 spec.name, "cpu", 0, spec.dtype, list(array.shape), array.ctypes.data
             )
         key = tuple(tuple(inputs[s.name].shape) for s in self.inputs)
-        shapes = self._output_shapes.get(key)
-        views: dict[str, np.ndarray] = {}
-        for i, spec in enumerate(self.outputs):
-            if shapes is None:
-                binding.bind_output(spec.name, "cpu")
-            else:
-                view = self._out.view(spec.name, spec.dtype, shapes[i])
-                binding.bind_output(
-                    spec.name, "cpu", 0, spec.dtype, list(view.shape), view.ctypes.data
-                )
-                views[spec.name] = view
+        shapes = None if self._data_dependent else self._output_shapes.get(key)
+        if shapes is not None:
+            try:
+                return self._run_into_buffers(key, shapes)
+            except RuntimeError:
+                # Output shapes that depend on the data (not only on input shapes): learn that
+                # once and let onnxruntime size the outputs from now on.
+                self._data_dependent = True
+                self._output_shapes.clear()
+        return self._run_and_learn_shapes(key)
+
+    def _execute(self) -> None:
         if self._gate is None:
-            self._session.run_with_iobinding(binding)
+            self._session.run_with_iobinding(self._binding)
         else:
             with self._gate.hold(self._threads):
-                self._session.run_with_iobinding(binding)
-        if shapes is not None:
-            self._output_shapes.move_to_end(key)
-            return views
-        produced = binding.copy_outputs_to_cpu()
-        self._output_shapes[key] = [tuple(a.shape) for a in produced]
-        if len(self._output_shapes) > _SHAPE_MEMO_SIZE:
-            self._output_shapes.popitem(last=False)
+                self._session.run_with_iobinding(self._binding)
+
+    def _run_into_buffers(
+        self, key: tuple[tuple[int, ...], ...], shapes: list[tuple[int, ...]]
+    ) -> dict[str, np.ndarray]:
+        """Outputs written by onnxruntime straight into this session's reused arrays."""
+        self._binding.clear_binding_outputs()
+        views: dict[str, np.ndarray] = {}
+        for spec, shape in zip(self.outputs, shapes):
+            view = self._out.view(spec.name, spec.dtype, shape)
+            self._binding.bind_output(
+                spec.name, "cpu", 0, spec.dtype, list(view.shape), view.ctypes.data
+            )
+            views[spec.name] = view
+        self._execute()
+        self._output_shapes.move_to_end(key)
+        return views
+
+    def _run_and_learn_shapes(self, key: tuple[tuple[int, ...], ...]) -> dict[str, np.ndarray]:
+        """Outputs allocated by onnxruntime, copied into the reused arrays; shapes remembered."""
+        self._binding.clear_binding_outputs()
+        for spec in self.outputs:
+            self._binding.bind_output(spec.name, "cpu")
+        self._execute()
+        produced = self._binding.copy_outputs_to_cpu()
+        if not self._data_dependent:
+            self._output_shapes[key] = [tuple(a.shape) for a in produced]
+            if len(self._output_shapes) > _SHAPE_MEMO_SIZE:
+                self._output_shapes.popitem(last=False)
         result = {}
         for spec, array in zip(self.outputs, produced):
             view = self._out.view(spec.name, spec.dtype, array.shape)
