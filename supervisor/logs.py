@@ -6,12 +6,28 @@ Called once by the CLI before anything logs. Library modules only call
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 
 import structlog
 
 LEVELS = ("debug", "info", "warning", "error")
+
+
+class StderrLogger:
+    """Writes each rendered line to the *current* ``sys.stderr``; a closed stream drops the line.
+
+    structlog's ``PrintLogger`` keeps the stream it was created with; when that stream is closed
+    (a daemon that detached, a test harness that swapped it), every later log call would raise in
+    whichever thread logged — a worker thread included.
+    """
+
+    def msg(self, message: str) -> None:
+        with contextlib.suppress(ValueError, OSError):
+            print(message, file=sys.stderr, flush=True)
+
+    debug = info = warning = warn = error = critical = exception = fatal = log = msg
 
 
 def configure_logging(level: str = "info", json: bool = False) -> None:
@@ -27,6 +43,6 @@ def configure_logging(level: str = "info", json: bool = False) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=lambda *_args: StderrLogger(),
         cache_logger_on_first_use=False,
     )

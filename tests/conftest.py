@@ -15,10 +15,15 @@ import yaml
 
 from supervisor.config import LoadedConfig, load_config
 from supervisor.image_files import read_image
+from supervisor.logs import configure_logging
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGES = ROOT / "tests" / "fixtures" / "images"
 DEMO_CONFIG = ROOT / "configs" / "default.yaml"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    configure_logging("info")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -76,7 +76,16 @@ class ModelWorker:
         self._ready.set()
         try:
             while (taken := self._batcher.next_batch()) is not None:
-                self._serve(executor, taken)
+                try:
+                    self._serve(executor, taken)
+                except Exception:
+                    # A bug in the serving path itself must not end the thread: whatever this
+                    # batch has not answered yet is answered, and the next batch is served.
+                    failure = InternalError(f"model {self.model!r}: internal error")
+                    for request in (*taken.run, *taken.expired):
+                        request.complete(error=failure)
+                    self.in_flight = 0
+                    log.exception("serving loop error", model=self.model)
         finally:
             executor.close()
 

@@ -14,7 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import structlog
+
 from ipc.errors import DuomoError, ErrorCode
+
+log = structlog.get_logger("duomo.request")
 
 _sequence = itertools.count()
 
@@ -76,7 +80,10 @@ class Request:
             if self._done:
                 return False
             self._done = True
-        self.on_done(
-            Outcome(result=result, error=error, timings=self.timings, batch_size=batch_size)
-        )
+        outcome = Outcome(result=result, error=error, timings=self.timings, batch_size=batch_size)
+        try:
+            self.on_done(outcome)
+        except Exception:
+            # One caller's broken callback must not stop the worker from answering the others.
+            log.exception("request callback failed", seq=self.seq)
         return True

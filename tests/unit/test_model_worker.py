@@ -159,3 +159,22 @@ def test_load_failure_names_the_model() -> None:
 
     with pytest.raises(RuntimeError, match="model 'm' failed to load: weights are corrupt"):
         serve(Broken, max_batch=1)
+
+
+def test_a_broken_callback_does_not_stop_the_batch(gated: type[GatedExecutor]) -> None:
+    model = serve(gated, max_batch=4)
+    try:
+        blocker = submit(model, "block")
+        assert gated.entered.wait(10)
+
+        def explode(_outcome: Outcome) -> None:
+            raise RuntimeError("caller bug")
+
+        model.submit("a", explode)
+        after = submit(model, "b")
+        gated.gate.set()
+        blocker.result(10)
+        assert after.result(10).result == "done:b"
+        assert submit(model, "c").result(10).result == "done:c"
+    finally:
+        model.stop()
