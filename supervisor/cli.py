@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ipc.errors import DuomoError, NotFoundError
 from supervisor.config import ConfigError, LoadedConfig, load_config
 from supervisor.logs import LEVELS, configure_logging
@@ -52,14 +54,17 @@ def cmd_infer(args: argparse.Namespace) -> int:
     loaded = _load(args.config)
     if loaded is None:
         return EXIT_INVALID
-    try:
-        engine = Engine(loaded, only=[args.model])
-    except NotFoundError as err:
-        print(f"duomo infer: {err.message}", file=sys.stderr)
-        return EXIT_INVALID
+    engine = Engine(loaded, only=[args.model])
     status = EXIT_OK
     try:
-        engine.start()
+        try:
+            engine.start()
+        except NotFoundError as err:
+            print(f"duomo infer: {err.message}", file=sys.stderr)
+            return EXIT_INVALID
+        except (ValueError, RuntimeError) as err:  # a thread plan or a model that cannot load
+            print(f"duomo infer: {err}", file=sys.stderr)
+            return EXIT_INVALID
         for path in args.images:
             try:
                 result = engine.infer(args.model, read_image(path))
@@ -73,9 +78,17 @@ def cmd_infer(args: argparse.Namespace) -> int:
     return status
 
 
+def _json_default(value: object) -> object:
+    """Raw results carry numpy arrays; JSON gets them as nested lists."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
 def _print_result(path: str, model: str, result: dict[str, Any], as_json: bool) -> None:
     if as_json:
-        print(json.dumps({"image": path, "model": model, "result": result}, ensure_ascii=False))
+        row = {"image": path, "model": model, "result": result}
+        print(json.dumps(row, ensure_ascii=False, default=_json_default))
         return
     print(f"{path} [{model}]")
     if "top" in result:

@@ -23,6 +23,7 @@ from pydantic import Field, ValidationError, model_validator
 from worker.backends.ort_backend import OrtOptions
 from worker.config_model import StrictModel
 from worker.executors import resolve_executor
+from worker.thread_budget import available_cores
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 
@@ -141,6 +142,7 @@ def load_config(path: str | Path) -> LoadedConfig:
     except ValidationError as err:
         raise ConfigError(path, _pydantic_problems(err)) from None
     models, problems = _resolve_models(path, config)
+    problems.extend(_provider_problems(config))
     if problems:
         raise ConfigError(path, problems)
     return LoadedConfig(path=path, config=config, models=models)
@@ -151,6 +153,7 @@ def _resolve_models(
 ) -> tuple[dict[str, ResolvedModel], list[tuple[str, str]]]:
     root = (path.parent / config.model_root) if config.model_root else path.parent
     devices = {d.id for d in config.devices}
+    budget = config.backends.onnxruntime.thread_budget or available_cores()
     problems: list[tuple[str, str]] = []
     models: dict[str, ResolvedModel] = {}
     for i, model in enumerate(config.models):
@@ -170,6 +173,15 @@ def _resolve_models(
         except ValidationError as err:
             problems.extend(_pydantic_problems(err, (*_loc(where), "params")))
             continue
+        params, missing = _resolve_param_paths(params, path.parent)
+        problems.extend((f"{where}.params.{name}", why) for name, why in missing)
+        if model.intra_op_threads is not None and model.intra_op_threads > budget:
+            problems.append(
+                (
+                    f"{where}.intra_op_threads",
+                    f"{model.intra_op_threads} is above the thread budget of {budget} cores",
+                )
+            )
         files: dict[str, Path] = {}
         key = "files" if model.files is not None else "file"
         roles = model.file_roles
@@ -190,6 +202,40 @@ def _resolve_models(
             files[role] = resolved
         models[model.name] = ResolvedModel(model, executor, params, files)
     return models, problems
+
+
+def _provider_problems(config: DuomoConfig) -> list[tuple[str, str]]:
+    """Providers the installed onnxruntime lacks (importing it loads no model)."""
+    ort_options = config.backends.onnxruntime
+    if ort_options.allow_cpu_fallback or not any(m.backend == "onnxruntime" for m in config.models):
+        return []
+    import onnxruntime
+
+    available = onnxruntime.get_available_providers()
+    return [
+        (
+            f"backends.onnxruntime.providers[{i}]",
+            f"{name} is not available in this onnxruntime (available: {available}); install the "
+            "matching onnxruntime package or set allow_cpu_fallback: true",
+        )
+        for i, name in enumerate(ort_options.providers)
+        if name not in available
+    ]
+
+
+def _resolve_param_paths(
+    params: StrictModel, base: Path
+) -> tuple[StrictModel, list[tuple[str, str]]]:
+    """Executor params that are paths, made absolute against the config's folder and checked."""
+    updates: dict[str, Path] = {}
+    missing: list[tuple[str, str]] = []
+    for name, value in params:
+        if isinstance(value, Path):
+            resolved = (base / value).resolve()
+            updates[name] = resolved
+            if not resolved.is_file():
+                missing.append((name, f"file not found: {resolved}"))
+    return params.model_copy(update=updates), missing
 
 
 def _loc(where: str) -> list[int | str]:

@@ -29,6 +29,7 @@ import structlog
 from ipc.errors import DuomoError, NotFoundError
 from supervisor.config import LoadedConfig
 from worker.backends import Backend, create_backend
+from worker.executors.image_ops import limit_opencv_threads
 from worker.request import Outcome
 from worker.served_model import ModelSpec, ServedModel
 from worker.thread_budget import (
@@ -45,30 +46,36 @@ log = structlog.get_logger("duomo.engine")
 class Engine:
     def __init__(self, loaded: LoadedConfig, only: Iterable[str] | None = None) -> None:
         self.loaded = loaded
-        wanted = list(only) if only is not None else list(loaded.models)
-        for name in wanted:
+        self._wanted = list(only) if only is not None else list(loaded.models)
+        self.models: dict[str, ServedModel] = {}
+        self._backends: dict[str, Backend] = {}
+        self.plan = ThreadPlan(budget=1, threads_per_instance={}, instances={})
+        self.gate = ComputeGate(1)
+
+    def start(self) -> None:
+        """Load every model in parallel; return once all are ready, raise the first failure.
+
+        Raises NotFoundError for a model name the config does not have, ValueError for a thread
+        plan that cannot hold, RuntimeError (naming the model) for a model that fails to load.
+        """
+        loaded = self.loaded
+        for name in self._wanted:
             if name not in loaded.models:
                 raise NotFoundError(
                     f"no model named {name!r} in {loaded.path} (have: {sorted(loaded.models)})"
                 )
-        self._wanted = wanted
-        self.models: dict[str, ServedModel] = {}
-        self._backends: dict[str, Backend] = {}
-        ort = loaded.config.backends.onnxruntime
-        budget = ort.thread_budget or available_cores()
-        self.plan: ThreadPlan = plan_threads(
+        budget = loaded.config.backends.onnxruntime.thread_budget or available_cores()
+        self.plan = plan_threads(
             [
                 InstanceDemand(
                     n, loaded.models[n].config.instances, loaded.models[n].config.intra_op_threads
                 )
-                for n in wanted
+                for n in self._wanted
             ],
             budget,
         )
         self.gate = ComputeGate(budget)
-
-    def start(self) -> None:
-        """Load every model in parallel; return once all are ready, raise the first failure."""
+        limit_opencv_threads()
         errors: list[BaseException] = []
         lock = threading.Lock()
 
@@ -130,6 +137,8 @@ class Engine:
         future: Future[Any] = Future()
 
         def done(outcome: Outcome) -> None:
+            if not future.set_running_or_notify_cancel():
+                return  # the caller cancelled; nobody is waiting for this outcome
             if outcome.error is not None:
                 future.set_exception(outcome.error)
             else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
+import threading
 
 import structlog
 
@@ -23,9 +24,12 @@ class StderrLogger:
     whichever thread logged — a worker thread included.
     """
 
+    _lock = threading.Lock()
+
     def msg(self, message: str) -> None:
-        with contextlib.suppress(ValueError, OSError):
-            print(message, file=sys.stderr, flush=True)
+        with self._lock, contextlib.suppress(ValueError, OSError):
+            sys.stderr.write(message + "\n")  # one write per line: threads never interleave
+            sys.stderr.flush()
 
     debug = info = warning = warn = error = critical = exception = fatal = log = msg
 

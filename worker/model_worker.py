@@ -44,7 +44,6 @@ class ModelWorker:
         self._ready = threading.Event()
         self.load_error: BaseException | None = None
         self.executor: Executor | None = None
-        self.in_flight = 0
 
     def start(self) -> None:
         self._thread = threading.Thread(
@@ -66,7 +65,11 @@ class ModelWorker:
         try:
             started = time.perf_counter()
             executor = self._load()
-            executor.warmup()
+            try:
+                executor.warmup()
+            except BaseException:
+                executor.close()
+                raise
             self.executor = executor
             log_.info("instance ready", load_ms=round((time.perf_counter() - started) * 1e3, 1))
         except BaseException as err:  # the caller re-raises it with the model's name
@@ -84,7 +87,6 @@ class ModelWorker:
                     failure = InternalError(f"model {self.model!r}: internal error")
                     for request in (*taken.run, *taken.expired):
                         request.complete(error=failure)
-                    self.in_flight = 0
                     log.exception("serving loop error", model=self.model)
         finally:
             executor.close()
@@ -96,7 +98,6 @@ class ModelWorker:
             request.complete(error=DeadlineExceededError("deadline passed while queued"))
         live: list[Request] = []
         prepared: list[Any] = []
-        self.in_flight = len(taken.run)
         for request in taken.run:
             start = time.perf_counter()
             request.timings.queue_s = time.monotonic() - request.enqueued_s
@@ -110,7 +111,6 @@ class ModelWorker:
                 request.complete(error=InternalError(f"model {self.model!r}: preprocessing failed"))
             request.timings.preprocess_s = time.perf_counter() - start
         if not live:
-            self.in_flight = 0
             return
         self._on_batch(len(live))
         timer = StageTimer()
@@ -155,4 +155,3 @@ class ModelWorker:
                 request.complete(error=result, batch_size=len(live))
             else:
                 request.complete(result=result, error=error, batch_size=len(live))
-        self.in_flight = 0

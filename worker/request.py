@@ -1,8 +1,8 @@
 """The messages that flow through a model: a ``Request`` in, an ``Outcome`` out.
 
 Created by whoever accepts work (the engine's in-process API, later the supervisor's reactor),
-queued by the ``Batcher``, completed exactly once by a ``ModelWorker`` (or by the batcher when the
-deadline passed first) through the request's ``on_done`` callback.
+queued by the ``Batcher``, completed exactly once by a ``ModelWorker`` (with DEADLINE_EXCEEDED when
+the batcher found it expired) through the request's ``on_done`` callback.
 """
 
 from __future__ import annotations

@@ -7,9 +7,11 @@ request and returns at once; the outcome arrives through the request's callback.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,14 @@ from worker.model_worker import ModelWorker
 from worker.request import Outcome, Request
 from worker.stats import ModelStats
 from worker.thread_budget import ComputeGate
+
+
+class ModelState(str, Enum):
+    NEW = "NEW"
+    LOADING = "LOADING"
+    READY = "READY"
+    STOPPING = "STOPPING"
+    STOPPED = "STOPPED"
 
 
 @dataclass(frozen=True)
@@ -49,7 +59,9 @@ class ServedModel:
         self.stats = ModelStats()
         self.batcher = Batcher(spec.name, spec.max_batch, spec.max_delay_s, spec.queue_size)
         self.workers: list[ModelWorker] = []
-        self.state = "NEW"
+        self.state = ModelState.NEW
+        self._pending = 0  # accepted and not yet answered: queued + being processed
+        self._pending_lock = threading.Lock()
 
     def _load_executor(self) -> Executor:
         settings = SessionSettings(intra_op_threads=self.spec.intra_op_threads, gate=self._gate)
@@ -64,7 +76,7 @@ class ServedModel:
             raise
 
     def start(self, timeout_s: float = 300.0) -> None:
-        self.state = "LOADING"
+        self.state = ModelState.LOADING
         self.workers = [
             ModelWorker(
                 self.spec.name, i, self._load_executor, self.batcher, self.stats.record_batch
@@ -82,7 +94,7 @@ class ServedModel:
                 self.stop()
                 err = worker.load_error
                 raise RuntimeError(f"model {self.spec.name!r} failed to load: {err}") from err
-        self.state = "READY"
+        self.state = ModelState.READY
 
     def submit(
         self,
@@ -92,11 +104,13 @@ class ServedModel:
         deadline_s: float | None = None,
     ) -> Request:
         """Queue one request; raises at once if the model is not ready or its queue is full."""
-        if self.state != "READY":
-            raise UnavailableError(f"model {self.spec.name!r} is {self.state.lower()}")
+        if self.state is not ModelState.READY:
+            raise UnavailableError(f"model {self.spec.name!r} is {self.state.value.lower()}")
         start = time.monotonic()
 
         def done(outcome: Outcome) -> None:
+            with self._pending_lock:
+                self._pending -= 1
             self.stats.record(outcome, time.monotonic() - start)
             on_done(outcome)
 
@@ -107,22 +121,35 @@ class ServedModel:
             deadline_s=deadline_s,
             enqueued_s=start,
         )
-        self.batcher.put(request)
+        with self._pending_lock:
+            self._pending += 1
+        try:
+            self.batcher.put(request)
+        except BaseException:
+            with self._pending_lock:
+                self._pending -= 1
+            raise
         return request
+
+    @property
+    def pending(self) -> int:
+        """Requests accepted and not yet answered (queued or in a batch being processed)."""
+        with self._pending_lock:
+            return self._pending
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Stop accepting, let the instances finish what is queued, then fail what is left."""
-        if self.state in ("STOPPED", "NEW"):
-            self.state = "STOPPED"
+        if self.state in (ModelState.STOPPED, ModelState.NEW):
+            self.state = ModelState.STOPPED
             return
-        self.state = "STOPPING"
+        self.state = ModelState.STOPPING
         self.batcher.close()
         deadline = time.monotonic() + timeout_s
         for worker in self.workers:
             worker.join(max(0.0, deadline - time.monotonic()))
         for request in self.batcher.drain():
             request.complete(error=UnavailableError(f"model {self.spec.name!r} stopped"))
-        self.state = "STOPPED"
+        self.state = ModelState.STOPPED
 
     def describe(self) -> dict[str, Any]:
         ready = next((w.executor for w in self.workers if w.executor is not None), None)
@@ -134,11 +161,17 @@ class ServedModel:
         }
 
     def status(self) -> dict[str, Any]:
+        sessions = [
+            s for w in self.workers if w.executor is not None for s in w.executor.sessions.values()
+        ]
+        depth = self.batcher.depth
         return {
-            "state": self.state,
+            "state": self.state.value,
             "instances": self.spec.instances,
             "intra_op_threads": self.spec.intra_op_threads,
-            "queue_depth": self.batcher.depth,
-            "in_flight": sum(w.in_flight for w in self.workers),
+            "queue_depth": depth,
+            "in_flight": max(0, self.pending - depth),
+            "io_buffer_bytes": sum(s.buffer_bytes for s in sessions),
+            "io_buffer_growths": sum(s.buffer_growths for s in sessions),
             **self.stats.snapshot(),
         }

@@ -56,3 +56,12 @@ def test_unknown_model_exits_2(demo_config: object) -> None:
     run = duomo("infer", "-c", str(DEMO_CONFIG), "nope", str(IMAGES / "coffee.png"))
     assert run.returncode == 2
     assert "no model named 'nope'" in run.stderr
+
+
+def test_a_model_that_fails_to_load_is_a_message_not_a_traceback(tmp_path: Path) -> None:
+    (tmp_path / "broken.onnx").write_bytes(b"this is not onnx")
+    config = tmp_path / "broken.yaml"
+    config.write_text("models:\n  - {name: b, task: classification, file: broken.onnx}\n")
+    run = duomo("infer", "-c", str(config), "b", str(IMAGES / "coffee.png"))
+    assert run.returncode == 2
+    assert "model 'b' failed to load" in run.stderr and "Traceback" not in run.stderr

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from ipc.errors import InvalidArgumentError
-from supervisor.config import load_config
+from supervisor.config import ConfigError, load_config
 from supervisor.engine import Engine
 from worker.request import Outcome
 
@@ -98,9 +98,8 @@ def test_raw_rejects_wrong_dtype_shape_and_names(tmp_path: Path) -> None:
 
 
 def test_missing_provider_is_an_error_unless_fallback_is_allowed(tmp_path: Path) -> None:
-    strict = load_config(raw_config(tmp_path, providers=["CUDAExecutionProvider"]))
-    with pytest.raises(RuntimeError, match=r"CUDAExecutionProvider.*not available"):
-        Engine(strict).start()
+    with pytest.raises(ConfigError, match=r"CUDAExecutionProvider is not available"):
+        load_config(raw_config(tmp_path, providers=["CUDAExecutionProvider"]))
     lenient = load_config(
         raw_config(tmp_path, providers=["CUDAExecutionProvider"], allow_cpu_fallback=True)
     )

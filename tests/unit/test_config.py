@@ -131,3 +131,30 @@ def test_check_command_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert main(["check", "-c", str(bad)]) == 2
     err = capsys.readouterr().err
     assert f"{bad}: models[0].max_batch:" in err
+
+
+def test_path_params_resolve_against_the_config_folder(tmp_path: Path) -> None:
+    (tmp_path / "labels.txt").write_text("a\nb\n")
+    path = write_config(tmp_path, [classify(params={"labels": "labels.txt"})])
+    params = load_config(path).models["classify"].params
+    assert params.labels == tmp_path / "labels.txt"  # type: ignore[attr-defined]
+    found = problems(write_config(tmp_path, [classify(params={"labels": "nope.txt"})]))
+    assert found[0][0] == "models[0].params.labels" and "not found" in found[0][1]
+
+
+def test_thread_override_above_the_budget(tmp_path: Path) -> None:
+    found = problems(
+        write_config(
+            tmp_path,
+            [classify(intra_op_threads=16)],
+            backends={"onnxruntime": {"thread_budget": 2}},
+        )
+    )
+    assert found == [("models[0].intra_op_threads", "16 is above the thread budget of 2 cores")]
+
+
+def test_unavailable_provider_is_a_config_error(tmp_path: Path) -> None:
+    found = problems(
+        write_config(tmp_path, [classify()], backends={"onnxruntime": {"providers": ["NopeEP"]}})
+    )
+    assert found[0][0] == "backends.onnxruntime.providers[0]"

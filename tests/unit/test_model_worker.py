@@ -129,19 +129,47 @@ def test_a_backend_failure_fails_the_whole_batch(gated: type[GatedExecutor]) -> 
     assert model.stats.snapshot()["outcomes"] == {"ok": 2, "internal": 3}
 
 
-def test_stop_fails_what_is_still_queued(gated: type[GatedExecutor]) -> None:
+def test_stop_finishes_queued_work_within_the_grace_period(gated: type[GatedExecutor]) -> None:
     model = serve(gated, max_batch=1)
     blocker = submit(model, "block")
     assert gated.entered.wait(10)
     queued = [submit(model, f"q{i}") for i in range(3)]
     threading.Timer(0.2, gated.gate.set).start()
-    model.stop(timeout_s=10)
+    model.stop(timeout_s=30)
     assert blocker.result(10).code is ErrorCode.OK
-    # a graceful stop finishes queued work rather than dropping it
     assert all(f.result(10).code is ErrorCode.OK for f in queued)
     with pytest.raises(DuomoError) as info:
         model.submit("late", lambda _o: None)
     assert info.value.code is ErrorCode.UNAVAILABLE
+
+
+def test_stop_fails_what_is_still_queued_after_the_grace_period(
+    gated: type[GatedExecutor],
+) -> None:
+    model = serve(gated, max_batch=1)
+    blocker = submit(model, "block")
+    assert gated.entered.wait(10)
+    queued = [submit(model, f"q{i}") for i in range(3)]
+    model.stop(timeout_s=0.1)  # the worker is stuck in the first batch: the queue is failed
+    assert [f.result(10).code for f in queued] == [ErrorCode.UNAVAILABLE] * 3
+    gated.gate.set()
+    assert blocker.result(10).code is ErrorCode.OK  # the batch in progress still finishes
+
+
+def test_two_instances_share_one_queue_and_never_split_a_forming_batch(
+    gated: type[GatedExecutor],
+) -> None:
+    gated.gate.set()
+    model = serve(gated, max_batch=4, instances=2)
+    try:
+        futures = [submit(model, f"r{i}") for i in range(12)]
+        outcomes = [f.result(10) for f in futures]
+    finally:
+        model.stop()
+    assert all(o.code is ErrorCode.OK for o in outcomes)
+    ran = sorted(x for batch in gated.batches for x in batch)
+    assert ran == sorted(f"r{i}" for i in range(12))  # each request ran exactly once
+    assert all(1 <= len(batch) <= 4 for batch in gated.batches)
 
 
 def test_load_failure_names_the_model() -> None:

@@ -58,3 +58,36 @@ def test_gate_never_lets_more_than_its_tokens_run() -> None:
         t.join(30)
     assert peak <= 2
     assert gate.high_water == 2
+
+
+def test_gate_serves_waiters_first_come_first_served() -> None:
+    """A waiter for two tokens is not overtaken by later one-token waiters."""
+    gate = ComputeGate(2)
+    order: list[str] = []
+    holding = threading.Event()
+    release = threading.Event()
+
+    def hold_one() -> None:
+        with gate.hold(1):
+            holding.set()
+            release.wait(10)
+
+    def take(name: str, n: int) -> None:
+        with gate.hold(n):
+            order.append(name)
+
+    first = threading.Thread(target=hold_one)
+    first.start()
+    assert holding.wait(10)
+    wide = threading.Thread(target=take, args=("wide", 2))
+    wide.start()
+    while not gate._queue:  # wait until "wide" is queued (one token is still free)
+        time.sleep(0.001)
+    narrow = threading.Thread(target=take, args=("narrow", 1))
+    narrow.start()
+    time.sleep(0.05)
+    assert order == []  # "narrow" could run on the free token, but "wide" came first
+    release.set()
+    for t in (first, wide, narrow):
+        t.join(10)
+    assert order == ["wide", "narrow"]

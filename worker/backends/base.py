@@ -44,8 +44,9 @@ class SessionSettings:
 class HostBuffers:
     """Named flat host arrays handed out as shaped views; grown only when a shape needs more.
 
-    Growth happens during warm-up at the executor's largest shapes, so it is a load-time event;
-    ``growths`` counts it so a steady-state regrowth would be visible in the stats.
+    Buffers are sized by the warm-up at ``max_batch`` and grow only when a request needs a larger
+    shape than any before it (an OCR page larger than the warm-up image, say); they never shrink.
+    ``growths`` counts allocations and is shown in ``status`` so a regrowth is visible.
     """
 
     def __init__(self) -> None:
@@ -85,6 +86,16 @@ class ModelSession(ABC):
     @abstractmethod
     def close(self) -> None:
         """Release the runtime objects; the session is unusable afterwards."""
+
+    @property
+    def buffer_bytes(self) -> int:
+        """Bytes of reusable host I/O buffers this session holds."""
+        return 0
+
+    @property
+    def buffer_growths(self) -> int:
+        """Times a buffer had to be (re)allocated; after warm-up it grows only for new maxima."""
+        return 0
 
     def spec(self, name: str) -> TensorSpec:
         for spec in (*self.inputs, *self.outputs):

@@ -117,7 +117,9 @@ class OrtSession(ModelSession):
         if shapes is not None:
             try:
                 return self._run_into_buffers(key, shapes)
-            except RuntimeError:
+            except RuntimeError as err:
+                if "computed output shape" not in str(err):
+                    raise
                 # Output shapes that depend on the data (not only on input shapes): learn that
                 # once and let onnxruntime size the outputs from now on.
                 self._data_dependent = True

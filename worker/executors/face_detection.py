@@ -127,6 +127,8 @@ class FaceDetectionExecutor(Executor):
             box = boxes[k] * inv
             box[[0, 2]] = np.clip(box[[0, 2]], 0, item.width)
             box[[1, 3]] = np.clip(box[[1, 3]], 0, item.height)
+            if box[2] - box[0] < 1 or box[3] - box[1] < 1:
+                continue  # a detection in the letterbox padding, clipped to nothing
             points = np.stack([lm_x[k], lm_y[k]], axis=1) * inv
             faces.append(
                 {

@@ -9,8 +9,10 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-# The server owns the CPU thread budget; OpenCV's own pool would oversubscribe it.
-cv2.setNumThreads(1)
+
+def limit_opencv_threads() -> None:
+    """The server owns the CPU thread budget; OpenCV's own pool would oversubscribe it."""
+    cv2.setNumThreads(1)
 
 
 def resize(image: np.ndarray, width: int, height: int) -> np.ndarray:

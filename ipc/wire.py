@@ -1,0 +1,203 @@
+"""The wire format, defined in one place: frames on the control socket and the slot header.
+
+Imported by the client library and by the supervisor; nothing here imports numpy-heavy code or a
+backend. Every number a peer writes is untrusted: ``SlotHeader.unpack`` only decodes, callers
+validate against what they know (the supervisor against the model, the client against its slot).
+
+Control socket frames: ``<I`` payload length, ``<B`` kind, then the payload.
+
+=============  ==========================================================================
+kind           payload
+=============  ==========================================================================
+CHALLENGE      32 random bytes (server → client, first frame on every connection)
+RESPONSE       HMAC-SHA256(key, challenge) (client → server, the only frame accepted before)
+JSON           one UTF-8 JSON object, at most ``MAX_JSON_BYTES`` (requests, replies, events)
+NOTICE         ``<HHI`` ring id, slot index, sequence number: "slot ready" (client → server)
+               or "slot done" (server → client); 8 bytes, nothing else rides on it
+=============  ==========================================================================
+
+No pickle, anywhere.
+
+Slot header (``SlotHeader.FORMAT``, 256 bytes, little-endian) at the start of every slot:
+magic/version, sequence number, state, status code, priority, input count, relative timeout,
+result length, four stage timings, and per input its dtype code, rank and dims.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+import numpy as np
+
+PROTOCOL_VERSION = 1
+MAGIC = b"DUO1"
+FRAME = struct.Struct("<IB")
+NOTICE = struct.Struct("<HHI")
+MAX_JSON_BYTES = 1 << 20
+CHALLENGE_BYTES = 32
+ALIGN = 64
+
+
+class FrameKind(IntEnum):
+    CHALLENGE = 1
+    RESPONSE = 2
+    JSON = 3
+    NOTICE = 4
+
+
+class SlotState(IntEnum):
+    FREE = 0
+    SUBMITTED = 1
+    DONE = 2
+
+
+# dtype codes on the wire; the order is part of the format
+DTYPES: tuple[np.dtype, ...] = tuple(
+    np.dtype(t)
+    for t in (
+        "uint8",
+        "int8",
+        "uint16",
+        "int16",
+        "int32",
+        "int64",
+        "float16",
+        "float32",
+        "float64",
+        "bool",
+    )
+)
+DTYPE_CODES = {dt: i for i, dt in enumerate(DTYPES)}
+MAX_INPUTS = 4
+MAX_RANK = 6
+
+_FIXED = struct.Struct("<4sHHIHhHHQQIIII")
+_TENSOR = struct.Struct("<BB2x" + "I" * MAX_RANK)
+_HEADER_USED = _FIXED.size + MAX_INPUTS * _TENSOR.size
+HEADER_BYTES = 256
+assert _HEADER_USED <= HEADER_BYTES
+
+
+def dtype_code(dtype: np.dtype) -> int:
+    try:
+        return DTYPE_CODES[np.dtype(dtype)]
+    except KeyError:
+        raise ValueError(f"dtype {dtype} cannot travel on the wire") from None
+
+
+def align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+@dataclass
+class TensorDesc:
+    """An input's dtype code and actual shape as written in the header."""
+
+    dtype: int
+    shape: tuple[int, ...]
+
+
+@dataclass
+class SlotHeader:
+    seq: int = 0
+    state: int = SlotState.FREE
+    status: int = 0
+    priority: int = 0
+    timeout_us: int = 0
+    result_len: int = 0
+    queue_us: int = 0
+    preprocess_us: int = 0
+    infer_us: int = 0
+    postprocess_us: int = 0
+    inputs: list[TensorDesc] = field(default_factory=list)
+    magic: bytes = MAGIC
+    version: int = PROTOCOL_VERSION
+
+    def pack_into(self, buffer: memoryview | bytearray, offset: int = 0) -> None:
+        if len(self.inputs) > MAX_INPUTS:
+            raise ValueError(f"at most {MAX_INPUTS} inputs per request")
+        _FIXED.pack_into(
+            buffer,
+            offset,
+            self.magic,
+            self.version,
+            self.state,
+            self.seq,
+            self.status,
+            self.priority,
+            len(self.inputs),
+            0,
+            self.timeout_us,
+            self.result_len,
+            self.queue_us,
+            self.preprocess_us,
+            self.infer_us,
+            self.postprocess_us,
+        )
+        at = offset + _FIXED.size
+        for i in range(MAX_INPUTS):
+            if i < len(self.inputs):
+                desc = self.inputs[i]
+                if len(desc.shape) > MAX_RANK:
+                    raise ValueError(f"rank {len(desc.shape)} is above {MAX_RANK}")
+                dims = list(desc.shape) + [0] * (MAX_RANK - len(desc.shape))
+                _TENSOR.pack_into(buffer, at, desc.dtype, len(desc.shape), *dims)
+            else:
+                _TENSOR.pack_into(buffer, at, 0, 0, *([0] * MAX_RANK))
+            at += _TENSOR.size
+
+    @classmethod
+    def unpack(cls, buffer: memoryview | bytes, offset: int = 0) -> SlotHeader:
+        """Decode a header copy; raises ValueError only for a count that cannot be decoded."""
+        (
+            magic,
+            version,
+            state,
+            seq,
+            status,
+            priority,
+            n_inputs,
+            _flags,
+            timeout_us,
+            result_len,
+            queue_us,
+            preprocess_us,
+            infer_us,
+            postprocess_us,
+        ) = _FIXED.unpack_from(buffer, offset)
+        if n_inputs > MAX_INPUTS:
+            raise ValueError(f"header declares {n_inputs} inputs (at most {MAX_INPUTS})")
+        inputs = []
+        at = offset + _FIXED.size
+        for _ in range(n_inputs):
+            dtype, rank, *dims = _TENSOR.unpack_from(buffer, at)
+            if rank > MAX_RANK:
+                raise ValueError(f"header declares rank {rank} (at most {MAX_RANK})")
+            inputs.append(TensorDesc(dtype, tuple(dims[:rank])))
+            at += _TENSOR.size
+        return cls(
+            seq=seq,
+            state=state,
+            status=status,
+            priority=priority,
+            timeout_us=timeout_us,
+            result_len=result_len,
+            queue_us=queue_us,
+            preprocess_us=preprocess_us,
+            infer_us=infer_us,
+            postprocess_us=postprocess_us,
+            inputs=inputs,
+            magic=magic,
+            version=version,
+        )
+
+
+# Tensor records in a slot's output area (raw results): dtype, rank, dims, then the data at the
+# next 64-byte boundary; records follow each other in the model's output order.
+TENSOR_RECORD = struct.Struct("<BB2x" + "Q" * MAX_RANK)
+
+
+def frame(kind: FrameKind, payload: bytes) -> bytes:
+    return FRAME.pack(len(payload), kind) + payload
