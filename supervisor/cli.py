@@ -1,8 +1,11 @@
 """The ``duomo`` command line: thin commands that parse arguments and delegate.
 
-Commands today: ``check`` (validate a config without loading anything) and ``infer`` (run images
-through a model in-process). Exit codes: 0 success, 1 a request failed, 2 invalid input
-(bad config, unknown model, bad arguments).
+``start`` / ``stop`` / ``status`` manage a supervisor; ``infer`` sends image files to a running
+supervisor (or, with ``-c CONFIG``, runs the model in-process without one); ``check`` validates a
+config without loading anything. Every command that talks to a supervisor takes ``--socket``
+(default: ``$DUOMO_SOCKET`` or the standard runtime dir), so several can run side by side.
+Exit codes: 0 success, 1 a request or the supervisor failed, 2 invalid input (bad config,
+unknown model, bad arguments).
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from ipc.errors import DuomoError, NotFoundError
+from ipc.client import Client
+from ipc.errors import DuomoError, ErrorCode, NotFoundError
+from ipc.runtime_dir import default_socket_path
 from supervisor.config import ConfigError, LoadedConfig, load_config
 from supervisor.logs import LEVELS, configure_logging
 
@@ -47,7 +52,103 @@ def cmd_check(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_start(args: argparse.Namespace) -> int:
+    from supervisor import daemon
+
+    loaded = _load(args.config)
+    if loaded is None:
+        return EXIT_INVALID
+    if args.foreground:
+        return daemon.run_foreground(loaded, args.socket, args.ready_fd)
+    return daemon.start_background(loaded.path, args.socket, args.log_level)
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    from supervisor.daemon import wait_for_exit
+
+    try:
+        with Client(args.socket, timeout_s=10) as client:
+            client.request("stop")
+    except DuomoError as err:
+        print(f"duomo stop: {err.message}", file=sys.stderr)
+        return EXIT_FAILED
+    if not wait_for_exit(args.socket, args.timeout):
+        print(f"duomo stop: still running after {args.timeout:.0f}s", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"duomo stopped ({args.socket})")
+    return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    try:
+        with Client(args.socket, timeout_s=10) as client:
+            status = client.status()
+    except DuomoError as err:
+        print(f"duomo status: {err.message}", file=sys.stderr)
+        return EXIT_FAILED
+    if args.json:
+        print(json.dumps(status, indent=2))
+    else:
+        print(render_status(status))
+    return EXIT_OK
+
+
+def render_status(status: dict[str, Any]) -> str:
+    rss_mb = status["rss_bytes"] / 2**20
+    lines = [
+        f"supervisor pid {status['pid']} on {status['socket']}, up {status['uptime_s']:.0f}s, "
+        f"{rss_mb:.0f} MiB resident, thread budget {status['thread_budget']}",
+        f"{'model':<12} {'state':<8} {'inst':>4} {'queue':>5} {'busy':>4} {'ok':>7} {'errors':>6} "
+        f"{'p50 ms':>8} {'p99 ms':>8}  batches",
+    ]
+    for name, m in status["models"].items():
+        ok = m["outcomes"].get("ok", 0)
+        total = m.get("latency", {}).get("total", {})
+        batches = " ".join(f"{k}:{v}" for k, v in m["batch_sizes"].items()) or "-"
+        lines.append(
+            f"{name:<12} {m['state']:<8} {m['instances']:>4} {m['queue_depth']:>5} "
+            f"{m['in_flight']:>4} {ok:>7} {m['requests'] - ok:>6} "
+            f"{total.get('p50_ms', 0):>8.1f} {total.get('p99_ms', 0):>8.1f}  {batches}"
+        )
+    for c in status["clients"]:
+        rings = ", ".join(f"{r['model']}×{r['slots']}" for r in c["rings"]) or "no models"
+        lines.append(f"client {c['id']} (pid {c['pid']}): {rings}")
+    return "\n".join(lines)
+
+
 def cmd_infer(args: argparse.Namespace) -> int:
+    if args.config is None:
+        return _infer_via_supervisor(args)
+    return _infer_in_process(args)
+
+
+def _infer_via_supervisor(args: argparse.Namespace) -> int:
+    from supervisor.image_files import read_image
+
+    try:
+        client = Client(args.socket, timeout_s=30)
+    except DuomoError as err:
+        print(f"duomo infer: {err.message} (start one with: duomo start)", file=sys.stderr)
+        return EXIT_FAILED
+    status = EXIT_OK
+    with client:
+        try:
+            model = client.model(args.model, slots=1)
+        except DuomoError as err:
+            print(f"duomo infer: {err.message}", file=sys.stderr)
+            return EXIT_INVALID if err.code is ErrorCode.NOT_FOUND else EXIT_FAILED
+        for path in args.images:
+            try:
+                result = model.infer(read_image(path), timeout_s=args.timeout)
+            except DuomoError as err:
+                print(f"duomo infer: {path}: {err}", file=sys.stderr)
+                status = EXIT_FAILED
+                continue
+            _print_result(path, args.model, result, args.json)
+    return status
+
+
+def _infer_in_process(args: argparse.Namespace) -> int:
     from supervisor.engine import Engine
     from supervisor.image_files import read_image
 
@@ -114,7 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="duomo", description="Serve many models from one process."
     )
-    parser.add_argument("--log-level", choices=LEVELS, default="warning")
+    parser.add_argument(
+        "--log-level", choices=LEVELS, default=None, help="default: info for start, else warning"
+    )
     parser.add_argument("--log-json", action="store_true", help="log JSON lines instead of text")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -122,18 +225,51 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("-c", "--config", type=Path, default=DEFAULT_CONFIG)
     check.set_defaults(func=cmd_check)
 
+    start = sub.add_parser("start", help="start a supervisor (in the background by default)")
+    start.add_argument("-c", "--config", type=Path, default=DEFAULT_CONFIG)
+    start.add_argument("--foreground", action="store_true", help="run in this process")
+    start.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
+    _socket_arg(start)
+    start.set_defaults(func=cmd_start)
+
+    stop = sub.add_parser("stop", help="stop a supervisor gracefully (finishes queued work)")
+    stop.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for exit")
+    _socket_arg(stop)
+    stop.set_defaults(func=cmd_stop)
+
+    status = sub.add_parser("status", help="models, queues, latencies and clients")
+    status.add_argument("--json", action="store_true")
+    _socket_arg(status)
+    status.set_defaults(func=cmd_status)
+
     infer = sub.add_parser("infer", help="run image files through one model")
-    infer.add_argument("-c", "--config", type=Path, default=DEFAULT_CONFIG)
+    infer.add_argument(
+        "-c", "--config", type=Path, default=None,
+        help="run in-process with this config instead of through the running supervisor",
+    )  # fmt: skip
     infer.add_argument("model")
     infer.add_argument("images", nargs="+", metavar="IMAGE")
     infer.add_argument("--json", action="store_true", help="one JSON object per image per line")
+    infer.add_argument("--timeout", type=float, default=60.0, help="seconds per image")
+    _socket_arg(infer)
     infer.set_defaults(func=cmd_infer)
     return parser
+
+
+def _socket_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--socket", type=Path, default=None,
+        help="supervisor socket (default: $DUOMO_SOCKET or the standard runtime dir)",
+    )  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if hasattr(args, "socket") and args.socket is None:
+        args.socket = default_socket_path()
+    if args.log_level is None:
+        args.log_level = "info" if args.command == "start" else "warning"
     configure_logging(args.log_level, args.log_json)
     result: int = args.func(args)
     return result

@@ -58,24 +58,100 @@ class Engine:
         Raises NotFoundError for a model name the config does not have, ValueError for a thread
         plan that cannot hold, RuntimeError (naming the model) for a model that fails to load.
         """
-        loaded = self.loaded
-        for name in self._wanted:
+        self.plan = self._plan(self.loaded, self._wanted)
+        self.gate = ComputeGate(self.plan.budget)
+        limit_opencv_threads()
+        fresh = {name: self._build(name, self.loaded) for name in self._wanted}
+        self._start_all(fresh)
+        self.models.update(fresh)
+        log.info(
+            "engine ready",
+            models=list(self.models),
+            thread_budget=self.plan.budget,
+            threads=self.plan.threads_per_instance,
+        )
+
+    def reload(self, new: LoadedConfig) -> dict[str, list[str]]:
+        """Apply a new config: load added and changed models, swap them in, then stop the old.
+
+        A replaced model keeps serving until its replacement is ready; the old one then drains
+        its queue. On any load failure nothing changes and the error is raised. The thread budget
+        and the gate stay as they were at start (sessions cannot change their thread pools).
+        """
+        names = list(new.models)
+        added = [n for n in names if n not in self.models]
+        removed = [n for n in self.models if n not in new.models]
+        changed = [
+            n
+            for n in names
+            if n in self.models
+            and (
+                new.models[n].config != self.loaded.models[n].config
+                or new.models[n].files != self.loaded.models[n].files
+            )
+        ]
+        plan = self._plan(new, names, budget=self.plan.budget)
+        previous_plan, self.plan = self.plan, plan
+        try:
+            fresh = {n: self._build(n, new) for n in added + changed}
+            self._start_all(fresh)
+        except BaseException:
+            self.plan = previous_plan
+            raise
+        old = [self.models[n] for n in changed + removed]
+        self.models.update(fresh)
+        for n in removed:
+            del self.models[n]
+        self.loaded, self._wanted = new, names
+        for model in old:
+            model.stop()
+        summary = {"added": added, "removed": removed, "replaced": changed}
+        log.info("engine reloaded", **summary)
+        return summary
+
+    def _plan(
+        self, loaded: LoadedConfig, names: list[str], budget: int | None = None
+    ) -> ThreadPlan:
+        for name in names:
             if name not in loaded.models:
                 raise NotFoundError(
                     f"no model named {name!r} in {loaded.path} (have: {sorted(loaded.models)})"
                 )
-        budget = loaded.config.backends.onnxruntime.thread_budget or available_cores()
-        self.plan = plan_threads(
-            [
-                InstanceDemand(
-                    n, loaded.models[n].config.instances, loaded.models[n].config.intra_op_threads
-                )
-                for n in self._wanted
-            ],
-            budget,
+        if budget is None:
+            budget = loaded.config.backends.onnxruntime.thread_budget or available_cores()
+        demands = [
+            InstanceDemand(
+                n, loaded.models[n].config.instances, loaded.models[n].config.intra_op_threads
+            )
+            for n in names
+        ]
+        return plan_threads(demands, budget)
+
+    def _build(self, name: str, loaded: LoadedConfig) -> ServedModel:
+        resolved = loaded.models[name]
+        cfg = resolved.config
+        backend = self._backends.get(cfg.backend)
+        if backend is None:
+            backend = create_backend(cfg.backend, loaded.config.backends.onnxruntime)
+            self._backends[cfg.backend] = backend
+        spec = ModelSpec(
+            name=name,
+            task=cfg.task,
+            executor=resolved.executor,
+            params=resolved.params,
+            files=resolved.files,
+            instances=cfg.instances,
+            max_batch=cfg.max_batch,
+            max_delay_s=cfg.max_delay_ms / 1e3,
+            queue_size=cfg.queue_size,
+            priority=cfg.priority,
+            intra_op_threads=self.plan.threads_per_instance[name],
         )
-        self.gate = ComputeGate(budget)
-        limit_opencv_threads()
+        return ServedModel(spec, backend, self.gate)
+
+    @staticmethod
+    def _start_all(models: dict[str, ServedModel]) -> None:
+        """Start models in parallel; if any fails, stop all of them and raise the first error."""
         errors: list[BaseException] = []
         lock = threading.Lock()
 
@@ -86,41 +162,15 @@ class Engine:
                 with lock:
                     errors.append(err)
 
-        for name in self._wanted:
-            resolved = self.loaded.models[name]
-            cfg = resolved.config
-            backend = self._backends.get(cfg.backend)
-            if backend is None:
-                backend = create_backend(cfg.backend, self.loaded.config.backends.onnxruntime)
-                self._backends[cfg.backend] = backend
-            spec = ModelSpec(
-                name=name,
-                task=cfg.task,
-                executor=resolved.executor,
-                params=resolved.params,
-                files=resolved.files,
-                instances=cfg.instances,
-                max_batch=cfg.max_batch,
-                max_delay_s=cfg.max_delay_ms / 1e3,
-                queue_size=cfg.queue_size,
-                priority=cfg.priority,
-                intra_op_threads=self.plan.threads_per_instance[name],
-            )
-            self.models[name] = ServedModel(spec, backend, self.gate)
-        loaders = [threading.Thread(target=load, args=(m,)) for m in self.models.values()]
+        loaders = [threading.Thread(target=load, args=(m,)) for m in models.values()]
         for t in loaders:
             t.start()
         for t in loaders:
             t.join()
         if errors:
-            self.close()
+            for model in models.values():
+                model.stop()
             raise errors[0]
-        log.info(
-            "engine ready",
-            models=list(self.models),
-            thread_budget=self.plan.budget,
-            threads=self.plan.threads_per_instance,
-        )
 
     def model(self, name: str) -> ServedModel:
         try:

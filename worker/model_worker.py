@@ -18,7 +18,7 @@ from typing import Any
 
 import structlog
 
-from ipc.errors import DeadlineExceededError, DuomoError, InternalError
+from ipc.errors import DeadlineExceededError, DuomoError, InternalError, UnavailableError
 from worker.batcher import Batcher, TakenBatch
 from worker.executors.base import Executor, StageTimer
 from worker.request import Request
@@ -99,6 +99,9 @@ class ModelWorker:
         live: list[Request] = []
         prepared: list[Any] = []
         for request in taken.run:
+            if request.cancelled:
+                request.complete(error=UnavailableError("request cancelled: its client left"))
+                continue
             start = time.perf_counter()
             request.timings.queue_s = time.monotonic() - request.enqueued_s
             try:

@@ -66,6 +66,7 @@ class Request:
     enqueued_s: float = field(default_factory=time.monotonic)
     seq: int = field(default_factory=lambda: next(_sequence))
     timings: StageTimings = field(default_factory=StageTimings)
+    cancelled: bool = False  # set when nobody will read the answer (the client went away)
     _done: bool = field(default=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 

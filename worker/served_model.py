@@ -15,11 +15,13 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ipc.errors import UnavailableError
 from worker.backends.base import Backend, ModelSession, SessionSettings
 from worker.batcher import Batcher
 from worker.config_model import StrictModel
-from worker.executors.base import Executor
+from worker.executors.base import Executor, SlotSpec
 from worker.model_worker import ModelWorker
 from worker.request import Outcome, Request
 from worker.stats import ModelStats
@@ -150,6 +152,19 @@ class ServedModel:
         for request in self.batcher.drain():
             request.complete(error=UnavailableError(f"model {self.spec.name!r} stopped"))
         self.state = ModelState.STOPPED
+
+    def _any_executor(self) -> Executor:
+        ready = next((w.executor for w in self.workers if w.executor is not None), None)
+        if ready is None:
+            raise UnavailableError(f"model {self.spec.name!r} has no loaded instance")
+        return ready
+
+    def slot_spec(self) -> SlotSpec:
+        """How a request of this model is laid out in a shared-memory slot."""
+        return self._any_executor().slot_spec()
+
+    def payload_from_slot(self, tensors: dict[str, np.ndarray]) -> Any:
+        return self._any_executor().payload_from_slot(tensors)
 
     def describe(self) -> dict[str, Any]:
         ready = next((w.executor for w in self.workers if w.executor is not None), None)

@@ -17,6 +17,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -26,6 +27,35 @@ from worker.backends.base import ModelSession
 from worker.config_model import StrictModel
 
 MAX_IMAGE_SIDE = 16384
+IMAGE_SLOT_BYTES = 3840 * 2160 * 4  # a 4K RGBA frame; shared memory is committed only when written
+JSON_RESULT_BYTES = 4 << 20
+
+
+@dataclass(frozen=True)
+class SlotInput:
+    """One input as a producer writes it into a shared-memory slot."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[int | None, ...]  # None: any size in that dimension
+    capacity: int  # bytes
+
+
+@dataclass(frozen=True)
+class SlotSpec:
+    """What one request of this executor needs in a slot: its inputs and its result area."""
+
+    inputs: tuple[SlotInput, ...]
+    result: str  # "json": a structured result; "tensors": output arrays
+    result_capacity: int
+    outputs: tuple[str, ...] = field(default_factory=tuple)
+
+
+IMAGE_SLOT = SlotSpec(
+    inputs=(SlotInput("image", np.dtype(np.uint8), (None, None, None), IMAGE_SLOT_BYTES),),
+    result="json",
+    result_capacity=JSON_RESULT_BYTES,
+)
 
 
 class NoParams(StrictModel):
@@ -68,6 +98,14 @@ class Executor(ABC):
 
     def warmup(self) -> None:  # noqa: B027 - optional hook
         """Run once at the largest shapes so every buffer is sized at load, not under load."""
+
+    def slot_spec(self) -> SlotSpec:
+        """The slot layout for this task; vision tasks take one uint8 H×W×C image."""
+        return IMAGE_SLOT
+
+    def payload_from_slot(self, tensors: dict[str, np.ndarray]) -> Any:
+        """The ``prepare`` payload from the input views read out of a slot."""
+        return tensors["image"]
 
     def describe(self) -> dict[str, Any]:
         """What a client needs to know about this model's inputs and outputs."""

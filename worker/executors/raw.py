@@ -14,11 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from pydantic import Field
 
 from ipc.errors import InvalidArgumentError
-from worker.backends.base import ModelSession
+from ipc.wire import ALIGN
+from worker.backends.base import ModelSession, TensorSpec
 from worker.config_model import StrictModel
-from worker.executors.base import Executor, StageTimer
+from worker.executors.base import Executor, SlotInput, SlotSpec, StageTimer
 
 
 @dataclass(frozen=True)
@@ -31,14 +33,45 @@ class RawInput:
         return tuple(a.shape[1:] for a in self.tensors.values())
 
 
+class RawParams(StrictModel):
+    """Slot sizes for tensors whose size the model leaves open beyond the batch dimension."""
+
+    max_input_bytes: int = Field(default=64 << 20, ge=1)
+    max_output_bytes: int = Field(default=64 << 20, ge=1)
+
+
 class RawExecutor(Executor):
+    Params = RawParams
+
     def __init__(
-        self, params: StrictModel, sessions: Mapping[str, ModelSession], max_batch: int
+        self, params: RawParams, sessions: Mapping[str, ModelSession], max_batch: int
     ) -> None:
         super().__init__(params, sessions, max_batch)
+        self.p = params
         self.session = sessions["model"]
         first_dims = [s.shape[0] if s.shape else 1 for s in self.session.inputs]
         self.batchable = all(d is None for d in first_dims)
+
+    def _bytes_for(self, spec: TensorSpec, dynamic_default: int) -> int:
+        dims = spec.shape[1:] if self.batchable else spec.shape
+        if any(d is None for d in dims):
+            return dynamic_default
+        rows = self.max_batch if self.batchable else 1
+        static = [d for d in dims if d is not None]
+        return rows * int(np.prod(static, dtype=np.int64)) * spec.dtype.itemsize
+
+    def slot_spec(self) -> SlotSpec:
+        inputs = tuple(
+            SlotInput(s.name, s.dtype, s.shape, self._bytes_for(s, self.p.max_input_bytes))
+            for s in self.session.inputs
+        )
+        outputs = self.session.outputs
+        record = 2 * ALIGN  # a tensor record plus alignment, per output
+        capacity = sum(self._bytes_for(s, self.p.max_output_bytes) + record for s in outputs)
+        return SlotSpec(inputs, "tensors", capacity, tuple(s.name for s in outputs))
+
+    def payload_from_slot(self, tensors: dict[str, np.ndarray]) -> Any:
+        return tensors
 
     def prepare(self, payload: Any) -> RawInput:
         specs = self.session.inputs

@@ -1,0 +1,438 @@
+"""The producer-side client: attach to models served by a supervisor and run requests through
+shared-memory slots.
+
+    client = Client()                          # $DUOMO_SOCKET or the standard runtime dir
+    ocr = client.model("ocr", slots=4)         # maps a ring of 4 slots
+    result = ocr.infer(frame)                  # the same dict `duomo infer --json` prints
+    future = ocr.infer_async(frame)            # concurrent.futures.Future
+    with ocr.slot() as s:                      # zero-copy: decode straight into the slot
+        s.input("image", frame.shape)[...] = frame
+        s.submit()
+        result = s.wait()
+
+Threads: the caller's threads write slots and send "slot ready" notices; one reader thread per
+``Client`` receives replies and "slot done" notices and wakes whoever waits (nobody spins).
+If the supervisor goes away, every waiting call raises ``UnavailableError`` at once.
+Errors are the typed exceptions of ``ipc.errors``, carrying the supervisor's message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+
+from ipc.errors import (
+    DeadlineExceededError,
+    DuomoError,
+    ErrorCode,
+    InvalidArgumentError,
+    UnavailableError,
+    error_for,
+)
+from ipc.framing import FrameReader, answer, json_frame, notice_frame, parse_json, recv_frame
+from ipc.ring import RingLayout, SlotRing, read_tensors
+from ipc.runtime_dir import default_socket_path, read_key
+from ipc.wire import NOTICE, FrameKind, SlotHeader, SlotState, TensorDesc, dtype_code, frame
+
+NOTICE_GRACE_S = 5.0  # how long past its own deadline a request waits for the supervisor
+
+
+class Client:
+    def __init__(self, socket_path: str | Path | None = None, timeout_s: float = 10.0) -> None:
+        self.socket_path = Path(socket_path) if socket_path else default_socket_path()
+        self.timeout_s = timeout_s
+        self._ids = itertools.count(1)
+        self._pending: dict[int, Future[dict[str, Any]]] = {}
+        self._handles: dict[int, ModelHandle] = {}
+        self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._closed: BaseException | None = None
+        try:
+            key = read_key(self.socket_path)
+        except FileNotFoundError:
+            raise UnavailableError(f"no supervisor at {self.socket_path} (no key file)") from None
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.settimeout(timeout_s)
+        try:
+            self._sock.connect(str(self.socket_path))
+            self._handshake(key)
+        except (OSError, ConnectionError) as err:
+            self._sock.close()
+            raise UnavailableError(
+                f"cannot reach the supervisor at {self.socket_path}: {err}"
+            ) from None
+        self._sock.settimeout(None)
+        self._reader = threading.Thread(target=self._read_loop, name="duomo-client", daemon=True)
+        self._reader.start()
+
+    def _handshake(self, key: bytes) -> None:
+        reader = FrameReader()
+        kind, challenge = recv_frame(self._sock, reader)
+        if kind is not FrameKind.CHALLENGE:
+            raise ConnectionError("the supervisor did not send a challenge")
+        self._sock.sendall(frame(FrameKind.RESPONSE, answer(key, challenge)))
+        kind, payload = recv_frame(self._sock, reader)
+        hello = parse_json(payload) if kind is FrameKind.JSON else {}
+        if hello.get("event") != "hello":
+            raise ConnectionError(hello.get("message", "authentication failed"))
+        self._frames = reader
+
+    # -- control --------------------------------------------------------------------------
+
+    def _send(self, data: bytes) -> None:
+        with self._send_lock:
+            if self._closed is not None:
+                raise UnavailableError(f"connection to the supervisor is closed ({self._closed})")
+            try:
+                self._sock.sendall(data)
+            except OSError as err:
+                raise UnavailableError(f"lost the supervisor: {err}") from None
+
+    def request(self, op: str, **fields: Any) -> dict[str, Any]:
+        """Send one control message and wait for its reply; raises the typed error on failure."""
+        request_id = next(self._ids)
+        future: Future[dict[str, Any]] = Future()
+        with self._lock:
+            if self._closed is not None:
+                raise UnavailableError(f"connection to the supervisor is closed ({self._closed})")
+            self._pending[request_id] = future
+        self._send(json_frame({"id": request_id, "op": op, **fields}))
+        try:
+            reply = future.result(self.timeout_s)
+        except TimeoutError:
+            raise DeadlineExceededError(f"no reply to {op!r} within {self.timeout_s}s") from None
+        finally:
+            with self._lock:
+                self._pending.pop(request_id, None)
+        if not reply.get("ok"):
+            raise error_for(reply.get("code", ErrorCode.INTERNAL), reply.get("message", "failed"))
+        return reply
+
+    def models(self) -> list[dict[str, Any]]:
+        return list(self.request("models")["models"])
+
+    def status(self) -> dict[str, Any]:
+        return dict(self.request("status")["status"])
+
+    def model(self, name: str, slots: int = 4) -> ModelHandle:
+        """Attach to ``name`` with ``slots`` slots: up to that many requests in flight."""
+        reply = self.request("attach", model=name, slots=slots)
+        layout = RingLayout.from_dict(reply["layout"])
+        ring = SlotRing.attach(reply["shm"], layout)
+        handle = ModelHandle(self, name, reply["ring"], ring)
+        with self._lock:
+            self._handles[handle.ring_id] = handle
+        self.request("mapped", ring=handle.ring_id)
+        return handle
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._reader.join(5)
+        self._sock.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- reader thread ----------------------------------------------------------------------
+
+    def _read_loop(self) -> None:
+        reason: BaseException = ConnectionError("connection closed by the supervisor")
+        try:
+            for kind, payload in self._frames.feed(b""):
+                self._on_frame(kind, payload)
+            while True:
+                data = self._sock.recv(1 << 16)
+                if not data:
+                    break
+                for kind, payload in self._frames.feed(data):
+                    self._on_frame(kind, payload)
+        except Exception as err:  # a broken socket or a protocol error ends the connection
+            reason = err
+        with self._lock:
+            self._closed = reason
+            pending = list(self._pending.values())
+            handles = list(self._handles.values())
+        lost = UnavailableError(f"lost the supervisor at {self.socket_path}: {reason}")
+        for future in pending:
+            if not future.done():
+                future.set_exception(lost)
+        for handle in handles:
+            handle._fail_all(lost)
+
+    def _on_frame(self, kind: FrameKind, payload: bytes) -> None:
+        if kind is FrameKind.NOTICE:
+            ring, slot, seq = NOTICE.unpack(payload)
+            handle = self._handles.get(ring)
+            if handle is not None:
+                handle._on_notice(slot, seq, None)
+            return
+        if kind is not FrameKind.JSON:
+            return
+        message = parse_json(payload)
+        if "id" in message:
+            with self._lock:
+                future = self._pending.get(message["id"])
+            if future is not None and not future.done():
+                future.set_result(message)
+        elif message.get("event") == "error":
+            err = error_for(message.get("code", ErrorCode.INTERNAL), message.get("message", ""))
+            handle = self._handles.get(message.get("ring", -1))
+            if handle is not None and isinstance(message.get("slot"), int):
+                handle._on_notice(message["slot"], None, err)
+
+
+class ModelHandle:
+    """One attached model: a ring of slots in shared memory."""
+
+    def __init__(self, client: Client, name: str, ring_id: int, ring: SlotRing) -> None:
+        self.client = client
+        self.name = name
+        self.ring_id = ring_id
+        self.ring = ring
+        self.layout = ring.layout
+        self._slots = [Slot(self, i) for i in range(self.layout.slots)]
+        self._free = list(range(self.layout.slots))
+        self._free_cond = threading.Condition()
+        self._seq = itertools.count(1)
+
+    def slot(self, timeout_s: float | None = None) -> Slot:
+        """A free slot (blocks until one is free); release it with ``with`` or ``release()``."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._free_cond:
+            while not self._free:
+                if self.client._closed is not None:
+                    raise UnavailableError("connection to the supervisor is closed")
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise DeadlineExceededError(f"no free slot for {self.name!r} in {timeout_s}s")
+                self._free_cond.wait(remaining if remaining is not None else 1.0)
+            index = self._free.pop()
+        slot = self._slots[index]
+        slot._reset()
+        return slot
+
+    def _release(self, index: int) -> None:
+        with self._free_cond:
+            self._free.append(index)
+            self._free_cond.notify()
+
+    def infer(self, data: Any, timeout_s: float | None = None, priority: int = 0) -> Any:
+        """Run one request; the result dict (tensors are copied out of the slot)."""
+        with self.slot() as slot:
+            slot.write(data)
+            slot.submit(timeout_s=timeout_s, priority=priority)
+            return slot.wait(copy=True)
+
+    def infer_async(
+        self, data: Any, timeout_s: float | None = None, priority: int = 0
+    ) -> Future[Any]:
+        """Like ``infer`` but returns at once; waits for a free slot if all are in flight."""
+        future: Future[Any] = Future()
+        slot = self.slot()
+        try:
+            slot.write(data)
+            slot.on_done = lambda s: _resolve(future, s)
+            slot.submit(timeout_s=timeout_s, priority=priority)
+        except BaseException:
+            slot.release()
+            raise
+        return future
+
+    def close(self) -> None:
+        with contextlib.suppress(DuomoError):
+            self.client.request("detach", ring=self.ring_id)
+        with self.client._lock:
+            self.client._handles.pop(self.ring_id, None)
+        self.ring.close()
+
+    def _on_notice(self, index: int, seq: int | None, error: DuomoError | None) -> None:
+        if 0 <= index < len(self._slots):
+            self._slots[index]._done(seq, error)
+
+    def _fail_all(self, error: DuomoError) -> None:
+        for slot in self._slots:
+            slot._done(None, error, force=True)
+        with self._free_cond:
+            self._free_cond.notify_all()
+
+
+def _resolve(future: Future[Any], slot: Slot) -> None:
+    try:
+        result = slot.wait(timeout_s=0, copy=True)
+    except BaseException as err:
+        future.set_exception(err)
+    else:
+        future.set_result(result)
+    finally:
+        slot.release()
+
+
+class Slot:
+    """One request slot: write inputs in place, submit, wait, read the result in place."""
+
+    def __init__(self, handle: ModelHandle, index: int) -> None:
+        self.handle = handle
+        self.index = index
+        self._event = threading.Event()
+        self._inputs: dict[str, TensorDesc] = {}
+        self._seq = 0
+        self._error: DuomoError | None = None
+        self._in_flight = False
+        self._release_when_done = False
+        self._deadline_s: float | None = None
+        self._lock = threading.Lock()  # in-flight state: the caller's thread vs the reader's
+        self.on_done: Callable[[Slot], None] | None = None
+
+    def _reset(self) -> None:
+        self._inputs = {}
+        self._error = None
+        self._event.clear()
+        self.on_done = None
+        self._release_when_done = False
+
+    def input(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        """A writable view of input ``name`` at ``shape``, inside the shared-memory slot."""
+        areas = self.handle.layout.inputs
+        index = next((i for i, a in enumerate(areas) if a.name == name), None)
+        if index is None:
+            raise InvalidArgumentError(f"{self.handle.name!r} has no input {name!r}")
+        area = areas[index]
+        dtype = np.dtype(area.dtype)
+        shape = tuple(int(d) for d in shape)
+        view = self.handle.ring.input_view(self.index, index, dtype, shape)
+        self._inputs[name] = TensorDesc(dtype_code(dtype), shape)
+        return view
+
+    def write(self, data: Any) -> None:
+        """Copy an image (uint8 H×W×C or H×W) or a dict of arrays into the slot's inputs."""
+        areas = self.handle.layout.inputs
+        if isinstance(data, np.ndarray):
+            if len(areas) != 1:
+                raise InvalidArgumentError(f"{self.handle.name!r} takes {len(areas)} inputs")
+            if areas[0].name == "image" and data.ndim == 2:
+                data = data[:, :, None]
+            data = {areas[0].name: data}
+        if not isinstance(data, dict):
+            raise InvalidArgumentError("expected a numpy array or a dict of arrays")
+        for name, array in data.items():
+            array = np.asarray(array)
+            area = next((a for a in areas if a.name == name), None)
+            if area is None:
+                raise InvalidArgumentError(f"{self.handle.name!r} has no input {name!r}")
+            if array.dtype != np.dtype(area.dtype):
+                raise InvalidArgumentError(
+                    f"input {name!r} must be {area.dtype}, got {array.dtype}"
+                )
+            if array.nbytes > area.capacity:
+                raise InvalidArgumentError(
+                    f"input {name!r} of {array.nbytes} bytes exceeds the slot's {area.capacity}"
+                )
+            self.input(name, array.shape)[...] = array
+
+    def submit(self, timeout_s: float | None = None, priority: int = 0) -> None:
+        """Hand the slot to the supervisor ("slot ready")."""
+        if self._in_flight:
+            raise InvalidArgumentError("slot already submitted")
+        descs = [self._inputs[a.name] for a in self.handle.layout.inputs if a.name in self._inputs]
+        if len(descs) != len(self.handle.layout.inputs):
+            missing = [a.name for a in self.handle.layout.inputs if a.name not in self._inputs]
+            raise InvalidArgumentError(f"inputs not written: {missing}")
+        self._seq = next(self.handle._seq) & 0xFFFFFFFF
+        SlotHeader(
+            seq=self._seq,
+            state=SlotState.SUBMITTED,
+            priority=priority,
+            timeout_us=int(timeout_s * 1e6) if timeout_s else 0,
+            inputs=descs,
+        ).pack_into(self.handle.ring.header(self.index))
+        self._deadline_s = time.monotonic() + timeout_s + NOTICE_GRACE_S if timeout_s else None
+        with self._lock:
+            self._event.clear()
+            self._error = None
+            self._in_flight = True
+        try:
+            self.handle.client._send(notice_frame(self.handle.ring_id, self.index, self._seq))
+        except BaseException:
+            self._in_flight = False
+            raise
+
+    def _done(self, seq: int | None, error: DuomoError | None, force: bool = False) -> None:
+        with self._lock:
+            if not self._in_flight and not force:
+                return
+            if seq is not None and seq != self._seq:
+                return  # a stale notice for an earlier use of this slot
+            was_in_flight = self._in_flight
+            self._error = error
+            self._in_flight = False
+            callback, self.on_done = self.on_done, None
+            release = self._release_when_done and was_in_flight
+        self._event.set()
+        if callback is not None:
+            callback(self)
+        elif release:
+            self.handle._release(self.index)
+
+    def wait(self, timeout_s: float | None = None, copy: bool = False) -> Any:
+        """The result: a dict for structured tasks, ``{output: array}`` for raw models.
+
+        Raw arrays are views into the slot, valid until it is released, unless ``copy``.
+        """
+        if timeout_s is None and self._deadline_s is not None:
+            timeout_s = max(0.0, self._deadline_s - time.monotonic())
+        if not self._event.wait(timeout_s):
+            raise DeadlineExceededError(f"no answer from {self.handle.name!r} in time")
+        if self._error is not None:
+            raise self._error
+        header = SlotHeader.unpack(bytes(self.handle.ring.header(self.index)))
+        area = self.handle.ring.output(self.index)
+        if header.seq != self._seq or header.state != SlotState.DONE:
+            raise UnavailableError("the slot was not answered (stale or corrupt header)")
+        used = min(header.result_len, len(area))
+        if header.status != ErrorCode.OK:
+            raise error_for(header.status, bytes(area[:used]).decode("utf-8", "replace"))
+        self.timings_us = {
+            "queue": header.queue_us,
+            "preprocess": header.preprocess_us,
+            "infer": header.infer_us,
+            "postprocess": header.postprocess_us,
+        }
+        if self.handle.layout.result == "json":
+            return json.loads(bytes(area[:used]))
+        names = self.handle.layout.outputs
+        arrays = read_tensors(area, len(names), used)
+        return {n: (a.copy() if copy else a) for n, a in zip(names, arrays)}
+
+    def release(self) -> None:
+        """Give the slot back; if still in flight it returns to the pool when answered."""
+        with self._lock:
+            if self._in_flight:
+                self._release_when_done = True
+                return
+        self.handle._release(self.index)
+
+    def __enter__(self) -> Slot:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()

@@ -1,0 +1,249 @@
+"""A ring of request slots in one shared-memory segment, as both sides see it.
+
+The supervisor creates one ring per attached (client, model) with ``SlotRing.create``; the client
+maps it with ``SlotRing.attach`` and the name is unlinked at once, so a crash on either side
+leaves nothing in /dev/shm. Each slot is::
+
+    [ header: 256 bytes | input areas (one per input, 64-byte aligned) | output area ]
+
+The output area holds either a JSON result (``result == "json"``) or tensor records
+(``result == "tensors"``: per output a ``TENSOR_RECORD`` then its data at the next 64-byte
+boundary); on an error it holds the UTF-8 message. The header's ``result_len`` says how much.
+
+Python 3.10–3.12 register every mapped segment with the process's resource tracker, which would
+unlink (and warn about) segments this process does not own when it exits; ``_untrack`` takes each
+segment off the tracker as soon as its lifetime is managed here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import threading
+from dataclasses import dataclass
+from multiprocessing import resource_tracker, shared_memory
+from typing import Any
+
+import numpy as np
+
+from ipc.wire import ALIGN, DTYPES, HEADER_BYTES, MAX_RANK, TENSOR_RECORD, align, dtype_code
+
+
+@dataclass(frozen=True)
+class InputArea:
+    name: str
+    dtype: str
+    shape: tuple[int | None, ...]  # None: any size in that dimension
+    offset: int  # from the start of the slot
+    capacity: int  # bytes
+
+
+@dataclass(frozen=True)
+class RingLayout:
+    slots: int
+    inputs: tuple[InputArea, ...]
+    output_offset: int
+    output_capacity: int
+    result: str  # "json" or "tensors"
+    outputs: tuple[str, ...] = ()
+
+    @property
+    def slot_bytes(self) -> int:
+        return align(self.output_offset + self.output_capacity)
+
+    @classmethod
+    def build(
+        cls,
+        slots: int,
+        inputs: list[tuple[str, np.dtype, tuple[int | None, ...], int]],
+        output_capacity: int,
+        result: str,
+        outputs: tuple[str, ...] = (),
+    ) -> RingLayout:
+        """Lay out ``inputs`` (name, dtype, shape pattern, capacity) after the header."""
+        at = HEADER_BYTES
+        areas = []
+        for name, dtype, shape, capacity in inputs:
+            areas.append(InputArea(name, np.dtype(dtype).name, shape, at, capacity))
+            at = align(at + capacity)
+        return cls(slots, tuple(areas), at, output_capacity, result, outputs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "slots": self.slots,
+            "slot_bytes": self.slot_bytes,
+            "inputs": [
+                {
+                    "name": a.name,
+                    "dtype": a.dtype,
+                    "shape": list(a.shape),
+                    "offset": a.offset,
+                    "capacity": a.capacity,
+                }
+                for a in self.inputs
+            ],
+            "output_offset": self.output_offset,
+            "output_capacity": self.output_capacity,
+            "result": self.result,
+            "outputs": list(self.outputs),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RingLayout:
+        inputs = tuple(
+            InputArea(a["name"], a["dtype"], tuple(a["shape"]), a["offset"], a["capacity"])
+            for a in d["inputs"]
+        )
+        return cls(
+            d["slots"],
+            inputs,
+            d["output_offset"],
+            d["output_capacity"],
+            d["result"],
+            tuple(d["outputs"]),
+        )
+
+
+# The tracker keeps one entry per name per process, however often the name was mapped, so it is
+# told to forget a name once per process (a second UNREGISTER makes it print a KeyError).
+_tracked: set[str] = set()
+_tracked_lock = threading.Lock()
+
+
+def _track(name: str) -> None:
+    with _tracked_lock:
+        _tracked.add(name)
+
+
+def _untrack(name: str) -> None:
+    with _tracked_lock:
+        if name not in _tracked:
+            return
+        _tracked.discard(name)
+    with contextlib.suppress(Exception):
+        resource_tracker.unregister(name, "shared_memory")
+
+
+class SlotRing:
+    def __init__(self, shm: shared_memory.SharedMemory, layout: RingLayout, owner: bool) -> None:
+        self._shm = shm
+        self.layout = layout
+        self.name = shm.name
+        self._owner = owner
+        self._unlinked = False
+        _track(shm._name)  # type: ignore[attr-defined]  # SharedMemory registered it
+
+    @classmethod
+    def create(cls, layout: RingLayout) -> SlotRing:
+        """A new segment (mode 0600, unguessable name) sized for ``layout``."""
+        name = f"duomo-{secrets.token_hex(16)}"
+        shm = shared_memory.SharedMemory(
+            name=name, create=True, size=layout.slots * layout.slot_bytes
+        )
+        return cls(shm, layout, owner=True)
+
+    @classmethod
+    def attach(cls, name: str, layout: RingLayout) -> SlotRing:
+        """Map the supervisor's segment and unlink its name right away."""
+        shm = shared_memory.SharedMemory(name=name, create=False)
+        ring = cls(shm, layout, owner=False)
+        ring.unlink()
+        if shm.size < layout.slots * layout.slot_bytes:
+            ring.close()
+            raise ValueError(f"segment {name} is smaller than its layout")
+        return ring
+
+    def unlink(self) -> None:
+        """Remove the name from /dev/shm (the mapping stays valid); safe to call twice."""
+        if self._unlinked:
+            return
+        self._unlinked = True
+        with contextlib.suppress(FileNotFoundError):
+            shared_memory._posixshmem.shm_unlink(self._shm._name)  # type: ignore[attr-defined]
+        _untrack(self._shm._name)  # type: ignore[attr-defined]
+
+    def close(self) -> bool:
+        """Unmap; False while numpy views into the segment are still alive elsewhere."""
+        self.unlink()
+        try:
+            self._shm.close()
+        except BufferError:
+            return False
+        return True
+
+    @property
+    def buf(self) -> memoryview:
+        buf = self._shm.buf
+        if buf is None:
+            raise ValueError("the ring is closed")
+        return buf
+
+    def slot_offset(self, slot: int) -> int:
+        return slot * self.layout.slot_bytes
+
+    def header(self, slot: int) -> memoryview:
+        start = self.slot_offset(slot)
+        return self.buf[start : start + HEADER_BYTES]
+
+    def input_view(
+        self, slot: int, index: int, dtype: np.dtype, shape: tuple[int, ...]
+    ) -> np.ndarray:
+        area = self.layout.inputs[index]
+        count = int(np.prod(shape, dtype=np.int64))
+        if count * np.dtype(dtype).itemsize > area.capacity:
+            raise ValueError(f"input {area.name!r} of shape {shape} does not fit its slot area")
+        start = self.slot_offset(slot) + area.offset
+        return np.frombuffer(self.buf, dtype=dtype, count=count, offset=start).reshape(shape)
+
+    def output(self, slot: int) -> memoryview:
+        start = self.slot_offset(slot) + self.layout.output_offset
+        return self.buf[start : start + self.layout.output_capacity]
+
+
+def write_tensors(area: memoryview, tensors: list[np.ndarray]) -> int:
+    """Tensor records into ``area``; returns the bytes used. ValueError if they do not fit."""
+    at = 0
+    for array in tensors:
+        array = np.ascontiguousarray(array)
+        if array.ndim > MAX_RANK:
+            raise ValueError(f"output of rank {array.ndim} is above {MAX_RANK}")
+        data_at = align(at + TENSOR_RECORD.size)
+        end = data_at + array.nbytes
+        if end > len(area):
+            raise ValueError(f"outputs need more than the slot's {len(area)} output bytes")
+        dims = list(array.shape) + [0] * (MAX_RANK - array.ndim)
+        TENSOR_RECORD.pack_into(area, at, dtype_code(array.dtype), array.ndim, *dims)
+        np.frombuffer(area, dtype=np.uint8, count=array.nbytes, offset=data_at)[:] = array.reshape(
+            -1
+        ).view(np.uint8)
+        at = end
+    return at
+
+
+def read_tensors(area: memoryview, count: int, used: int) -> list[np.ndarray]:
+    """Views of ``count`` tensor records written by ``write_tensors`` (checked against ``used``)."""
+    out = []
+    at = 0
+    for _ in range(count):
+        code, rank, *dims = TENSOR_RECORD.unpack_from(area, at)
+        if code >= len(DTYPES) or rank > MAX_RANK:
+            raise ValueError("corrupt tensor record in the slot")
+        shape = tuple(dims[:rank])
+        dtype = DTYPES[code]
+        data_at = align(at + TENSOR_RECORD.size)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if data_at + nbytes > used:
+            raise ValueError("tensor record runs past the result")
+        out.append(
+            np.frombuffer(
+                area,
+                dtype=dtype,
+                count=nbytes // dtype.itemsize if dtype.itemsize else 0,
+                offset=data_at,
+            ).reshape(shape)
+        )
+        at = data_at + nbytes
+    return out
+
+
+__all__ = ["ALIGN", "InputArea", "RingLayout", "SlotRing", "read_tensors", "write_tensors"]

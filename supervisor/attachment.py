@@ -1,0 +1,217 @@
+"""The supervisor's side of one attached ring: one client's slots for one model.
+
+Created by the reactor on ``attach``. ``submit`` runs on the reactor thread when a "slot ready"
+notice arrives: it copies the slot header out of shared memory once, validates every field
+against the model's slot layout (the client may rewrite the header afterwards; only the copy is
+used), builds numpy views of the inputs and queues the request. ``_complete`` runs on the model's
+worker thread: it writes the result (or the error) into the slot and sends the "slot done" notice.
+
+Invariants: a slot is in flight at most once; every accepted slot is answered exactly once (or
+dropped with its client); the segment is unmapped only when no request still reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import structlog
+
+from ipc.errors import DuomoError, ErrorCode, InvalidArgumentError, ResourceExhaustedError
+from ipc.ring import RingLayout, SlotRing, write_tensors
+from ipc.wire import DTYPES, MAGIC, PROTOCOL_VERSION, SlotHeader, SlotState
+from worker.executors.base import SlotSpec
+from worker.request import Outcome, Request
+from worker.served_model import ServedModel
+
+log = structlog.get_logger("duomo.attachment")
+MAX_TIMEOUT_US = 24 * 3600 * 10**6
+
+
+def layout_for(spec: SlotSpec, slots: int) -> RingLayout:
+    return RingLayout.build(
+        slots,
+        [(i.name, i.dtype, i.shape, i.capacity) for i in spec.inputs],
+        spec.result_capacity,
+        spec.result,
+        spec.outputs,
+    )
+
+
+class Attachment:
+    def __init__(
+        self,
+        ring_id: int,
+        lookup: Callable[[], ServedModel],
+        slots: int,
+        send_notice: Callable[[int, int, int], None],
+    ) -> None:
+        self.ring_id = ring_id
+        self._lookup = lookup  # by name at every request, so a reload's replacement serves it
+        model = lookup()
+        self.model_name = model.spec.name
+        self.spec = model.slot_spec()
+        self.layout = layout_for(self.spec, slots)
+        self.ring = SlotRing.create(self.layout)
+        self._send_notice = send_notice
+        self._lock = threading.Lock()
+        # slot -> its queued request (None between acceptance and queueing)
+        self._in_flight: dict[int, Request | None] = {}
+        self._closing = False
+        self.closed = False
+        self.answered = 0
+
+    @property
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._in_flight)
+
+    def submit(self, slot: int, seq: int) -> None:
+        """Validate and queue slot ``slot``; an invalid slot is answered at once with an error."""
+        with self._lock:
+            if self._closing:
+                return
+            if slot in self._in_flight:
+                raise InvalidArgumentError(f"slot {slot} is already in flight")
+            self._in_flight[slot] = None
+        try:
+            header = SlotHeader.unpack(bytes(self.ring.header(slot)))
+            views = self._validate(slot, header, seq)
+            model = self._lookup()
+            payload = model.payload_from_slot(views)
+            deadline = time.monotonic() + header.timeout_us / 1e6 if header.timeout_us else None
+            request = model.submit(
+                payload,
+                lambda outcome: self._complete(slot, seq, outcome),
+                priority=header.priority,
+                deadline_s=deadline,
+            )
+            with self._lock:
+                if slot in self._in_flight and self._in_flight[slot] is None:
+                    self._in_flight[slot] = request  # still unanswered: cancellable from now on
+        except DuomoError as err:
+            self._complete(slot, seq, Outcome(error=err))
+        except ValueError as err:  # a header that cannot even be decoded
+            self._complete(slot, seq, Outcome(error=InvalidArgumentError(str(err))))
+
+    def _validate(self, slot: int, header: SlotHeader, seq: int) -> dict[str, np.ndarray]:
+        if header.magic != MAGIC or header.version != PROTOCOL_VERSION:
+            raise InvalidArgumentError(
+                f"bad slot header magic/version {header.magic!r}/{header.version}"
+            )
+        if header.state != SlotState.SUBMITTED:
+            raise InvalidArgumentError(f"slot state is {header.state}, not SUBMITTED")
+        if header.seq & 0xFFFFFFFF != seq:
+            raise InvalidArgumentError("slot header sequence number does not match the notice")
+        if not 0 <= header.timeout_us <= MAX_TIMEOUT_US:
+            raise InvalidArgumentError(f"timeout of {header.timeout_us} µs is out of range")
+        areas = self.layout.inputs
+        if len(header.inputs) != len(areas):
+            raise InvalidArgumentError(
+                f"model {self.model_name!r} takes {len(areas)} input(s), "
+                f"the header declares {len(header.inputs)}"
+            )
+        views: dict[str, np.ndarray] = {}
+        for index, (desc, area) in enumerate(zip(header.inputs, areas)):
+            if desc.dtype >= len(DTYPES) or DTYPES[desc.dtype].name != area.dtype:
+                got = DTYPES[desc.dtype].name if desc.dtype < len(DTYPES) else f"code {desc.dtype}"
+                raise InvalidArgumentError(f"input {area.name!r} must be {area.dtype}, got {got}")
+            shape = desc.shape
+            if len(shape) != len(area.shape) or any(d < 1 for d in shape):
+                raise InvalidArgumentError(
+                    f"input {area.name!r} has shape {list(shape)}, expected rank {len(area.shape)}"
+                )
+            if any(p is not None and p != d for p, d in zip(area.shape, shape)):
+                raise InvalidArgumentError(
+                    f"input {area.name!r} shape {list(shape)} does not fit {list(area.shape)}"
+                )
+            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(area.dtype).itemsize
+            if nbytes > area.capacity:
+                raise InvalidArgumentError(
+                    f"input {area.name!r} of {nbytes} bytes exceeds the slot's {area.capacity}"
+                )
+            views[area.name] = self.ring.input_view(slot, index, np.dtype(area.dtype), shape)
+        return views
+
+    def _complete(self, slot: int, seq: int, outcome: Outcome) -> None:
+        """Write the outcome into the slot and notify the client (any thread)."""
+        with self._lock:
+            self._in_flight.pop(slot, None)
+            closing = self._closing
+            finished = closing and not self._in_flight
+        if not closing:
+            try:
+                self._write(slot, seq, outcome)
+                self._send_notice(self.ring_id, slot, seq)
+                self.answered += 1
+            except Exception:
+                log.exception("could not answer a slot", model=self.model_name, slot=slot)
+        if finished:
+            self._unmap()
+
+    def _write(self, slot: int, seq: int, outcome: Outcome) -> None:
+        area = self.ring.output(slot)
+        status, used = self._encode(outcome, area)
+        t = outcome.timings
+        SlotHeader(
+            seq=seq,
+            state=SlotState.DONE,
+            status=status,
+            result_len=used,
+            queue_us=_us(t.queue_s),
+            preprocess_us=_us(t.preprocess_s),
+            infer_us=_us(t.infer_s),
+            postprocess_us=_us(t.postprocess_s),
+        ).pack_into(self.ring.header(slot))
+
+    def _encode(self, outcome: Outcome, area: memoryview) -> tuple[int, int]:
+        if outcome.error is None:
+            try:
+                if self.spec.result == "tensors":
+                    result: dict[str, Any] = outcome.result
+                    return ErrorCode.OK, write_tensors(area, [result[n] for n in self.spec.outputs])
+                blob = json.dumps(outcome.result, separators=(",", ":")).encode()
+                if len(blob) > len(area):
+                    raise ValueError(f"result of {len(blob)} bytes exceeds the slot's {len(area)}")
+                area[: len(blob)] = blob
+                return ErrorCode.OK, len(blob)
+            except ValueError as err:
+                error: DuomoError = ResourceExhaustedError(str(err))
+        else:
+            error = outcome.error
+        message = error.message.encode()[: len(area)]
+        area[: len(message)] = message
+        return error.code, len(message)
+
+    def close(self) -> None:
+        """The client detached or went away: drop its queued work, unmap once nothing reads."""
+        with self._lock:
+            self._closing = True
+            for request in self._in_flight.values():
+                if request is not None:
+                    request.cancelled = True
+            finished = not self._in_flight
+        if finished:
+            self._unmap()
+
+    def _unmap(self) -> None:
+        self.ring.unlink()
+        # Numpy views that a finished batch still references keep the mapping alive until they
+        # are collected; the name is already gone, so nothing can leak in /dev/shm.
+        self.closed = self.ring.close()
+
+    def retry_unmap(self) -> bool:
+        """Try again to unmap a closed attachment whose last views were still alive."""
+        with self._lock:
+            idle = self._closing and not self._in_flight
+        if idle and not self.closed:
+            self.closed = self.ring.close()
+        return self.closed
+
+
+def _us(seconds: float) -> int:
+    return max(0, min(int(seconds * 1e6), 0xFFFFFFFF))

@@ -1,0 +1,125 @@
+"""Running the supervisor as a service: in the foreground, or detached with a readiness report.
+
+Called by ``duomo start``. ``run_foreground`` owns the process: signal handlers (SIGTERM/SIGINT:
+graceful stop; SIGHUP: reload the config), the pid file, and the readiness line written to
+``--ready-fd`` ("READY" or "ERROR <reason>"). ``start_background`` launches the same command
+detached (its own session, output to ``<socket>.log``) and returns only once that line arrives,
+so ``duomo start`` exits 0 when every model is READY and non-zero with the reason otherwise.
+``stop`` asks a running supervisor to stop and waits until its process is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import structlog
+
+from ipc.errors import DuomoError
+from ipc.runtime_dir import ensure_private_dir, log_path, pid_path
+from supervisor.config import LoadedConfig
+from supervisor.server import Supervisor
+
+log = structlog.get_logger("duomo.daemon")
+START_TIMEOUT_S = 600.0
+
+
+def _report(ready_fd: int | None, line: str) -> None:
+    if ready_fd is None:
+        return
+    with contextlib.suppress(OSError):
+        os.write(ready_fd, (line.replace("\n", " ") + "\n").encode())
+        os.close(ready_fd)
+
+
+def run_foreground(loaded: LoadedConfig, socket_path: Path, ready_fd: int | None = None) -> int:
+    supervisor = Supervisor(loaded, socket_path)
+    signal.signal(signal.SIGTERM, lambda *_: supervisor.request_stop())
+    signal.signal(signal.SIGINT, lambda *_: supervisor.request_stop())
+    signal.signal(signal.SIGHUP, lambda *_: supervisor.request_reload())
+    try:
+        supervisor.start()
+    except (RuntimeError, ValueError, OSError, DuomoError) as err:
+        supervisor.shutdown()
+        _report(ready_fd, f"ERROR {err}")
+        print(f"duomo start: {err}", file=sys.stderr)
+        return 1
+    _report(ready_fd, "READY")
+    supervisor.serve_forever()
+    supervisor.shutdown()
+    return 0
+
+
+def start_background(config: Path, socket_path: Path, log_level: str) -> int:
+    ensure_private_dir(socket_path.parent)
+    logfile = log_path(socket_path)
+    read_fd, write_fd = os.pipe()
+    command = [
+        sys.executable, "-m", "supervisor.cli", "--log-level", log_level,
+        "start", "-c", str(config), "--socket", str(socket_path),
+        "--foreground", "--ready-fd", str(write_fd),
+    ]  # fmt: skip
+    with open(logfile, "ab") as out:
+        process = subprocess.Popen(
+            command,
+            pass_fds=(write_fd,),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    os.close(write_fd)
+    line = _read_line(read_fd, START_TIMEOUT_S)
+    os.close(read_fd)
+    if line == "READY":
+        print(f"duomo started: pid {process.pid}, socket {socket_path}, log {logfile}")
+        return 0
+    if not line:
+        code = process.poll()
+        line = f"the supervisor exited (code {code}) before it was ready"
+        if code is None:
+            process.terminate()
+            line = f"the supervisor did not become ready in {START_TIMEOUT_S:.0f}s"
+    print(f"duomo start: {line.removeprefix('ERROR ')} (log: {logfile})", file=sys.stderr)
+    return 1
+
+
+def _read_line(fd: int, timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    data = b""
+    while b"\n" not in data:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        ready, _, _ = select.select([fd], [], [], remaining)
+        if not ready:
+            break
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode(errors="replace").strip()
+
+
+def wait_for_exit(socket_path: Path, timeout_s: float) -> bool:
+    """True once the supervisor whose pid file sits beside ``socket_path`` has exited."""
+    try:
+        pid = int(pid_path(socket_path).read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return not socket_path.exists()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        time.sleep(0.05)
+    return False

@@ -1,0 +1,258 @@
+"""The reactor: one thread that multiplexes the listening socket and every client connection.
+
+Owned by ``Supervisor``. It accepts connections, authenticates them (challenge–response, see
+``ipc.framing``), decodes frames, answers control messages through the supervisor's handler and
+turns "slot ready" notices into queued requests (``Attachment.submit``). It never runs a model:
+the only slow thing it does is create a shared-memory segment on ``attach``.
+
+Workers send "slot done" notices from their own threads through ``Connection.send``, which
+serialises writers with a per-connection lock. A connection that breaks the protocol gets an
+error event and is closed; one that goes away has its attachments closed (queued work dropped,
+segments unmapped once nothing reads them). Nothing a client sends can stop the loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import secrets
+import selectors
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from ipc.errors import DuomoError, ErrorCode
+from ipc.framing import FrameReader, ProtocolError, json_frame, notice_frame, parse_json, verify
+from ipc.wire import CHALLENGE_BYTES, NOTICE, FrameKind, frame
+from supervisor.attachment import Attachment
+
+log = structlog.get_logger("duomo.reactor")
+AUTH_TIMEOUT_S = 5.0
+SEND_TIMEOUT_S = 5.0
+_PEERCRED = struct.Struct("3i")
+
+
+class Connection:
+    """One client: its socket, its framing state and the rings it attached."""
+
+    def __init__(self, sock: socket.socket, conn_id: int) -> None:
+        self.sock = sock
+        self.id = conn_id
+        self.reader = FrameReader()
+        self.challenge = secrets.token_bytes(CHALLENGE_BYTES)
+        self.authenticated = False
+        self.auth_deadline = time.monotonic() + AUTH_TIMEOUT_S
+        self.attachments: dict[int, Attachment] = {}
+        self.closed = False
+        self._send_lock = threading.Lock()
+        self.pid = _peer_pid(sock)
+
+    def send(self, data: bytes) -> None:
+        """Write a whole frame (any thread); a broken peer is left for the reactor to drop."""
+        with self._send_lock:
+            if self.closed:
+                return
+            try:
+                self.sock.sendall(data)
+            except OSError:
+                self.closed = True
+
+    def send_notice(self, ring: int, slot: int, seq: int) -> None:
+        self.send(notice_frame(ring, slot, seq))
+
+    def send_error(self, code: int, message: str, **where: Any) -> None:
+        self.send(json_frame({"event": "error", "code": int(code), "message": message, **where}))
+
+
+def _peer_pid(sock: socket.socket) -> int | None:
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+        return int(_PEERCRED.unpack(raw)[0])
+    except (OSError, AttributeError):
+        return None
+
+
+Handler = Callable[[Connection, dict[str, Any]], dict[str, Any]]
+
+
+class Reactor:
+    def __init__(self, listener: socket.socket, key: bytes, handle: Handler) -> None:
+        self._listener: socket.socket | None = listener
+        self._key = key
+        self._handle = handle
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._connections: dict[int, Connection] = {}
+        self._ids = itertools.count(1)
+        self._lingering: list[Attachment] = []
+        self._thread: threading.Thread | None = None
+        self._running = False
+        self._stop_accepting = False
+
+    @property
+    def connections(self) -> list[Connection]:
+        return list(self._connections.values())
+
+    def start(self) -> None:
+        assert self._listener is not None
+        self._listener.setblocking(False)
+        self._selector.register(self._listener, selectors.EVENT_READ, None)
+        self._wake_r.setblocking(False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._running = True
+        self._thread = threading.Thread(target=self._loop, name="duomo-reactor", daemon=True)
+        self._thread.start()
+
+    def stop_accepting(self) -> None:
+        self._stop_accepting = True
+        self._wake()
+
+    def stop(self) -> None:
+        """End the loop and close every connection (clients see EOF)."""
+        self._running = False
+        self._wake()
+        if self._thread is not None:
+            self._thread.join(10)
+        for conn in list(self._connections.values()):
+            self._drop(conn)
+        for attachment in self._lingering:
+            attachment.retry_unmap()
+        with contextlib.suppress(OSError):
+            self._selector.close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"\0")
+
+    def _loop(self) -> None:
+        while self._running:
+            if self._stop_accepting and self._listener is not None:
+                self._selector.unregister(self._listener)
+                self._listener.close()
+                self._listener = None
+            try:
+                events = self._selector.select(timeout=0.5)
+            except OSError:
+                break
+            for key, _ in events:
+                try:
+                    if key.fileobj is self._listener:
+                        self._accept()
+                    elif key.fileobj is self._wake_r:
+                        with contextlib.suppress(OSError):
+                            self._wake_r.recv(4096)
+                    else:
+                        self._readable(key.data)
+                except Exception:  # the loop must survive anything one client causes
+                    log.exception("reactor error")
+                    if isinstance(key.data, Connection):
+                        self._drop(key.data)
+            self._housekeeping()
+
+    def _accept(self) -> None:
+        assert self._listener is not None
+        try:
+            sock, _ = self._listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        sock.setblocking(True)
+        sock.settimeout(SEND_TIMEOUT_S)
+        conn = Connection(sock, next(self._ids))
+        self._connections[conn.id] = conn
+        self._selector.register(sock, selectors.EVENT_READ, conn)
+        conn.send(frame(FrameKind.CHALLENGE, conn.challenge))
+
+    def _readable(self, conn: Connection) -> None:
+        try:
+            data = conn.sock.recv(65536)
+        except (BlockingIOError, InterruptedError, TimeoutError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(conn)
+            return
+        try:
+            for kind, payload in conn.reader.feed(data):
+                self._dispatch(conn, kind, payload)
+                if conn.closed:
+                    break
+        except ProtocolError as err:
+            conn.send_error(ErrorCode.INVALID_ARGUMENT, f"protocol error: {err}")
+            self._drop(conn)
+            return
+        if conn.closed:
+            self._drop(conn)
+
+    def _dispatch(self, conn: Connection, kind: FrameKind, payload: bytes) -> None:
+        if not conn.authenticated:
+            if kind is FrameKind.RESPONSE and verify(self._key, conn.challenge, payload):
+                conn.authenticated = True
+                conn.send(json_frame({"event": "hello", "version": 1, "pid": os.getpid()}))
+                return
+            conn.send_error(ErrorCode.INVALID_ARGUMENT, "authentication failed")
+            conn.closed = True
+            return
+        if kind is FrameKind.NOTICE:
+            self._notice(conn, *NOTICE.unpack(payload))
+        elif kind is FrameKind.JSON:
+            message = parse_json(payload)
+            reply = self._handle(conn, message)
+            if "id" in message:
+                reply["id"] = message["id"]
+            conn.send(json_frame(reply))
+        else:
+            raise ProtocolError(f"unexpected {kind.name} frame")
+
+    def _notice(self, conn: Connection, ring: int, slot: int, seq: int) -> None:
+        attachment = conn.attachments.get(ring)
+        if attachment is None:
+            conn.send_error(ErrorCode.NOT_FOUND, f"no attached ring {ring}", ring=ring, slot=slot)
+            return
+        if slot >= attachment.layout.slots:
+            conn.send_error(
+                ErrorCode.INVALID_ARGUMENT,
+                f"slot {slot} is out of range (ring {ring} has {attachment.layout.slots})",
+                ring=ring,
+                slot=slot,
+            )
+            return
+        try:
+            attachment.submit(slot, seq)
+        except DuomoError as err:
+            conn.send_error(err.code, err.message, ring=ring, slot=slot)
+
+    def detach(self, conn: Connection, ring: int) -> None:
+        attachment = conn.attachments.pop(ring, None)
+        if attachment is not None:
+            attachment.close()
+            if not attachment.closed:
+                self._lingering.append(attachment)
+
+    def _drop(self, conn: Connection) -> None:
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            self._selector.unregister(conn.sock)
+        self._connections.pop(conn.id, None)
+        with conn._send_lock:
+            conn.closed = True
+        for ring in list(conn.attachments):
+            self.detach(conn, ring)
+        with contextlib.suppress(OSError):
+            conn.sock.close()
+
+    def _housekeeping(self) -> None:
+        now = time.monotonic()
+        for conn in list(self._connections.values()):
+            if not conn.authenticated and now > conn.auth_deadline:
+                conn.send_error(ErrorCode.DEADLINE_EXCEEDED, "authentication timed out")
+                self._drop(conn)
+        if self._lingering:
+            self._lingering = [a for a in self._lingering if not a.retry_unmap()]

@@ -1,0 +1,239 @@
+"""The supervisor process: one engine, one control socket, one reactor, until told to stop.
+
+``Supervisor.start`` makes the runtime directory private, refuses to start over a live
+supervisor, writes a fresh client key, loads every model (the single backend init) and starts
+listening. Control messages are answered by ``handle`` on the reactor thread; ``shutdown`` stops
+accepting, lets queued and in-flight work finish (within the models' grace period), releases the
+models, closes every connection and removes the socket and key files.
+
+Concurrency (see README for the whole table):
+
+====================  ==============================================================
+thread                role
+====================  ==============================================================
+main                  ``serve_forever``: waits for stop (control ``stop``, SIGTERM)
+reactor               sockets: accept, authenticate, control messages, slot notices
+model instance (×N)   batches; writes results into slots and sends "slot done"
+====================  ==============================================================
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import structlog
+
+from ipc.errors import DuomoError, InvalidArgumentError, NotFoundError
+from ipc.runtime_dir import ensure_private_dir, key_path, pid_path, write_key
+from supervisor.attachment import Attachment
+from supervisor.config import ConfigError, LoadedConfig, load_config
+from supervisor.engine import Engine
+from supervisor.reactor import Connection, Reactor
+
+log = structlog.get_logger("duomo.supervisor")
+MAX_SLOTS = 64
+
+
+class Supervisor:
+    def __init__(self, loaded: LoadedConfig, socket_path: Path) -> None:
+        self.loaded = loaded
+        self.socket_path = socket_path
+        self.engine = Engine(loaded)
+        self.reactor: Reactor | None = None
+        self._wake = threading.Event()
+        self._stop_requested = False
+        self._reload_requested = False
+        self._ring_ids = itertools.count(1)
+        self._started_s = time.time()
+
+    def start(self) -> None:
+        path = self.socket_path
+        ensure_private_dir(path.parent)
+        _refuse_live_supervisor(path)
+        key = write_key(path)
+        self.engine.start()
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        old_umask = os.umask(0o177)  # the socket is created 0600
+        try:
+            listener.bind(str(path))
+        finally:
+            os.umask(old_umask)
+        os.chmod(path, 0o600)
+        listener.listen(128)
+        self.reactor = Reactor(listener, key, self.handle)
+        self.reactor.start()
+        pid_path(path).write_text(f"{os.getpid()}\n")
+        log.info("supervisor ready", socket=str(path), models=list(self.engine.models))
+
+    def serve_forever(self) -> None:
+        """Run until a stop is requested; reloads requested meanwhile run here, one at a time."""
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            if self._stop_requested:
+                return
+            if self._reload_requested:
+                self._reload_requested = False
+                self._reload()
+
+    def request_stop(self) -> None:
+        """Safe from a signal handler or any thread."""
+        self._stop_requested = True
+        self._wake.set()
+
+    def request_reload(self) -> None:
+        """Re-read the config file (SIGHUP); safe from a signal handler or any thread."""
+        self._reload_requested = True
+        self._wake.set()
+
+    def _reload(self) -> None:
+        try:
+            new = load_config(self.loaded.path)
+            summary = self.engine.reload(new)
+        except ConfigError as err:
+            log.error("reload rejected: invalid config", problems=err.render())
+            return
+        except (RuntimeError, ValueError, DuomoError) as err:
+            log.error("reload failed; the running models are unchanged", error=str(err))
+            return
+        self.loaded = new
+        log.info("config reloaded", **summary)
+
+    def shutdown(self) -> None:
+        """Stop accepting, finish queued work, release models, close clients, remove files."""
+        if self.reactor is not None:
+            self.reactor.stop_accepting()
+        self.engine.close()
+        if self.reactor is not None:
+            self.reactor.stop()
+        for path in (self.socket_path, key_path(self.socket_path), pid_path(self.socket_path)):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        log.info("supervisor stopped")
+
+    # -- control messages (reactor thread) ---------------------------------------------------
+
+    def handle(self, conn: Connection, message: dict[str, Any]) -> dict[str, Any]:
+        op = message.get("op")
+        try:
+            if op == "models":
+                return {"ok": True, "models": [self._model_info(n) for n in self.engine.models]}
+            if op == "attach":
+                return self._attach(conn, message)
+            if op == "mapped":
+                self._attachment(conn, message).ring.unlink()
+                return {"ok": True}
+            if op == "detach":
+                assert self.reactor is not None
+                self._attachment(conn, message)
+                self.reactor.detach(conn, int(message["ring"]))
+                return {"ok": True}
+            if op == "status":
+                return {"ok": True, "status": self.status()}
+            if op == "stop":
+                self.request_stop()
+                return {"ok": True}
+            if op == "ping":
+                return {"ok": True}
+            raise InvalidArgumentError(f"unknown control operation {op!r}")
+        except DuomoError as err:
+            return {"ok": False, "code": int(err.code), "message": err.message}
+        except (KeyError, TypeError, ValueError) as err:
+            return {"ok": False, "code": 1, "message": f"malformed {op!r} message: {err!r}"}
+
+    def _model_info(self, name: str) -> dict[str, Any]:
+        model = self.engine.model(name)
+        spec = model.slot_spec()
+        return {
+            "name": name,
+            "task": model.spec.task,
+            "state": model.state.value,
+            "max_batch": model.spec.max_batch,
+            "inputs": [
+                {"name": i.name, "dtype": i.dtype.name, "shape": list(i.shape)} for i in spec.inputs
+            ],
+            "result": spec.result,
+            "outputs": list(spec.outputs),
+        }
+
+    def _attach(self, conn: Connection, message: dict[str, Any]) -> dict[str, Any]:
+        name = message["model"]
+        slots = message.get("slots", 4)
+        if not isinstance(name, str):
+            raise InvalidArgumentError("'model' must be a string")
+        if not isinstance(slots, int) or not 1 <= slots <= MAX_SLOTS:
+            raise InvalidArgumentError(f"'slots' must be an integer in 1..{MAX_SLOTS}")
+        self.engine.model(name)  # NotFoundError for an unknown model
+        ring_id = next(self._ring_ids) & 0xFFFF
+        attachment = Attachment(ring_id, lambda: self.engine.model(name), slots, conn.send_notice)
+        conn.attachments[ring_id] = attachment
+        return {
+            "ok": True,
+            "ring": ring_id,
+            "shm": attachment.ring.name,
+            "layout": attachment.layout.to_dict(),
+        }
+
+    def _attachment(self, conn: Connection, message: dict[str, Any]) -> Attachment:
+        ring = message["ring"]
+        attachment = conn.attachments.get(ring) if isinstance(ring, int) else None
+        if attachment is None:
+            raise NotFoundError(f"no attached ring {ring!r}")
+        return attachment
+
+    def status(self) -> dict[str, Any]:
+        process = psutil.Process()
+        clients = []
+        for conn in self.reactor.connections if self.reactor else []:
+            clients.append(
+                {
+                    "id": conn.id,
+                    "pid": conn.pid,
+                    "rings": [
+                        {
+                            "ring": a.ring_id,
+                            "model": a.model_name,
+                            "slots": a.layout.slots,
+                            "in_flight": a.in_flight,
+                            "answered": a.answered,
+                        }
+                        for a in conn.attachments.values()
+                    ],
+                }
+            )
+        return {
+            "pid": os.getpid(),
+            "socket": str(self.socket_path),
+            "config": str(self.loaded.path),
+            "uptime_s": round(time.time() - self._started_s, 1),
+            "rss_bytes": process.memory_info().rss,
+            "threads": process.num_threads(),
+            **self.engine.status(),
+            "clients": clients,
+        }
+
+
+def _refuse_live_supervisor(path: Path) -> None:
+    """Another supervisor answering on ``path`` is an error; a stale socket file is removed."""
+    if not path.exists():
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        path.unlink(missing_ok=True)
+        return
+    finally:
+        probe.close()
+    raise RuntimeError(f"a supervisor is already serving at {path}")
