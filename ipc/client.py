@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import queue
 import socket
 import threading
 import time
@@ -58,6 +59,8 @@ class Client:
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
         self._closed: BaseException | None = None
+        # errors the supervisor reported without a slot to attribute them to (protocol misuse)
+        self.events: queue.SimpleQueue[DuomoError] = queue.SimpleQueue()
         try:
             key = read_key(self.socket_path)
         except FileNotFoundError:
@@ -137,10 +140,16 @@ class Client:
         return handle
 
     def close(self) -> None:
+        """Disconnect; the supervisor frees this client's rings, and they are unmapped here."""
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         self._reader.join(5)
         self._sock.close()
+        with self._lock:
+            handles = list(self._handles.values())
+            self._handles.clear()
+        for handle in handles:
+            handle.ring.close()
 
     def __enter__(self) -> Client:
         return self
@@ -192,8 +201,11 @@ class Client:
         elif message.get("event") == "error":
             err = error_for(message.get("code", ErrorCode.INTERNAL), message.get("message", ""))
             handle = self._handles.get(message.get("ring", -1))
-            if handle is not None and isinstance(message.get("slot"), int):
-                handle._on_notice(message["slot"], None, err)
+            slot = message.get("slot")
+            if handle is not None and isinstance(slot, int) and 0 <= slot < handle.layout.slots:
+                handle._on_notice(slot, None, err)
+            else:
+                self.events.put(err)
 
 
 class ModelHandle:
@@ -405,7 +417,9 @@ class Slot:
             raise UnavailableError("the slot was not answered (stale or corrupt header)")
         used = min(header.result_len, len(area))
         if header.status != ErrorCode.OK:
-            raise error_for(header.status, bytes(area[:used]).decode("utf-8", "replace"))
+            message = bytes(area[:used]).decode("utf-8", "replace")
+            area.release()  # a traceback kept by the caller must not pin the mapping
+            raise error_for(header.status, message)
         self.timings_us = {
             "queue": header.queue_us,
             "preprocess": header.preprocess_us,
@@ -413,7 +427,9 @@ class Slot:
             "postprocess": header.postprocess_us,
         }
         if self.handle.layout.result == "json":
-            return json.loads(bytes(area[:used]))
+            blob = bytes(area[:used])
+            area.release()
+            return json.loads(blob)
         names = self.handle.layout.outputs
         arrays = read_tensors(area, len(names), used)
         return {n: (a.copy() if copy else a) for n, a in zip(names, arrays)}

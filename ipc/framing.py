@@ -44,7 +44,7 @@ class FrameReader:
                 kind = FrameKind(kind_code)
             except ValueError:
                 raise ProtocolError(f"unknown frame kind {kind_code}") from None
-            if length > _LIMITS[kind]:
+            if length > _LIMITS[kind] or (kind is not FrameKind.JSON and length != _LIMITS[kind]):
                 raise ProtocolError(f"{kind.name} frame of {length} bytes (limit {_LIMITS[kind]})")
             end = FRAME.size + length
             if len(self._buffer) < end:

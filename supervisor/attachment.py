@@ -125,6 +125,11 @@ class Attachment:
                 raise InvalidArgumentError(
                     f"input {area.name!r} has shape {list(shape)}, expected rank {len(area.shape)}"
                 )
+            if self.spec.max_rows is not None and shape[0] > self.spec.max_rows:
+                raise InvalidArgumentError(
+                    f"input {area.name!r} has a batch of {shape[0]} rows, "
+                    f"above max_batch {self.spec.max_rows}"
+                )
             if any(p is not None and p != d for p, d in zip(area.shape, shape)):
                 raise InvalidArgumentError(
                     f"input {area.name!r} shape {list(shape)} does not fit {list(area.shape)}"

@@ -218,6 +218,7 @@ class Supervisor:
             "uptime_s": round(time.time() - self._started_s, 1),
             "rss_bytes": process.memory_info().rss,
             "threads": process.num_threads(),
+            "open_fds": process.num_fds(),
             **self.engine.status(),
             "clients": clients,
         }

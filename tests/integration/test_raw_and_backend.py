@@ -12,35 +12,8 @@ import yaml
 from ipc.errors import InvalidArgumentError
 from supervisor.config import ConfigError, load_config
 from supervisor.engine import Engine
+from tests.integration.harness import affine_model
 from worker.request import Outcome
-
-
-def affine_model(path: Path) -> Path:
-    """y = 2x + 1 and s = sum(x) per row, float32, dynamic batch: a checkable raw model."""
-    import onnx
-    from onnx import TensorProto, helper
-
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])
-    s = helper.make_tensor_value_info("s", TensorProto.FLOAT, ["batch", 1])
-    two = helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])
-    one = helper.make_tensor("one", TensorProto.FLOAT, [], [1.0])
-    axes = helper.make_tensor("axes", TensorProto.INT64, [1], [1])
-    graph = helper.make_graph(
-        [
-            helper.make_node("Mul", ["x", "two"], ["x2"]),
-            helper.make_node("Add", ["x2", "one"], ["y"]),
-            helper.make_node("ReduceSum", ["x", "axes"], ["s"], keepdims=1),
-        ],
-        "affine",
-        [x],
-        [y, s],
-        initializer=[two, one, axes],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, path)
-    return path
 
 
 def raw_config(tmp_path: Path, **backend: object) -> Path:

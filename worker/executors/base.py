@@ -49,6 +49,7 @@ class SlotSpec:
     result: str  # "json": a structured result; "tensors": output arrays
     result_capacity: int
     outputs: tuple[str, ...] = field(default_factory=tuple)
+    max_rows: int | None = None  # inputs' first dimension is the batch, at most this many rows
 
 
 IMAGE_SLOT = SlotSpec(

@@ -68,7 +68,13 @@ class RawExecutor(Executor):
         outputs = self.session.outputs
         record = 2 * ALIGN  # a tensor record plus alignment, per output
         capacity = sum(self._bytes_for(s, self.p.max_output_bytes) + record for s in outputs)
-        return SlotSpec(inputs, "tensors", capacity, tuple(s.name for s in outputs))
+        return SlotSpec(
+            inputs,
+            "tensors",
+            capacity,
+            tuple(s.name for s in outputs),
+            max_rows=self.max_batch if self.batchable else None,
+        )
 
     def payload_from_slot(self, tensors: dict[str, np.ndarray]) -> Any:
         return tensors

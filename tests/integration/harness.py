@@ -1,0 +1,112 @@
+"""Running real supervisor processes for the integration tests, and finding what they leave.
+
+``running_supervisor`` starts ``duomo start --foreground`` as a child process on a private
+socket, waits for its readiness line (no sleeping), and always stops it afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from supervisor.daemon import _read_line
+from tests.conftest import DEMO_CONFIG, ROOT
+
+READY_TIMEOUT_S = 180.0
+
+
+@dataclass
+class SupervisorProcess:
+    process: subprocess.Popen[bytes]
+    socket: Path
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+
+def our_segments() -> set[str]:
+    return {name for name in os.listdir("/dev/shm") if name.startswith("duomo-")}
+
+
+def short_socket_dir() -> Path:
+    """AF_UNIX paths are limited to 107 bytes: keep sockets out of pytest's long tmp paths."""
+    return Path(tempfile.mkdtemp(prefix="duomo-t-", dir="/tmp"))
+
+
+def write_config(folder: Path, models: list[str], extra: list[dict[str, object]] = ()) -> Path:  # type: ignore[assignment]
+    raw = yaml.safe_load(DEMO_CONFIG.read_text())
+    raw["model_root"] = str(ROOT / "models")
+    raw["models"] = [m for m in raw["models"] if m["name"] in models] + list(extra)
+    path = folder / "supervisor.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def affine_model(path: Path) -> Path:
+    """y = 2x + 1 and s = sum(x) per row, float32, dynamic batch: a checkable raw model."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])
+    s = helper.make_tensor_value_info("s", TensorProto.FLOAT, ["batch", 1])
+    two = helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])
+    one = helper.make_tensor("one", TensorProto.FLOAT, [], [1.0])
+    axes = helper.make_tensor("axes", TensorProto.INT64, [1], [1])
+    graph = helper.make_graph(
+        [
+            helper.make_node("Mul", ["x", "two"], ["x2"]),
+            helper.make_node("Add", ["x2", "one"], ["y"]),
+            helper.make_node("ReduceSum", ["x", "axes"], ["s"], keepdims=1),
+        ],
+        "affine",
+        [x],
+        [y, s],
+        initializer=[two, one, axes],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+@contextlib.contextmanager
+def running_supervisor(config: Path) -> Iterator[SupervisorProcess]:
+    folder = short_socket_dir()
+    socket_path = folder / "duomo.sock"
+    read_fd, write_fd = os.pipe()
+    process = subprocess.Popen(
+        [
+            sys.executable, "-m", "supervisor.cli", "start", "-c", str(config),
+            "--socket", str(socket_path), "--foreground", "--ready-fd", str(write_fd),
+        ],
+        cwd=ROOT,
+        pass_fds=(write_fd,),
+    )  # fmt: skip
+    os.close(write_fd)
+    try:
+        line = _read_line(read_fd, READY_TIMEOUT_S)
+        os.close(read_fd)
+        if line != "READY":
+            raise RuntimeError(f"supervisor did not start: {line or 'no readiness line'}")
+        yield SupervisorProcess(process, socket_path)
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(10)
+        shutil.rmtree(folder, ignore_errors=True)

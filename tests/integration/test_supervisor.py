@@ -1,0 +1,370 @@
+"""The supervisor process with producers in other processes, through real shared memory."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ipc.client import Client, Slot
+from ipc.errors import InvalidArgumentError, NotFoundError, UnavailableError
+from ipc.framing import FrameReader, answer, json_frame, notice_frame, recv_frame
+from ipc.wire import FRAME, FrameKind, SlotHeader, SlotState, TensorDesc, dtype_code, frame
+from tests.conftest import IMAGES, ROOT
+from tests.integration.harness import (
+    SupervisorProcess,
+    affine_model,
+    our_segments,
+    running_supervisor,
+    write_config,
+)
+
+IMAGE_FOR = {"classify": "coffee.png", "face": "astronaut.png", "ocr": "page.png"}
+
+
+@pytest.fixture(scope="module")
+def supervisor(
+    tmp_path_factory: pytest.TempPathFactory, demo_config: object
+) -> Iterator[SupervisorProcess]:
+    config = write_config(tmp_path_factory.mktemp("sup"), ["ocr", "face", "classify"])
+    with running_supervisor(config) as running:
+        yield running
+
+
+def producer(
+    sup: SupervisorProcess, model: str, count: int, seconds: float, slots: int = 2
+) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            sys.executable, "-m", "tests.integration.producer", str(sup.socket), model,
+            str(IMAGES / IMAGE_FOR[model]), "--count", str(count), "--seconds", str(seconds),
+            "--slots", str(slots),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+
+
+def summary(process: subprocess.Popen[str]) -> dict[str, object]:
+    out, _ = process.communicate(timeout=300)
+    assert process.returncode == 0, out
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def poll(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.02)
+
+
+def fds_when_alone(sup: SupervisorProcess) -> int:
+    """The supervisor's open fds, read while the asking connection is its only client."""
+    found: list[int] = []
+
+    def alone() -> bool:
+        shown = status(sup)
+        if len(shown["clients"]) == 1:  # type: ignore[arg-type]
+            found.append(int(shown["open_fds"]))  # type: ignore[call-overload]
+            return True
+        return False
+
+    poll(alone)
+    return found[-1]
+
+
+def status(sup: SupervisorProcess) -> dict[str, object]:
+    with Client(sup.socket) as client:
+        return client.status()
+
+
+def test_eight_producers_on_three_models(supervisor: SupervisorProcess) -> None:
+    plan = [("classify", 30), ("classify", 30), ("classify", 30), ("face", 8), ("face", 8),
+            ("face", 8), ("ocr", 2), ("ocr", 2)]  # fmt: skip
+    processes = [(model, count, producer(supervisor, model, count, 90)) for model, count in plan]
+    for model, count, process in processes:
+        result = summary(process)
+        assert result["errors"] == {}, (model, result)
+        assert result.get("wrong", 0) == 0, (model, result)
+        assert result["ok"] == result["sent"] >= 1, (model, result)
+        assert result["sent"] == count, (model, result)  # count-bounded, well inside the time bound
+
+
+def test_sigkill_a_producer_mid_request(supervisor: SupervisorProcess) -> None:
+    no_rings = lambda: all(not c["rings"] for c in status(supervisor)["clients"])  # type: ignore[attr-defined]  # noqa: E731
+    poll(no_rings)
+    fds_before, segments_before = fds_when_alone(supervisor), our_segments()
+    victim = producer(supervisor, "ocr", count=1000, seconds=120, slots=2)
+    bystander = producer(supervisor, "classify", count=60, seconds=120)
+    assert victim.stdout is not None
+    assert json.loads(victim.stdout.readline()) == {"attached": "ocr"}
+
+    def victim_in_flight() -> bool:
+        clients = status(supervisor)["clients"]
+        return any(r["model"] == "ocr" and r["in_flight"] > 0 for c in clients for r in c["rings"])  # type: ignore[attr-defined]
+
+    poll(victim_in_flight)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(10)
+    result = summary(bystander)
+    assert result["ok"] == result["sent"] == 60 and result["errors"] == {}
+    poll(no_rings)
+    assert fds_when_alone(supervisor) == fds_before
+    assert our_segments() == segments_before == set()
+    with Client(supervisor.socket) as client:  # and it still serves
+        ocr = client.model("ocr")
+        from supervisor.image_files import read_image
+
+        lines = ocr.infer(read_image(IMAGES / "page.png"))["lines"]
+        assert lines[0]["text"] == "Region-based segmentation"
+
+
+def test_sigkill_the_supervisor_while_clients_wait(tmp_path: Path, demo_config: object) -> None:
+    from supervisor.image_files import read_image
+
+    config = write_config(tmp_path, ["ocr"])
+    with running_supervisor(config) as sup:
+        client = Client(sup.socket)
+        ocr = client.model("ocr", slots=4)
+        page = read_image(IMAGES / "page.png")
+        futures = [ocr.infer_async(page, timeout_s=60) for _ in range(4)]
+        poll(lambda: status(sup)["models"]["ocr"]["in_flight"] >= 1)  # type: ignore[index]
+        killed = time.monotonic()
+        sup.process.send_signal(signal.SIGKILL)
+        raised = []
+        for future in futures:
+            try:
+                future.result(timeout=5)
+            except UnavailableError:
+                raised.append(time.monotonic() - killed)
+        sup.process.wait(10)
+    waited = [f for f in futures if not f.done()]
+    assert not waited
+    # every call that was still waiting raised, and promptly
+    assert raised and max(raised) < 1.0, raised
+    assert our_segments() == set()
+    client.close()
+
+
+def test_start_with_a_missing_model_file_fails_with_the_path(tmp_path: Path) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text("models:\n  - {name: c, task: classification, file: gone/model.onnx}\n")
+    socket_path = tmp_path / "s.sock"
+    run = subprocess.run(
+        [
+            sys.executable, "-m", "supervisor.cli", "start", "-c", str(config),
+            "--socket", str(socket_path),
+        ],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode != 0
+    assert str(tmp_path / "gone" / "model.onnx") in run.stderr
+    assert not socket_path.exists()
+
+
+def test_start_and_stop_leave_nothing_behind(demo_config: object) -> None:
+    from tests.integration.harness import short_socket_dir
+
+    folder = short_socket_dir()
+    socket_path = folder / "duomo.sock"
+    env = {**os.environ, "DUOMO_SOCKET": str(socket_path)}
+
+    def duomo(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "supervisor.cli", *args],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+
+    start = duomo("start", "-c", str(ROOT / "configs" / "default.yaml"))
+    assert start.returncode == 0, start.stderr
+    assert socket_path.exists() and (folder / "duomo.sock.pid").exists()
+    assert oct(socket_path.stat().st_mode & 0o777) == "0o600"
+    assert oct(folder.stat().st_mode & 0o777) == "0o700"
+    infer = duomo("infer", "classify", str(IMAGES / "coffee.png"), "--json")
+    assert infer.returncode == 0, infer.stderr
+    assert json.loads(infer.stdout)["result"]["top"][0]["label"] == "espresso"
+    shown = duomo("status", "--json")
+    assert json.loads(shown.stdout)["models"]["classify"]["outcomes"]["ok"] == 1
+    stop = duomo("stop")
+    assert stop.returncode == 0, stop.stderr
+    left = sorted(p.name for p in folder.iterdir())
+    assert left == ["duomo.sock.log"], left  # no socket, key or pid file
+    assert our_segments() == set()
+
+
+# -- hostile input: each gets a clear error and the supervisor keeps serving everyone ----------
+
+
+@pytest.fixture(scope="module")
+def hostile_target(
+    tmp_path_factory: pytest.TempPathFactory, demo_config: object
+) -> Iterator[SupervisorProcess]:
+    folder = tmp_path_factory.mktemp("hostile")
+    affine_model(folder / "affine.onnx")
+    raw = {"name": "affine", "task": "raw", "file": str(folder / "affine.onnx"), "max_batch": 4}
+    config = write_config(folder, ["classify"], extra=[raw])
+    with running_supervisor(config) as running:
+        yield running
+
+
+def still_serving(sup: SupervisorProcess) -> None:
+    from supervisor.image_files import read_image
+
+    with Client(sup.socket) as client:
+        top = client.model("classify").infer(read_image(IMAGES / "coffee.png"))["top"]
+        assert top[0]["label"] == "espresso"
+        out = client.model("affine").infer(np.ones((2, 4), dtype=np.float32))
+        np.testing.assert_array_equal(out["y"], np.full((2, 4), 3.0, dtype=np.float32))
+
+
+def submit_raw(slot: Slot, header: SlotHeader, notice_seq: int | None = None) -> None:
+    """Write ``header`` as-is and send a notice, as a hostile client would."""
+    header.pack_into(slot.handle.ring.header(slot.index))
+    seq = header.seq if notice_seq is None else notice_seq
+    slot._seq = seq
+    slot._in_flight = True
+    slot._event.clear()
+    slot.handle.client._send(notice_frame(slot.handle.ring_id, slot.index, seq))
+
+
+def valid_header(seq: int, shape: tuple[int, ...], dtype: str = "float32") -> SlotHeader:
+    return SlotHeader(
+        seq=seq, state=SlotState.SUBMITTED,
+        inputs=[TensorDesc(dtype_code(np.dtype(dtype)), shape)],
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("batch_above_max", "above max_batch 4"),
+        ("shape_larger_than_slot", "exceeds the slot"),
+        ("wrong_dtype", "must be float32"),
+        ("bad_magic", "magic"),
+        ("bad_version", "magic/version"),
+        ("sequence_mismatch", "sequence number"),
+        ("rank_mismatch", "expected rank 2"),
+    ],
+)
+def test_bad_slot_headers_are_answered_with_errors(
+    hostile_target: SupervisorProcess, case: str, expected: str
+) -> None:
+    with Client(hostile_target.socket) as client:
+        affine = client.model("affine", slots=2)
+        slot = affine.slot()
+        slot.input("x", (1, 4))[...] = 1.0
+        header = valid_header(7, (1, 4))
+        if case == "batch_above_max":
+            header = valid_header(7, (9, 4))
+        elif case == "shape_larger_than_slot":  # an image slot takes any H×W, up to its bytes
+            slot = client.model("classify", slots=1).slot()
+            header = valid_header(7, (20000, 20000, 3), dtype="uint8")
+        elif case == "wrong_dtype":
+            header = valid_header(7, (1, 4), dtype="float64")
+        elif case == "bad_magic":
+            header.magic = b"EVIL"
+        elif case == "bad_version":
+            header.version = 99
+        elif case == "rank_mismatch":
+            header = valid_header(7, (1, 4, 1))
+        # for "sequence_mismatch" the notice names another request than the header holds
+        submit_raw(slot, header, notice_seq=8 if case == "sequence_mismatch" else None)
+        with pytest.raises(InvalidArgumentError, match=expected):
+            slot.wait(timeout_s=10)
+    still_serving(hostile_target)
+
+
+def test_slot_index_out_of_range(hostile_target: SupervisorProcess) -> None:
+    with Client(hostile_target.socket) as client:
+        affine = client.model("affine", slots=2)
+        client._send(notice_frame(affine.ring_id, 99, 1))
+        error = client.events.get(timeout=10)
+        assert isinstance(error, InvalidArgumentError) and "out of range" in error.message
+        client._send(notice_frame(4242, 0, 1))
+        assert isinstance(client.events.get(timeout=10), NotFoundError)
+    still_serving(hostile_target)
+
+
+def test_header_rewritten_after_submit(hostile_target: SupervisorProcess) -> None:
+    from supervisor.image_files import read_image
+
+    with Client(hostile_target.socket) as client:
+        classify = client.model("classify", slots=1)
+        for _ in range(20):
+            slot = classify.slot()
+            slot.write(read_image(IMAGES / "coffee.png"))
+            slot.submit(timeout_s=30)
+            # the client lies after the fact: a huge shape and a broken magic
+            SlotHeader(seq=slot._seq, state=SlotState.SUBMITTED, magic=b"EVIL",
+                       inputs=[TensorDesc(0, (10**5, 10**5, 3))]).pack_into(
+                classify.ring.header(slot.index))  # fmt: skip
+            try:
+                result = slot.wait(timeout_s=30)
+            except InvalidArgumentError:
+                pass  # the supervisor read the header after the rewrite: a clear error
+            else:
+                assert result["top"][0]["label"] == "espresso"  # it read the header before
+            slot.release()
+    still_serving(hostile_target)
+
+
+def test_garbage_and_oversized_control_frames(hostile_target: SupervisorProcess) -> None:
+    for bad in (
+        frame(FrameKind.JSON, b"\xff\xfe this is not json"),
+        frame(FrameKind.JSON, b"[1, 2, 3]"),
+        FRAME.pack(50 << 20, FrameKind.JSON),  # announces 50 MB
+        FRAME.pack(4, 77) + b"abcd",  # unknown frame kind
+        frame(FrameKind.NOTICE, b"\x01"),  # a notice of the wrong size
+    ):
+        client = Client(hostile_target.socket)
+        client._send(bad)
+        assert "protocol error" in client.events.get(timeout=10).message
+        poll(lambda c=client: c._closed is not None)  # the supervisor closed that connection
+        client.close()
+    with Client(hostile_target.socket) as client:  # well-formed but unknown or malformed
+        with pytest.raises(InvalidArgumentError, match="unknown control operation"):
+            client.request("format_disk")
+        with pytest.raises(InvalidArgumentError, match="slots"):
+            client.request("attach", model="classify", slots=10**6)
+    still_serving(hostile_target)
+
+
+def test_unknown_model(hostile_target: SupervisorProcess) -> None:
+    with Client(hostile_target.socket) as client, pytest.raises(NotFoundError, match="nope"):
+        client.model("nope")
+
+
+def test_a_connection_without_the_key_is_refused(hostile_target: SupervisorProcess) -> None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(10)
+    sock.connect(str(hostile_target.socket))
+    reader = FrameReader()
+    kind, challenge = recv_frame(sock, reader)
+    assert kind is FrameKind.CHALLENGE
+    sock.sendall(frame(FrameKind.RESPONSE, answer(b"wrong key", challenge)))
+    kind, payload = recv_frame(sock, reader)
+    assert kind is FrameKind.JSON and "authentication failed" in payload.decode()
+    assert sock.recv(1) == b""  # and the connection is closed
+    sock.close()
+    # a client that skips authentication and sends a control message is refused the same way
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(10)
+    sock.connect(str(hostile_target.socket))
+    sock.sendall(json_frame({"id": 1, "op": "stop"}))
+    reader = FrameReader()
+    recv_frame(sock, reader)  # the challenge
+    kind, payload = recv_frame(sock, reader)
+    assert "authentication failed" in payload.decode()
+    sock.close()
+    still_serving(hostile_target)
