@@ -10,9 +10,13 @@ shared-memory slots.
         s.submit()
         result = s.wait()
 
-Threads: the caller's threads write slots and send "slot ready" notices; one reader thread per
-``Client`` receives replies and "slot done" notices and wakes whoever waits (nobody spins).
-If the supervisor goes away, every waiting call raises ``UnavailableError`` at once.
+Threads: no thread of its own for synchronous use. A thread that waits (``wait``, ``infer``,
+a control request) reads the socket itself while nobody else does ("leader"); other waiters
+sleep on a condition and are woken when the leader has dispatched their answer or stepped down
+— so a synchronous round trip costs no extra thread hop. While ``infer_async`` requests are
+outstanding, one background thread leads, so their futures complete and callbacks run without
+anybody waiting. Nothing spins. If the supervisor goes away, whoever reads sees it at once and
+every waiting call raises ``UnavailableError``.
 Errors are the typed exceptions of ``ipc.errors``, carrying the supervisor's message.
 """
 
@@ -22,6 +26,7 @@ import contextlib
 import itertools
 import json
 import queue
+import select
 import socket
 import threading
 import time
@@ -59,6 +64,11 @@ class Client:
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
         self._closed: BaseException | None = None
+        # reading the socket: one leader at a time; followers wait on the condition
+        self._read_cond = threading.Condition()
+        self._leading = False
+        self._async_pending = 0
+        self._background: threading.Thread | None = None
         # errors the supervisor reported without a slot to attribute them to (protocol misuse)
         self.events: queue.SimpleQueue[DuomoError] = queue.SimpleQueue()
         try:
@@ -76,8 +86,8 @@ class Client:
                 f"cannot reach the supervisor at {self.socket_path}: {err}"
             ) from None
         self._sock.settimeout(None)
-        self._reader = threading.Thread(target=self._read_loop, name="duomo-client", daemon=True)
-        self._reader.start()
+        self._poll = select.poll()
+        self._poll.register(self._sock, select.POLLIN)
 
     def _handshake(self, key: bytes) -> None:
         reader = FrameReader()
@@ -110,17 +120,31 @@ class Client:
             if self._closed is not None:
                 raise UnavailableError(f"connection to the supervisor is closed ({self._closed})")
             self._pending[request_id] = future
-        self._send(json_frame({"id": request_id, "op": op, **fields}))
         try:
-            reply = future.result(self.timeout_s)
-        except TimeoutError:
-            raise DeadlineExceededError(f"no reply to {op!r} within {self.timeout_s}s") from None
+            self._send(json_frame({"id": request_id, "op": op, **fields}))
+            self.wait_until(future.done, time.monotonic() + self.timeout_s)
+            if not future.done():
+                raise DeadlineExceededError(f"no reply to {op!r} within {self.timeout_s}s")
+            reply = future.result()
         finally:
             with self._lock:
                 self._pending.pop(request_id, None)
         if not reply.get("ok"):
             raise error_for(reply.get("code", ErrorCode.INTERNAL), reply.get("message", "failed"))
         return reply
+
+    def next_event(self, timeout_s: float) -> DuomoError | None:
+        """The next error the supervisor reported without a slot to pin it on (for example a
+        notice for a slot index that does not exist), or None after ``timeout_s``."""
+        self.wait_until(lambda: not self.events.empty(), time.monotonic() + timeout_s)
+        try:
+            return self.events.get_nowait()
+        except queue.Empty:
+            return None
+
+    @property
+    def connected(self) -> bool:
+        return self._closed is None
 
     def models(self) -> list[dict[str, Any]]:
         return list(self.request("models")["models"])
@@ -143,7 +167,9 @@ class Client:
         """Disconnect; the supervisor frees this client's rings, and they are unmapped here."""
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
-        self._reader.join(5)
+        self._connection_lost(ConnectionError("closed by this client"))
+        if self._background is not None:
+            self._background.join(5)
         self._sock.close()
         with self._lock:
             handles = list(self._handles.values())
@@ -157,22 +183,66 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- reader thread ----------------------------------------------------------------------
+    # -- reading: leader/follower -----------------------------------------------------------
 
-    def _read_loop(self) -> None:
-        reason: BaseException = ConnectionError("connection closed by the supervisor")
-        try:
-            for kind, payload in self._frames.feed(b""):
-                self._on_frame(kind, payload)
-            while True:
-                data = self._sock.recv(1 << 16)
-                if not data:
+    def wait_until(self, done: Callable[[], bool], deadline: float | None) -> None:
+        """Return once ``done()`` holds, the deadline passes, or the connection is lost.
+
+        The caller reads and dispatches frames itself while no other thread does; otherwise it
+        sleeps until the reading thread dispatches something or steps down.
+        """
+        cond = self._read_cond
+        with cond:
+            while not done():
+                if self._closed is not None:
+                    return
+                if not self._leading:
+                    self._leading = True
                     break
-                for kind, payload in self._frames.feed(data):
-                    self._on_frame(kind, payload)
-        except Exception as err:  # a broken socket or a protocol error ends the connection
-            reason = err
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return
+                cond.wait(remaining)
+            else:
+                return
+        try:
+            while not done() and self._closed is None:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return
+                self._read_once(remaining)
+        finally:
+            with cond:
+                self._leading = False
+                cond.notify_all()
+
+    def _read_once(self, timeout_s: float | None) -> None:
+        """One blocking read (bounded by ``timeout_s``) and the dispatch of whatever arrived."""
+        try:
+            # Wait with poll, never with a socket timeout: the socket stays blocking, so a
+            # sender in another thread can never be cut off in the middle of a frame.
+            if timeout_s is not None and not self._poll.poll(max(0, int(timeout_s * 1000) + 1)):
+                return
+            data = self._sock.recv(1 << 16)
+        except OSError as err:
+            self._connection_lost(err)
+            return
+        if not data:
+            self._connection_lost(ConnectionError("connection closed by the supervisor"))
+            return
+        try:
+            for kind, payload in self._frames.feed(data):
+                self._on_frame(kind, payload)
+        except Exception as err:  # a protocol error: the connection cannot continue
+            self._connection_lost(err)
+            return
+        with self._read_cond:
+            self._read_cond.notify_all()
+
+    def _connection_lost(self, reason: BaseException) -> None:
         with self._lock:
+            if self._closed is not None:
+                return
             self._closed = reason
             pending = list(self._pending.values())
             handles = list(self._handles.values())
@@ -182,6 +252,30 @@ class Client:
                 future.set_exception(lost)
         for handle in handles:
             handle._fail_all(lost)
+        with self._read_cond:
+            self._read_cond.notify_all()
+
+    def _async_started(self) -> None:
+        """An async request is outstanding: make sure someone reads while nobody waits."""
+        with self._read_cond:
+            self._async_pending += 1
+            self._read_cond.notify_all()
+            if self._background is None:
+                self._background = threading.Thread(
+                    target=self._background_reader, name="duomo-client", daemon=True
+                )
+                self._background.start()
+
+    def _async_finished(self) -> None:
+        with self._read_cond:
+            self._async_pending -= 1
+
+    def _background_reader(self) -> None:
+        while self._closed is None:
+            with self._read_cond:
+                while self._async_pending == 0 and self._closed is None:
+                    self._read_cond.wait()
+            self.wait_until(lambda: self._async_pending == 0, None)
 
     def _on_frame(self, kind: FrameKind, payload: bytes) -> None:
         if kind is FrameKind.NOTICE:
@@ -256,10 +350,22 @@ class ModelHandle:
         """Like ``infer`` but returns at once; waits for a free slot if all are in flight."""
         future: Future[Any] = Future()
         slot = self.slot()
+        client = self.client
         try:
             slot.write(data)
-            slot.on_done = lambda s: _resolve(future, s)
-            slot.submit(timeout_s=timeout_s, priority=priority)
+
+            def done(s: Slot) -> None:
+                client._async_finished()
+                _resolve(future, s)
+
+            slot.on_done = done
+            client._async_started()
+            try:
+                slot.submit(timeout_s=timeout_s, priority=priority)
+            except BaseException:
+                slot.on_done = None
+                client._async_finished()
+                raise
         except BaseException:
             slot.release()
             raise
@@ -407,7 +513,11 @@ class Slot:
         """
         if timeout_s is None and self._deadline_s is not None:
             timeout_s = max(0.0, self._deadline_s - time.monotonic())
-        if not self._event.wait(timeout_s):
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        self.handle.client.wait_until(self._event.is_set, deadline)
+        if not self._event.is_set():
+            if self.handle.client._closed is not None:
+                raise UnavailableError(f"lost the supervisor: {self.handle.client._closed}")
             raise DeadlineExceededError(f"no answer from {self.handle.name!r} in time")
         if self._error is not None:
             raise self._error

@@ -18,6 +18,8 @@ segment off the tracker as soon as its lifetime is managed here.
 from __future__ import annotations
 
 import contextlib
+import functools
+import math
 import secrets
 import threading
 from dataclasses import dataclass
@@ -47,7 +49,7 @@ class RingLayout:
     result: str  # "json" or "tensors"
     outputs: tuple[str, ...] = ()
 
-    @property
+    @functools.cached_property
     def slot_bytes(self) -> int:
         return align(self.output_offset + self.output_capacity)
 
@@ -125,12 +127,15 @@ def _untrack(name: str) -> None:
 
 
 class SlotRing:
-    def __init__(self, shm: shared_memory.SharedMemory, layout: RingLayout, owner: bool) -> None:
+    def __init__(self, shm: shared_memory.SharedMemory, layout: RingLayout) -> None:
         self._shm = shm
         self.layout = layout
         self.name = shm.name
-        self._owner = owner
         self._unlinked = False
+        self._closed = False
+        assert shm.buf is not None
+        self._view: memoryview = shm.buf  # the hot paths slice this directly
+        self._slot_bytes = layout.slot_bytes
         _track(shm._name)  # type: ignore[attr-defined]  # SharedMemory registered it
 
     @classmethod
@@ -140,13 +145,13 @@ class SlotRing:
         shm = shared_memory.SharedMemory(
             name=name, create=True, size=layout.slots * layout.slot_bytes
         )
-        return cls(shm, layout, owner=True)
+        return cls(shm, layout)
 
     @classmethod
     def attach(cls, name: str, layout: RingLayout) -> SlotRing:
         """Map the supervisor's segment and unlink its name right away."""
         shm = shared_memory.SharedMemory(name=name, create=False)
-        ring = cls(shm, layout, owner=False)
+        ring = cls(shm, layout)
         ring.unlink()
         if shm.size < layout.slots * layout.slot_bytes:
             ring.close()
@@ -165,10 +170,13 @@ class SlotRing:
     def close(self) -> bool:
         """Unmap; False while numpy views into the segment are still alive elsewhere."""
         self.unlink()
+        if self._closed:
+            return True
         try:
             self._shm.close()
         except BufferError:
             return False
+        self._closed = True
         return True
 
     @property
@@ -179,45 +187,56 @@ class SlotRing:
         return buf
 
     def slot_offset(self, slot: int) -> int:
-        return slot * self.layout.slot_bytes
+        return slot * self._slot_bytes
 
     def header(self, slot: int) -> memoryview:
-        start = self.slot_offset(slot)
-        return self.buf[start : start + HEADER_BYTES]
+        start = slot * self._slot_bytes
+        return self._view[start : start + HEADER_BYTES]
 
     def input_view(
         self, slot: int, index: int, dtype: np.dtype, shape: tuple[int, ...]
     ) -> np.ndarray:
         area = self.layout.inputs[index]
-        count = int(np.prod(shape, dtype=np.int64))
+        count = math.prod(shape)
         if count * np.dtype(dtype).itemsize > area.capacity:
             raise ValueError(f"input {area.name!r} of shape {shape} does not fit its slot area")
-        start = self.slot_offset(slot) + area.offset
-        return np.frombuffer(self.buf, dtype=dtype, count=count, offset=start).reshape(shape)
+        start = slot * self._slot_bytes + area.offset
+        return np.frombuffer(self._view, dtype=dtype, count=count, offset=start).reshape(shape)
 
     def output(self, slot: int) -> memoryview:
-        start = self.slot_offset(slot) + self.layout.output_offset
-        return self.buf[start : start + self.layout.output_capacity]
+        start = slot * self._slot_bytes + self.layout.output_offset
+        return self._view[start : start + self.layout.output_capacity]
+
+
+def place_tensors(
+    area: memoryview, layout: list[tuple[np.dtype, tuple[int, ...]]]
+) -> tuple[list[np.ndarray], int]:
+    """Write the tensor records for ``layout`` (dtype, shape) into ``area`` and return writable
+    views where each tensor's data goes, plus the bytes used. ValueError if they do not fit.
+    """
+    views = []
+    at = 0
+    for dtype, shape in layout:
+        if len(shape) > MAX_RANK:
+            raise ValueError(f"output of rank {len(shape)} is above {MAX_RANK}")
+        count = math.prod(shape)
+        data_at = align(at + TENSOR_RECORD.size)
+        end = data_at + count * dtype.itemsize
+        if end > len(area):
+            raise ValueError(f"outputs need more than the slot's {len(area)} output bytes")
+        dims = list(shape) + [0] * (MAX_RANK - len(shape))
+        TENSOR_RECORD.pack_into(area, at, dtype_code(dtype), len(shape), *dims)
+        views.append(np.frombuffer(area, dtype=dtype, count=count, offset=data_at).reshape(shape))
+        at = end
+    return views, at
 
 
 def write_tensors(area: memoryview, tensors: list[np.ndarray]) -> int:
-    """Tensor records into ``area``; returns the bytes used. ValueError if they do not fit."""
-    at = 0
-    for array in tensors:
-        array = np.ascontiguousarray(array)
-        if array.ndim > MAX_RANK:
-            raise ValueError(f"output of rank {array.ndim} is above {MAX_RANK}")
-        data_at = align(at + TENSOR_RECORD.size)
-        end = data_at + array.nbytes
-        if end > len(area):
-            raise ValueError(f"outputs need more than the slot's {len(area)} output bytes")
-        dims = list(array.shape) + [0] * (MAX_RANK - array.ndim)
-        TENSOR_RECORD.pack_into(area, at, dtype_code(array.dtype), array.ndim, *dims)
-        np.frombuffer(area, dtype=np.uint8, count=array.nbytes, offset=data_at)[:] = array.reshape(
-            -1
-        ).view(np.uint8)
-        at = end
-    return at
+    """Copy ``tensors`` into ``area`` as tensor records; returns the bytes used."""
+    views, used = place_tensors(area, [(t.dtype, t.shape) for t in tensors])
+    for view, tensor in zip(views, tensors):
+        view[...] = tensor
+    return used
 
 
 def read_tensors(area: memoryview, count: int, used: int) -> list[np.ndarray]:
@@ -231,7 +250,7 @@ def read_tensors(area: memoryview, count: int, used: int) -> list[np.ndarray]:
         shape = tuple(dims[:rank])
         dtype = DTYPES[code]
         data_at = align(at + TENSOR_RECORD.size)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         if data_at + nbytes > used:
             raise ValueError("tensor record runs past the result")
         out.append(
@@ -246,4 +265,12 @@ def read_tensors(area: memoryview, count: int, used: int) -> list[np.ndarray]:
     return out
 
 
-__all__ = ["ALIGN", "InputArea", "RingLayout", "SlotRing", "read_tensors", "write_tensors"]
+__all__ = [
+    "ALIGN",
+    "InputArea",
+    "RingLayout",
+    "SlotRing",
+    "place_tensors",
+    "read_tensors",
+    "write_tensors",
+]

@@ -76,6 +76,8 @@ MAX_RANK = 6
 _FIXED = struct.Struct("<4sHHIHhHHQQIIII")
 _TENSOR = struct.Struct("<BB2x" + "I" * MAX_RANK)
 _HEADER_USED = _FIXED.size + MAX_INPUTS * _TENSOR.size
+_ZERO_DIMS = (0,) * MAX_RANK
+_ZERO_TENSORS = bytes(MAX_INPUTS * _TENSOR.size)
 HEADER_BYTES = 256
 assert _HEADER_USED <= HEADER_BYTES
 
@@ -137,16 +139,14 @@ class SlotHeader:
             self.postprocess_us,
         )
         at = offset + _FIXED.size
-        for i in range(MAX_INPUTS):
-            if i < len(self.inputs):
-                desc = self.inputs[i]
-                if len(desc.shape) > MAX_RANK:
-                    raise ValueError(f"rank {len(desc.shape)} is above {MAX_RANK}")
-                dims = list(desc.shape) + [0] * (MAX_RANK - len(desc.shape))
-                _TENSOR.pack_into(buffer, at, desc.dtype, len(desc.shape), *dims)
-            else:
-                _TENSOR.pack_into(buffer, at, 0, 0, *([0] * MAX_RANK))
+        for desc in self.inputs:
+            rank = len(desc.shape)
+            if rank > MAX_RANK:
+                raise ValueError(f"rank {rank} is above {MAX_RANK}")
+            _TENSOR.pack_into(buffer, at, desc.dtype, rank, *desc.shape, *_ZERO_DIMS[rank:])
             at += _TENSOR.size
+        unused = (MAX_INPUTS - len(self.inputs)) * _TENSOR.size
+        buffer[at : at + unused] = _ZERO_TENSORS[:unused]
 
     @classmethod
     def unpack(cls, buffer: memoryview | bytes, offset: int = 0) -> SlotHeader:

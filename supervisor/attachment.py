@@ -13,6 +13,7 @@ dropped with its client); the segment is unmapped only when no request still rea
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -23,8 +24,8 @@ import structlog
 
 from ipc.errors import DuomoError, ErrorCode, InvalidArgumentError, ResourceExhaustedError
 from ipc.ring import RingLayout, SlotRing, write_tensors
-from ipc.wire import DTYPES, MAGIC, PROTOCOL_VERSION, SlotHeader, SlotState
-from worker.executors.base import SlotSpec
+from ipc.wire import DTYPES, MAGIC, PROTOCOL_VERSION, SlotHeader, SlotState, dtype_code
+from worker.executors.base import SlotSpec, WrittenInPlace
 from worker.request import Outcome, Request
 from worker.served_model import ServedModel
 
@@ -57,6 +58,8 @@ class Attachment:
         self.spec = model.slot_spec()
         self.layout = layout_for(self.spec, slots)
         self.ring = SlotRing.create(self.layout)
+        self._dtypes = [np.dtype(a.dtype) for a in self.layout.inputs]
+        self._codes = [dtype_code(d) for d in self._dtypes]
         self._send_notice = send_notice
         self._lock = threading.Lock()
         # slot -> its queued request (None between acceptance and queueing)
@@ -82,7 +85,7 @@ class Attachment:
             header = SlotHeader.unpack(bytes(self.ring.header(slot)))
             views = self._validate(slot, header, seq)
             model = self._lookup()
-            payload = model.payload_from_slot(views)
+            payload = model.payload_from_slot(views, self.ring.output(slot))
             deadline = time.monotonic() + header.timeout_us / 1e6 if header.timeout_us else None
             request = model.submit(
                 payload,
@@ -116,12 +119,12 @@ class Attachment:
                 f"the header declares {len(header.inputs)}"
             )
         views: dict[str, np.ndarray] = {}
-        for index, (desc, area) in enumerate(zip(header.inputs, areas)):
-            if desc.dtype >= len(DTYPES) or DTYPES[desc.dtype].name != area.dtype:
+        for index, (desc, area, dtype) in enumerate(zip(header.inputs, areas, self._dtypes)):
+            if desc.dtype != self._codes[index]:
                 got = DTYPES[desc.dtype].name if desc.dtype < len(DTYPES) else f"code {desc.dtype}"
                 raise InvalidArgumentError(f"input {area.name!r} must be {area.dtype}, got {got}")
             shape = desc.shape
-            if len(shape) != len(area.shape) or any(d < 1 for d in shape):
+            if len(shape) != len(area.shape) or min(shape, default=1) < 1:
                 raise InvalidArgumentError(
                     f"input {area.name!r} has shape {list(shape)}, expected rank {len(area.shape)}"
                 )
@@ -134,12 +137,12 @@ class Attachment:
                 raise InvalidArgumentError(
                     f"input {area.name!r} shape {list(shape)} does not fit {list(area.shape)}"
                 )
-            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(area.dtype).itemsize
+            nbytes = math.prod(shape) * dtype.itemsize
             if nbytes > area.capacity:
                 raise InvalidArgumentError(
                     f"input {area.name!r} of {nbytes} bytes exceeds the slot's {area.capacity}"
                 )
-            views[area.name] = self.ring.input_view(slot, index, np.dtype(area.dtype), shape)
+            views[area.name] = self.ring.input_view(slot, index, dtype, shape)
         return views
 
     def _complete(self, slot: int, seq: int, outcome: Outcome) -> None:
@@ -174,6 +177,8 @@ class Attachment:
         ).pack_into(self.ring.header(slot))
 
     def _encode(self, outcome: Outcome, area: memoryview) -> tuple[int, int]:
+        if isinstance(outcome.result, WrittenInPlace):
+            return ErrorCode.OK, outcome.result.nbytes
         if outcome.error is None:
             try:
                 if self.spec.result == "tensors":

@@ -155,7 +155,10 @@ class Reactor:
                     log.exception("reactor error")
                     if isinstance(key.data, Connection):
                         self._drop(key.data)
-            self._housekeeping()
+            try:
+                self._housekeeping()
+            except Exception:
+                log.exception("reactor housekeeping error")
 
     def _accept(self) -> None:
         assert self._listener is not None

@@ -74,7 +74,11 @@ class DirectOrtSession(ModelSession):
     def input_buffer(self, name: str, shape: Sequence[int]) -> np.ndarray:
         return np.empty(shape, dtype=self.spec(name).dtype)
 
-    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Mapping[str, np.ndarray] | None = None,
+    ) -> dict[str, np.ndarray]:
         return dict(zip(self.output_names, self.sess.run(None, dict(inputs))))
 
     def close(self) -> None:

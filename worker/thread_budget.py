@@ -103,11 +103,14 @@ class ComputeGate:
         self._queue: deque[object] = deque()
         self.high_water = 0
 
-    @contextmanager
-    def hold(self, n: int) -> Iterator[None]:
+    def acquire(self, n: int) -> None:
         n = max(1, min(n, self.tokens))
         ticket = object()
         with self._cond:
+            if not self._queue and self._free >= n:  # uncontended: no queueing, no wakeups
+                self._free -= n
+                self.high_water = max(self.high_water, self.tokens - self._free)
+                return
             self._queue.append(ticket)
             while self._queue[0] is not ticket or self._free < n:
                 self._cond.wait()
@@ -115,9 +118,18 @@ class ComputeGate:
             self._free -= n
             self.high_water = max(self.high_water, self.tokens - self._free)
             self._cond.notify_all()
+
+    def release(self, n: int) -> None:
+        n = max(1, min(n, self.tokens))
+        with self._cond:
+            self._free += n
+            if self._queue:
+                self._cond.notify_all()
+
+    @contextmanager
+    def hold(self, n: int) -> Iterator[None]:
+        self.acquire(n)
         try:
             yield
         finally:
-            with self._cond:
-                self._free += n
-                self._cond.notify_all()
+            self.release(n)

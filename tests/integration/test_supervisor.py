@@ -289,10 +289,10 @@ def test_slot_index_out_of_range(hostile_target: SupervisorProcess) -> None:
     with Client(hostile_target.socket) as client:
         affine = client.model("affine", slots=2)
         client._send(notice_frame(affine.ring_id, 99, 1))
-        error = client.events.get(timeout=10)
+        error = client.next_event(timeout_s=10)
         assert isinstance(error, InvalidArgumentError) and "out of range" in error.message
         client._send(notice_frame(4242, 0, 1))
-        assert isinstance(client.events.get(timeout=10), NotFoundError)
+        assert isinstance(client.next_event(timeout_s=10), NotFoundError)
     still_serving(hostile_target)
 
 
@@ -329,8 +329,11 @@ def test_garbage_and_oversized_control_frames(hostile_target: SupervisorProcess)
     ):
         client = Client(hostile_target.socket)
         client._send(bad)
-        assert "protocol error" in client.events.get(timeout=10).message
-        poll(lambda c=client: c._closed is not None)  # the supervisor closed that connection
+        event = client.next_event(timeout_s=10)
+        assert event is not None and "protocol error" in event.message
+        # the supervisor closed that connection
+        client.wait_until(lambda c=client: not c.connected, time.monotonic() + 10)  # type: ignore[misc]
+        assert not client.connected
         client.close()
     with Client(hostile_target.socket) as client:  # well-formed but unknown or malformed
         with pytest.raises(InvalidArgumentError, match="unknown control operation"):

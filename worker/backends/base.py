@@ -11,6 +11,7 @@ Invariant: output views returned by ``run`` stay valid until the next ``run`` on
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -54,7 +55,7 @@ class HostBuffers:
         self.growths = 0
 
     def view(self, name: str, dtype: np.dtype, shape: Sequence[int]) -> np.ndarray:
-        count = int(np.prod(shape, dtype=np.int64))
+        count = math.prod(shape)
         flat = self._flat.get(name)
         if flat is None or flat.dtype != dtype or flat.size < count:
             flat = np.empty(max(count, 1), dtype=dtype)
@@ -80,8 +81,22 @@ class ModelSession(ABC):
         """A writable view of this session's reusable memory for input ``name`` at ``shape``."""
 
     @abstractmethod
-    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Execute once. Outputs are views valid until the next ``run``."""
+    def run(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Mapping[str, np.ndarray] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Execute once. Outputs are views valid until the next ``run``.
+
+        With ``outputs`` (arrays of the right shapes, e.g. views into a slot's output area) the
+        results are written there instead, and those arrays are returned.
+        """
+
+    def expected_output_shapes(
+        self, inputs: Mapping[str, np.ndarray]
+    ) -> list[tuple[int, ...]] | None:
+        """Output shapes for ``inputs`` when the session knows them in advance, else None."""
+        return None
 
     @abstractmethod
     def close(self) -> None:

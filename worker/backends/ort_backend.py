@@ -86,6 +86,10 @@ class OrtSession(ModelSession):
         self._output_shapes: OrderedDict[tuple[tuple[int, ...], ...], list[tuple[int, ...]]]
         self._output_shapes = OrderedDict()
         self._data_dependent = False
+        # (address, shape) currently bound per tensor name: rebinding costs more than the run
+        # of a small model, and a slot or a reused buffer comes back at the same address
+        self._bound_inputs: dict[str, tuple[int, tuple[int, ...]]] = {}
+        self._bound_outputs: dict[str, tuple[int, tuple[int, ...]]] = {}
 
     @property
     def buffer_bytes(self) -> int:
@@ -98,9 +102,19 @@ class OrtSession(ModelSession):
     def input_buffer(self, name: str, shape: Sequence[int]) -> np.ndarray:
         return self._in.view(name, self.spec(name).dtype, shape)
 
-    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        binding = self._binding
-        binding.clear_binding_inputs()
+    def expected_output_shapes(
+        self, inputs: Mapping[str, np.ndarray]
+    ) -> list[tuple[int, ...]] | None:
+        """Output shapes for these inputs if a run with the same input shapes taught them."""
+        if self._data_dependent:
+            return None
+        return self._output_shapes.get(tuple(inputs[s.name].shape for s in self.inputs))
+
+    def run(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Mapping[str, np.ndarray] | None = None,
+    ) -> dict[str, np.ndarray]:
         keep_alive = []
         for spec in self.inputs:
             array = inputs.get(spec.name)
@@ -109,10 +123,13 @@ class OrtSession(ModelSession):
             if array.dtype != spec.dtype or not array.flags.c_contiguous:
                 array = np.ascontiguousarray(array, dtype=spec.dtype)
                 keep_alive.append(array)
-            binding.bind_input(
-                spec.name, "cpu", 0, spec.dtype, list(array.shape), array.ctypes.data
-            )
-        key = tuple(tuple(inputs[s.name].shape) for s in self.inputs)
+            self._bind(True, spec, array)
+        if outputs is not None:  # the caller's arrays (a slot's output area), shapes known
+            for spec in self.outputs:
+                self._bind(False, spec, outputs[spec.name])
+            self._execute()
+            return dict(outputs)
+        key = tuple(inputs[s.name].shape for s in self.inputs)
         shapes = None if self._data_dependent else self._output_shapes.get(key)
         if shapes is not None:
             try:
@@ -126,32 +143,42 @@ class OrtSession(ModelSession):
                 self._output_shapes.clear()
         return self._run_and_learn_shapes(key)
 
+    def _bind(self, is_input: bool, spec: TensorSpec, array: np.ndarray) -> None:
+        """Bind ``array`` unless the same memory at the same shape is bound already."""
+        bound = self._bound_inputs if is_input else self._bound_outputs
+        where = (array.__array_interface__["data"][0], array.shape)
+        if bound.get(spec.name) == where:
+            return
+        bind = self._binding.bind_input if is_input else self._binding.bind_output
+        bind(spec.name, "cpu", 0, spec.dtype, list(array.shape), where[0])
+        bound[spec.name] = where
+
     def _execute(self) -> None:
-        if self._gate is None:
+        gate = self._gate
+        if gate is None:
             self._session.run_with_iobinding(self._binding)
-        else:
-            with self._gate.hold(self._threads):
-                self._session.run_with_iobinding(self._binding)
+            return
+        gate.acquire(self._threads)
+        try:
+            self._session.run_with_iobinding(self._binding)
+        finally:
+            gate.release(self._threads)
 
     def _run_into_buffers(
         self, key: tuple[tuple[int, ...], ...], shapes: list[tuple[int, ...]]
     ) -> dict[str, np.ndarray]:
         """Outputs written by onnxruntime straight into this session's reused arrays."""
-        self._binding.clear_binding_outputs()
         views: dict[str, np.ndarray] = {}
         for spec, shape in zip(self.outputs, shapes):
             view = self._out.view(spec.name, spec.dtype, shape)
-            self._binding.bind_output(
-                spec.name, "cpu", 0, spec.dtype, list(view.shape), view.ctypes.data
-            )
+            self._bind(False, spec, view)
             views[spec.name] = view
         self._execute()
-        self._output_shapes.move_to_end(key)
         return views
 
     def _run_and_learn_shapes(self, key: tuple[tuple[int, ...], ...]) -> dict[str, np.ndarray]:
         """Outputs allocated by onnxruntime, copied into the reused arrays; shapes remembered."""
-        self._binding.clear_binding_outputs()
+        self._bound_outputs.clear()
         for spec in self.outputs:
             self._binding.bind_output(spec.name, "cpu")
         self._execute()

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -52,6 +51,13 @@ class SlotSpec:
     max_rows: int | None = None  # inputs' first dimension is the batch, at most this many rows
 
 
+@dataclass(frozen=True)
+class WrittenInPlace:
+    """A result the executor already wrote into the request's slot output area (``nbytes``)."""
+
+    nbytes: int
+
+
 IMAGE_SLOT = SlotSpec(
     inputs=(SlotInput("image", np.dtype(np.uint8), (None, None, None), IMAGE_SLOT_BYTES),),
     result="json",
@@ -69,13 +75,25 @@ class StageTimer:
     def __init__(self) -> None:
         self.seconds = {"preprocess": 0.0, "infer": 0.0, "postprocess": 0.0}
 
-    @contextmanager
-    def stage(self, name: str) -> Iterator[None]:
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[name] += time.perf_counter() - start
+    def stage(self, name: str) -> _Stage:
+        return _Stage(self.seconds, name)
+
+
+class _Stage:
+    """``with timer.stage("infer"):`` (a plain class: cheaper than a generator context)."""
+
+    __slots__ = ("_name", "_seconds", "_start")
+
+    def __init__(self, seconds: dict[str, float], name: str) -> None:
+        self._seconds = seconds
+        self._name = name
+        self._start = 0.0
+
+    def __enter__(self) -> None:
+        self._start = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        self._seconds[self._name] += time.perf_counter() - self._start
 
 
 class Executor(ABC):
@@ -104,8 +122,9 @@ class Executor(ABC):
         """The slot layout for this task; vision tasks take one uint8 H×W×C image."""
         return IMAGE_SLOT
 
-    def payload_from_slot(self, tensors: dict[str, np.ndarray]) -> Any:
-        """The ``prepare`` payload from the input views read out of a slot."""
+    def payload_from_slot(self, tensors: dict[str, np.ndarray], output: memoryview) -> Any:
+        """The ``prepare`` payload from the input views of a slot (and its output area, for an
+        executor that can write its result there directly)."""
         return tensors["image"]
 
     def describe(self) -> dict[str, Any]:

@@ -9,6 +9,7 @@ session's reused buffers. Result: ``{output_name: array}``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,16 +18,26 @@ import numpy as np
 from pydantic import Field
 
 from ipc.errors import InvalidArgumentError
+from ipc.ring import place_tensors
 from ipc.wire import ALIGN
 from worker.backends.base import ModelSession, TensorSpec
 from worker.config_model import StrictModel
-from worker.executors.base import Executor, SlotInput, SlotSpec, StageTimer
+from worker.executors.base import Executor, SlotInput, SlotSpec, StageTimer, WrittenInPlace
+
+
+@dataclass(frozen=True)
+class SlotTensors:
+    """A request that came through a slot: its input views and the slot's output area."""
+
+    tensors: dict[str, np.ndarray]
+    output: memoryview
 
 
 @dataclass(frozen=True)
 class RawInput:
     tensors: dict[str, np.ndarray]
     rows: int
+    output: memoryview | None = None  # the slot's output area, when the request came by slot
 
     @property
     def signature(self) -> tuple[tuple[int, ...], ...]:
@@ -58,7 +69,7 @@ class RawExecutor(Executor):
             return dynamic_default
         rows = self.max_batch if self.batchable else 1
         static = [d for d in dims if d is not None]
-        return rows * int(np.prod(static, dtype=np.int64)) * spec.dtype.itemsize
+        return rows * math.prod(static) * spec.dtype.itemsize
 
     def slot_spec(self) -> SlotSpec:
         inputs = tuple(
@@ -76,11 +87,14 @@ class RawExecutor(Executor):
             max_rows=self.max_batch if self.batchable else None,
         )
 
-    def payload_from_slot(self, tensors: dict[str, np.ndarray]) -> Any:
-        return tensors
+    def payload_from_slot(self, tensors: dict[str, np.ndarray], output: memoryview) -> Any:
+        return SlotTensors(tensors, output)
 
     def prepare(self, payload: Any) -> RawInput:
         specs = self.session.inputs
+        output = None
+        if isinstance(payload, SlotTensors):
+            payload, output = payload.tensors, payload.output
         if isinstance(payload, np.ndarray):
             if len(specs) != 1:
                 raise InvalidArgumentError(
@@ -118,9 +132,13 @@ class RawExecutor(Executor):
         n = rows.pop()
         if not 1 <= n <= self.max_batch:
             raise InvalidArgumentError(f"batch of {n} rows is outside 1..{self.max_batch}")
-        return RawInput(tensors, n)
+        return RawInput(tensors, n, output)
 
     def execute(self, items: Sequence[RawInput], timer: StageTimer) -> list[Any]:
+        if len(items) == 1 and items[0].output is not None:
+            written = self._run_into_slot(items[0], timer)
+            if written is not None:
+                return [written]
         results: list[Any] = [None] * len(items)
         for group in self._groups(items):
             with timer.stage("preprocess"):
@@ -137,6 +155,21 @@ class RawExecutor(Executor):
                         results[i] = {k: v.copy() for k, v in out.items()}
                     start += n
         return results
+
+    def _run_into_slot(self, item: RawInput, timer: StageTimer) -> WrittenInPlace | None:
+        """One request from a slot, outputs written by the runtime straight into its output
+        area: no copy after the model's own. None when the output shapes are not yet known."""
+        shapes = self.session.expected_output_shapes(item.tensors)
+        if shapes is None or item.output is None:
+            return None
+        layout = [(s.dtype, shape) for s, shape in zip(self.session.outputs, shapes)]
+        try:
+            views, used = place_tensors(item.output, layout)
+        except ValueError:
+            return None  # too large for the slot: the normal path reports it
+        with timer.stage("infer"):
+            self.session.run(item.tensors, {s.name: v for s, v in zip(self.session.outputs, views)})
+        return WrittenInPlace(used)
 
     def _groups(self, items: Sequence[RawInput]) -> list[list[int]]:
         """Indices that can share one run: same trailing shapes, rows within max_batch."""
