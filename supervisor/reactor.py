@@ -99,6 +99,12 @@ class Reactor:
     def connections(self) -> list[Connection]:
         return list(self._connections.values())
 
+    @property
+    def mapped_rings(self) -> int:
+        """Segments still mapped: attached ones, and detached ones whose last reader is busy."""
+        attached = sum(len(c.attachments) for c in list(self._connections.values()))
+        return attached + sum(1 for a in self._lingering if not a.closed)
+
     def start(self) -> None:
         assert self._listener is not None
         self._listener.setblocking(False)

@@ -219,6 +219,7 @@ class Supervisor:
             "rss_bytes": process.memory_info().rss,
             "threads": process.num_threads(),
             "open_fds": process.num_fds(),
+            "mapped_rings": self.reactor.mapped_rings if self.reactor else 0,
             **self.engine.status(),
             "clients": clients,
         }

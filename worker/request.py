@@ -87,4 +87,7 @@ class Request:
         except Exception:
             # One caller's broken callback must not stop the worker from answering the others.
             log.exception("request callback failed", seq=self.seq)
+        # Let go of the input at once: for a slot request it is a view into shared memory,
+        # and the segment can only be unmapped when no view is left.
+        self.payload = None
         return True
