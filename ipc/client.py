@@ -49,7 +49,16 @@ from ipc.errors import (
 from ipc.framing import FrameReader, answer, json_frame, notice_frame, parse_json, recv_frame
 from ipc.ring import RingLayout, SlotRing, read_tensors
 from ipc.runtime_dir import default_socket_path, read_key
-from ipc.wire import NOTICE, FrameKind, SlotHeader, SlotState, TensorDesc, dtype_code, frame
+from ipc.wire import (
+    NOTICE,
+    FrameKind,
+    SlotHeader,
+    SlotState,
+    TensorDesc,
+    dtype_code,
+    frame,
+    unpack_done,
+)
 
 NOTICE_GRACE_S = 5.0  # how long past its own deadline a request waits for the supervisor
 
@@ -521,21 +530,16 @@ class Slot:
             raise DeadlineExceededError(f"no answer from {self.handle.name!r} in time")
         if self._error is not None:
             raise self._error
-        header = SlotHeader.unpack(bytes(self.handle.ring.header(self.index)))
+        seq, state, status, result_len, timings = unpack_done(self.handle.ring.header(self.index))
         area = self.handle.ring.output(self.index)
-        if header.seq != self._seq or header.state != SlotState.DONE:
+        if seq != self._seq or state != SlotState.DONE:
             raise UnavailableError("the slot was not answered (stale or corrupt header)")
-        used = min(header.result_len, len(area))
-        if header.status != ErrorCode.OK:
+        used = min(result_len, len(area))
+        if status != ErrorCode.OK:
             message = bytes(area[:used]).decode("utf-8", "replace")
             area.release()  # a traceback kept by the caller must not pin the mapping
-            raise error_for(header.status, message)
-        self.timings_us = {
-            "queue": header.queue_us,
-            "preprocess": header.preprocess_us,
-            "infer": header.infer_us,
-            "postprocess": header.postprocess_us,
-        }
+            raise error_for(status, message)
+        self.timings_us = dict(zip(("queue", "preprocess", "infer", "postprocess"), timings))
         if self.handle.layout.result == "json":
             blob = bytes(area[:used])
             area.release()

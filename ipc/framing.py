@@ -36,6 +36,11 @@ class FrameReader:
     def __init__(self) -> None:
         self._buffer = bytearray()
 
+    @property
+    def empty(self) -> bool:
+        """No partial frame is waiting for more bytes."""
+        return not self._buffer
+
     def feed(self, data: bytes) -> Iterator[tuple[FrameKind, bytes]]:
         self._buffer += data
         while len(self._buffer) >= FRAME.size:

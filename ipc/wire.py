@@ -82,6 +82,22 @@ HEADER_BYTES = 256
 assert _HEADER_USED <= HEADER_BYTES
 
 
+def pack_done(
+    buffer: memoryview, seq: int, status: int, result_len: int, timings_us: tuple[int, ...]
+) -> None:
+    """The supervisor's answer: only the fixed header fields (the inputs stay as written)."""
+    _FIXED.pack_into(
+        buffer, 0, MAGIC, PROTOCOL_VERSION, SlotState.DONE, seq, status, 0, 0, 0, 0,
+        result_len, *timings_us,
+    )  # fmt: skip
+
+
+def unpack_done(buffer: memoryview) -> tuple[int, int, int, int, tuple[int, ...]]:
+    """(seq, state, status, result_len, timings in µs) from a slot header."""
+    fields = _FIXED.unpack_from(buffer)
+    return fields[3], fields[2], fields[4], fields[9], fields[10:14]
+
+
 def dtype_code(dtype: np.dtype) -> int:
     try:
         return DTYPE_CODES[np.dtype(dtype)]

@@ -24,7 +24,15 @@ import structlog
 
 from ipc.errors import DuomoError, ErrorCode, InvalidArgumentError, ResourceExhaustedError
 from ipc.ring import RingLayout, SlotRing, write_tensors
-from ipc.wire import DTYPES, MAGIC, PROTOCOL_VERSION, SlotHeader, SlotState, dtype_code
+from ipc.wire import (
+    DTYPES,
+    MAGIC,
+    PROTOCOL_VERSION,
+    SlotHeader,
+    SlotState,
+    dtype_code,
+    pack_done,
+)
 from worker.executors.base import SlotSpec, WrittenInPlace
 from worker.request import Outcome, Request
 from worker.served_model import ServedModel
@@ -165,16 +173,8 @@ class Attachment:
         area = self.ring.output(slot)
         status, used = self._encode(outcome, area)
         t = outcome.timings
-        SlotHeader(
-            seq=seq,
-            state=SlotState.DONE,
-            status=status,
-            result_len=used,
-            queue_us=_us(t.queue_s),
-            preprocess_us=_us(t.preprocess_s),
-            infer_us=_us(t.infer_s),
-            postprocess_us=_us(t.postprocess_s),
-        ).pack_into(self.ring.header(slot))
+        timings = (t.queue_s, t.preprocess_s, t.infer_s, t.postprocess_s)
+        pack_done(self.ring.header(slot), seq, status, used, tuple(map(_us, timings)))
 
     def _encode(self, outcome: Outcome, area: memoryview) -> tuple[int, int]:
         if isinstance(outcome.result, WrittenInPlace):

@@ -29,13 +29,15 @@ import structlog
 
 from ipc.errors import DuomoError, ErrorCode
 from ipc.framing import FrameReader, ProtocolError, json_frame, notice_frame, parse_json, verify
-from ipc.wire import CHALLENGE_BYTES, NOTICE, FrameKind, frame
+from ipc.wire import CHALLENGE_BYTES, FRAME, NOTICE, FrameKind, frame
 from supervisor.attachment import Attachment
 
 log = structlog.get_logger("duomo.reactor")
 AUTH_TIMEOUT_S = 5.0
 SEND_TIMEOUT_S = 5.0
 _PEERCRED = struct.Struct("3i")
+NOTICE_FRAME_BYTES = FRAME.size + NOTICE.size
+NOTICE_PREFIX = FRAME.pack(NOTICE.size, FrameKind.NOTICE)
 
 
 class Connection:
@@ -188,6 +190,14 @@ class Reactor:
             data = b""
         if not data:
             self._drop(conn)
+            return
+        if (
+            len(data) == NOTICE_FRAME_BYTES
+            and data.startswith(NOTICE_PREFIX)
+            and conn.authenticated
+            and conn.reader.empty
+        ):
+            self._notice(conn, *NOTICE.unpack_from(data, FRAME.size))  # the hot path
             return
         try:
             for kind, payload in conn.reader.feed(data):

@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 
-from ipc.errors import ErrorCode
 from worker.request import Outcome
 
 STAGES = ("queue", "preprocess", "infer", "postprocess", "total")
@@ -25,18 +24,17 @@ class ModelStats:
         self._lock = threading.Lock()
         self._outcomes: Counter[str] = Counter()
         self._batches: Counter[int] = Counter()
-        self._latency = {stage: deque[float](maxlen=window) for stage in STAGES}
+        # one tuple per answered request (queue, preprocess, infer, postprocess, total seconds)
+        self._samples: deque[tuple[float, float, float, float, float]] = deque(maxlen=window)
 
     def record(self, outcome: Outcome, total_s: float) -> None:
         t = outcome.timings
         with self._lock:
             self._outcomes[outcome.code.name.lower()] += 1
-            if outcome.code is ErrorCode.OK:
-                self._latency["queue"].append(t.queue_s)
-                self._latency["preprocess"].append(t.preprocess_s)
-                self._latency["infer"].append(t.infer_s)
-                self._latency["postprocess"].append(t.postprocess_s)
-                self._latency["total"].append(total_s)
+            if outcome.error is None:
+                self._samples.append(
+                    (t.queue_s, t.preprocess_s, t.infer_s, t.postprocess_s, total_s)
+                )
 
     def record_batch(self, size: int) -> None:
         with self._lock:
@@ -47,13 +45,12 @@ class ModelStats:
         with self._lock:
             outcomes = dict(self._outcomes)
             batches = {str(k): v for k, v in sorted(self._batches.items())}
-            samples = {
-                stage: np.fromiter(d, dtype=np.float64) for stage, d in self._latency.items()
-            }
+            samples = np.array(self._samples, dtype=np.float64).reshape(-1, len(STAGES))
         latency: dict[str, dict[str, float]] = {}
-        for stage, values in samples.items():
-            if values.size:
-                p50, p90, p99 = (float(v) for v in np.percentile(values, [50, 90, 99]) * 1e3)
+        if len(samples):
+            table = np.percentile(samples, [50, 90, 99], axis=0) * 1e3
+            for i, stage in enumerate(STAGES):
+                p50, p90, p99 = (float(v) for v in table[:, i])
                 latency[stage] = {"p50_ms": p50, "p90_ms": p90, "p99_ms": p99}
         return {
             "requests": sum(outcomes.values()),
