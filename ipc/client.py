@@ -415,7 +415,7 @@ class Slot:
     def __init__(self, handle: ModelHandle, index: int) -> None:
         self.handle = handle
         self.index = index
-        self._event = threading.Event()
+        self._answered = False  # set under _lock by whoever reads the answer
         self._inputs: dict[str, TensorDesc] = {}
         self._seq = 0
         self._error: DuomoError | None = None
@@ -428,7 +428,7 @@ class Slot:
     def _reset(self) -> None:
         self._inputs = {}
         self._error = None
-        self._event.clear()
+        self._answered = False
         self.on_done = None
         self._release_when_done = False
 
@@ -489,7 +489,7 @@ class Slot:
         ).pack_into(self.handle.ring.header(self.index))
         self._deadline_s = time.monotonic() + timeout_s + NOTICE_GRACE_S if timeout_s else None
         with self._lock:
-            self._event.clear()
+            self._answered = False
             self._error = None
             self._in_flight = True
         try:
@@ -505,15 +505,18 @@ class Slot:
             if seq is not None and seq != self._seq:
                 return  # a stale notice for an earlier use of this slot
             was_in_flight = self._in_flight
+            self._answered = True
             self._error = error
             self._in_flight = False
             callback, self.on_done = self.on_done, None
             release = self._release_when_done and was_in_flight
-        self._event.set()
         if callback is not None:
             callback(self)
         elif release:
             self.handle._release(self.index)
+
+    def answered(self) -> bool:
+        return self._answered
 
     def wait(self, timeout_s: float | None = None, copy: bool = False) -> Any:
         """The result: a dict for structured tasks, ``{output: array}`` for raw models.
@@ -523,8 +526,8 @@ class Slot:
         if timeout_s is None and self._deadline_s is not None:
             timeout_s = max(0.0, self._deadline_s - time.monotonic())
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        self.handle.client.wait_until(self._event.is_set, deadline)
-        if not self._event.is_set():
+        self.handle.client.wait_until(self.answered, deadline)
+        if not self._answered:
             if self.handle.client._closed is not None:
                 raise UnavailableError(f"lost the supervisor: {self.handle.client._closed}")
             raise DeadlineExceededError(f"no answer from {self.handle.name!r} in time")

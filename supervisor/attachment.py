@@ -66,6 +66,10 @@ class Attachment:
         self.spec = model.slot_spec()
         self.layout = layout_for(self.spec, slots)
         self.ring = SlotRing.create(self.layout)
+        self._model: ServedModel | None = None
+        self._payload_from_slot: Callable[[dict[str, np.ndarray], memoryview], Any] = (
+            model.payload_builder()
+        )
         self._dtypes = [np.dtype(a.dtype) for a in self.layout.inputs]
         self._codes = [dtype_code(d) for d in self._dtypes]
         self._send_notice = send_notice
@@ -90,10 +94,13 @@ class Attachment:
                 raise InvalidArgumentError(f"slot {slot} is already in flight")
             self._in_flight[slot] = None
         try:
-            header = SlotHeader.unpack(bytes(self.ring.header(slot)))
+            # One read of the header into locals; nothing below looks at the slot's header again.
+            header = SlotHeader.unpack(self.ring.header(slot))
             views = self._validate(slot, header, seq)
             model = self._lookup()
-            payload = model.payload_from_slot(views, self.ring.output(slot))
+            if model is not self._model:  # first request, or a reload replaced the model
+                self._model, self._payload_from_slot = model, model.payload_builder()
+            payload = self._payload_from_slot(views, self.ring.output(slot))
             deadline = time.monotonic() + header.timeout_us / 1e6 if header.timeout_us else None
             request = model.submit(
                 payload,

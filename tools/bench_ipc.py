@@ -9,9 +9,10 @@ Run by whoever changes the data path, on an otherwise idle machine::
 Every path is a round trip to another process and back: Duomo through a supervisor serving a
 ``raw`` identity model (ONNX ``Identity``, uint8, dynamic size), the others through an echo
 process. Payloads: 1 KB, 150 KB (224×224×3), 1.2 MB (640×640×3), 6.2 MB (1920×1080×3). Modes
-are interleaved round by round so drift hits all of them alike. The Duomo producer uses the
-zero-copy slot API: it copies the payload into the slot (the one copy a producer that already
-holds the bytes cannot avoid) and reads the answer in place.
+are interleaved round by round so drift hits all of them alike. ``--cpus 0`` pins every process
+to one CPU, which shows how much of a round trip is cross-CPU wake-up latency. The Duomo
+producer uses the zero-copy slot API: it copies the payload into the slot (the one copy a
+producer that already holds the bytes cannot avoid) and reads the answer in place.
 """
 
 from __future__ import annotations
@@ -164,7 +165,14 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=1.5, help="per mode, size and round")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--cpus",
+        default=None,
+        help="pin everything (supervisor, echo processes, producer) to these CPUs, e.g. 0",
+    )
     args = parser.parse_args()
+    if args.cpus:  # children inherit the mask
+        os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
 
     work = Path(tempfile.mkdtemp(prefix="duomo-bench-"))
     identity_model(work / "identity.onnx")
@@ -224,6 +232,7 @@ def main() -> int:
         meta = {
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
+            "pinned_to": args.cpus,
         }  # fmt: skip
         args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     return 0

@@ -21,6 +21,7 @@ from ipc.errors import DuomoError, ErrorCode
 log = structlog.get_logger("duomo.request")
 
 _sequence = itertools.count()
+_COMPLETION_LOCK = threading.Lock()
 
 
 @dataclass
@@ -55,7 +56,7 @@ class Outcome:
         return ErrorCode.OK if self.error is None else self.error.code
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Request:
     """One unit of work for one model. ``deadline_s`` is on the ``time.monotonic`` clock."""
 
@@ -68,7 +69,6 @@ class Request:
     timings: StageTimings = field(default_factory=StageTimings)
     cancelled: bool = False  # set when nobody will read the answer (the client went away)
     _done: bool = field(default=False, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def expired(self, now_s: float) -> bool:
         return self.deadline_s is not None and now_s >= self.deadline_s
@@ -77,7 +77,7 @@ class Request:
         self, result: Any = None, error: DuomoError | None = None, batch_size: int = 0
     ) -> bool:
         """Deliver the outcome once; a second completion is ignored and returns False."""
-        with self._lock:
+        with _COMPLETION_LOCK:  # held for a flag test: one lock for all requests is enough
             if self._done:
                 return False
             self._done = True

@@ -163,8 +163,9 @@ class ServedModel:
         """How a request of this model is laid out in a shared-memory slot."""
         return self._any_executor().slot_spec()
 
-    def payload_from_slot(self, tensors: dict[str, np.ndarray], output: memoryview) -> Any:
-        return self._any_executor().payload_from_slot(tensors, output)
+    def payload_builder(self) -> Callable[[dict[str, np.ndarray], memoryview], Any]:
+        """The executor's ``payload_from_slot`` (pure; any instance's will do)."""
+        return self._any_executor().payload_from_slot
 
     def describe(self) -> dict[str, Any]:
         ready = next((w.executor for w in self.workers if w.executor is not None), None)

@@ -234,7 +234,7 @@ def submit_raw(slot: Slot, header: SlotHeader, notice_seq: int | None = None) ->
     seq = header.seq if notice_seq is None else notice_seq
     slot._seq = seq
     slot._in_flight = True
-    slot._event.clear()
+    slot._answered = False
     slot.handle.client._send(notice_frame(slot.handle.ring_id, slot.index, seq))
 
 
