@@ -1,5 +1,7 @@
 # The two commands that set everything up on a fresh machine (see README.md):
-#   make demo   - install, fetch and verify the demo models, run them on the fixture images
+#   make demo   - install, fetch and verify the demo models, start the supervisor on the demo
+#                 config, feed it frames from a producer in another process, show its status,
+#                 stop it
 #   make test   - install, fetch the models, lint, type-check and run the whole test suite
 # Everything lives in .venv; the models in models/ (both ignored by git).
 
@@ -8,6 +10,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 IMAGES := tests/fixtures/images
+SOCKET ?= /tmp/duomo-demo-$(shell id -u)/duomo.sock
 
 .PHONY: demo test models lint clean
 
@@ -22,9 +25,11 @@ models: $(STAMP)
 
 demo: models
 	$(BIN)/duomo check -c configs/default.yaml
-	$(BIN)/duomo infer -c configs/default.yaml classify $(IMAGES)/coffee.png $(IMAGES)/chelsea.png
-	$(BIN)/duomo infer -c configs/default.yaml face $(IMAGES)/astronaut.png
-	$(BIN)/duomo infer -c configs/default.yaml ocr $(IMAGES)/page.png
+	$(BIN)/duomo start -c configs/default.yaml --socket $(SOCKET)
+	$(BIN)/python tools/example_producer.py --socket $(SOCKET); status=$$?; \
+	$(BIN)/duomo infer --socket $(SOCKET) classify $(IMAGES)/chelsea.png; \
+	$(BIN)/duomo status --socket $(SOCKET); \
+	$(BIN)/duomo stop --socket $(SOCKET); exit $$status
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -441,9 +441,12 @@ class Slot:
         area = areas[index]
         dtype = np.dtype(area.dtype)
         shape = tuple(int(d) for d in shape)
+        gray = name == "image" and len(shape) == 2 and len(area.shape) == 3
+        if gray:  # a grayscale frame travels as H×W×1
+            shape = (*shape, 1)
         view = self.handle.ring.input_view(self.index, index, dtype, shape)
         self._inputs[name] = TensorDesc(dtype_code(dtype), shape)
-        return view
+        return view[:, :, 0] if gray else view
 
     def write(self, data: Any) -> None:
         """Copy an image (uint8 H×W×C or H×W) or a dict of arrays into the slot's inputs."""
@@ -451,8 +454,6 @@ class Slot:
         if isinstance(data, np.ndarray):
             if len(areas) != 1:
                 raise InvalidArgumentError(f"{self.handle.name!r} takes {len(areas)} inputs")
-            if areas[0].name == "image" and data.ndim == 2:
-                data = data[:, :, None]
             data = {areas[0].name: data}
         if not isinstance(data, dict):
             raise InvalidArgumentError("expected a numpy array or a dict of arrays")

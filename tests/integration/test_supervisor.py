@@ -371,3 +371,14 @@ def test_a_connection_without_the_key_is_refused(hostile_target: SupervisorProce
     assert "authentication failed" in payload.decode()
     sock.close()
     still_serving(hostile_target)
+
+
+def test_the_example_producer(supervisor: SupervisorProcess) -> None:
+    run = subprocess.run(
+        [sys.executable, "tools/example_producer.py", "--socket", str(supervisor.socket),
+         "--frames", "2"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "espresso" in run.stdout and "1 face(s)" in run.stdout
+    assert "first: 'Region-based segmentation'" in run.stdout
