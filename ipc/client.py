@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import logging
 import queue
 import select
 import socket
@@ -61,6 +62,7 @@ from ipc.wire import (
 )
 
 NOTICE_GRACE_S = 5.0  # how long past its own deadline a request waits for the supervisor
+log = logging.getLogger("duomo.client")
 
 
 class Client:
@@ -76,6 +78,7 @@ class Client:
         # reading the socket: one leader at a time; followers wait on the condition
         self._read_cond = threading.Condition()
         self._leading = False
+        self._leader: int | None = None  # thread id of the thread reading the socket
         self._async_pending = 0
         self._background: threading.Thread | None = None
         # errors the supervisor reported without a slot to attribute them to (protocol misuse)
@@ -201,12 +204,23 @@ class Client:
         sleeps until the reading thread dispatches something or steps down.
         """
         cond = self._read_cond
+        me = threading.get_ident()
+        if self._leader == me:
+            # A callback running on the reading thread waits for something else: it keeps
+            # reading itself (waiting for the leader would wait for itself).
+            while not done() and self._closed is None:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return
+                self._read_once(remaining)
+            return
         with cond:
             while not done():
                 if self._closed is not None:
                     return
                 if not self._leading:
                     self._leading = True
+                    self._leader = me
                     break
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
@@ -223,6 +237,7 @@ class Client:
         finally:
             with cond:
                 self._leading = False
+                self._leader = None
                 cond.notify_all()
 
     def _read_once(self, timeout_s: float | None) -> None:
@@ -245,6 +260,10 @@ class Client:
         except Exception as err:  # a protocol error: the connection cannot continue
             self._connection_lost(err)
             return
+        with self._read_cond:
+            self._read_cond.notify_all()
+
+    def _wake_waiters(self) -> None:
         with self._read_cond:
             self._read_cond.notify_all()
 
@@ -322,29 +341,33 @@ class ModelHandle:
         self.layout = ring.layout
         self._slots = [Slot(self, i) for i in range(self.layout.slots)]
         self._free = list(range(self.layout.slots))
-        self._free_cond = threading.Condition()
+        self._free_lock = threading.Lock()
         self._seq = itertools.count(1)
 
     def slot(self, timeout_s: float | None = None) -> Slot:
-        """A free slot (blocks until one is free); release it with ``with`` or ``release()``."""
+        """A free slot (blocks until one is free); release it with ``with`` or ``release()``.
+
+        While every slot is in flight the caller reads the socket like any waiter, so answers
+        that free a slot arrive even when nobody else is waiting.
+        """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        with self._free_cond:
-            while not self._free:
-                if self.client._closed is not None:
-                    raise UnavailableError("connection to the supervisor is closed")
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise DeadlineExceededError(f"no free slot for {self.name!r} in {timeout_s}s")
-                self._free_cond.wait(remaining if remaining is not None else 1.0)
-            index = self._free.pop()
-        slot = self._slots[index]
-        slot._reset()
-        return slot
+        client = self.client
+        while True:
+            with self._free_lock:
+                if self._free:
+                    slot = self._slots[self._free.pop()]
+                    slot._take()
+                    return slot
+            if client._closed is not None:
+                raise UnavailableError("connection to the supervisor is closed")
+            if deadline is not None and time.monotonic() >= deadline:
+                raise DeadlineExceededError(f"no free slot for {self.name!r} in {timeout_s}s")
+            client.wait_until(lambda: bool(self._free) or client._closed is not None, deadline)
 
     def _release(self, index: int) -> None:
-        with self._free_cond:
+        with self._free_lock:
             self._free.append(index)
-            self._free_cond.notify()
+        self.client._wake_waiters()
 
     def infer(self, data: Any, timeout_s: float | None = None, priority: int = 0) -> Any:
         """Run one request; the result dict (tensors are copied out of the slot)."""
@@ -381,10 +404,12 @@ class ModelHandle:
         return future
 
     def close(self) -> None:
+        """Detach; requests still in flight on this handle fail with UnavailableError."""
         with contextlib.suppress(DuomoError):
             self.client.request("detach", ring=self.ring_id)
         with self.client._lock:
             self.client._handles.pop(self.ring_id, None)
+        self._fail_all(UnavailableError(f"{self.name!r} was detached"))
         self.ring.close()
 
     def _on_notice(self, index: int, seq: int | None, error: DuomoError | None) -> None:
@@ -394,19 +419,23 @@ class ModelHandle:
     def _fail_all(self, error: DuomoError) -> None:
         for slot in self._slots:
             slot._done(None, error, force=True)
-        with self._free_cond:
-            self._free_cond.notify_all()
+        self.client._wake_waiters()
 
 
 def _resolve(future: Future[Any], slot: Slot) -> None:
+    """Complete an ``infer_async`` future from its answered slot (on the reading thread)."""
     try:
-        result = slot.wait(timeout_s=0, copy=True)
-    except BaseException as err:
-        future.set_exception(err)
+        result: Any = slot.wait(timeout_s=0, copy=True)
+        failed = False
+    except DuomoError as err:
+        result, failed = err, True
+    slot.release()  # before the callbacks run: one of them may want a slot of its own
+    if not future.set_running_or_notify_cancel():
+        return  # cancelled by the caller; nobody wants the answer
+    if failed:
+        future.set_exception(result)
     else:
         future.set_result(result)
-    finally:
-        slot.release()
 
 
 class Slot:
@@ -423,9 +452,11 @@ class Slot:
         self._release_when_done = False
         self._deadline_s: float | None = None
         self._lock = threading.Lock()  # in-flight state: the caller's thread vs the reader's
+        self._held = False
         self.on_done: Callable[[Slot], None] | None = None
 
-    def _reset(self) -> None:
+    def _take(self) -> None:
+        self._held = True
         self._inputs = {}
         self._error = None
         self._answered = False
@@ -506,13 +537,16 @@ class Slot:
             if seq is not None and seq != self._seq:
                 return  # a stale notice for an earlier use of this slot
             was_in_flight = self._in_flight
-            self._answered = True
             self._error = error
+            self._answered = True
             self._in_flight = False
             callback, self.on_done = self.on_done, None
             release = self._release_when_done and was_in_flight
         if callback is not None:
-            callback(self)
+            try:
+                callback(self)
+            except Exception:  # a user's callback must not break the connection for everyone
+                log.exception("slot callback failed")
         elif release:
             self.handle._release(self.index)
 
@@ -553,8 +587,11 @@ class Slot:
         return {n: (a.copy() if copy else a) for n, a in zip(names, arrays)}
 
     def release(self) -> None:
-        """Give the slot back; if still in flight it returns to the pool when answered."""
+        """Give the slot back (once); if still in flight it returns when answered."""
         with self._lock:
+            if not self._held:
+                return
+            self._held = False
             if self._in_flight:
                 self._release_when_done = True
                 return

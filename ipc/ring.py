@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import os
 import secrets
 import threading
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ from typing import Any
 import numpy as np
 
 from ipc.wire import ALIGN, DTYPES, HEADER_BYTES, MAX_RANK, TENSOR_RECORD, align, dtype_code
+
+RESERVE_OUTPUT_LIMIT = 8 << 20  # output areas up to this size are committed at attach
 
 
 @dataclass(frozen=True)
@@ -145,7 +148,27 @@ class SlotRing:
         shm = shared_memory.SharedMemory(
             name=name, create=True, size=layout.slots * layout.slot_bytes
         )
-        return cls(shm, layout)
+        ring = cls(shm, layout)
+        try:
+            ring._reserve()
+        except OSError:
+            ring.close()
+            raise
+        return ring
+
+    def _reserve(self) -> None:
+        """Commit the pages the supervisor writes (headers, and output areas up to a size).
+
+        A full /dev/shm then fails here, as an error for this attach, instead of killing the
+        supervisor with SIGBUS on its first write into a page the kernel cannot provide.
+        """
+        fd = self._shm._fd  # type: ignore[attr-defined]
+        layout = self.layout
+        for slot in range(layout.slots):
+            start = slot * self._slot_bytes
+            os.posix_fallocate(fd, start, HEADER_BYTES)
+            if layout.output_capacity <= RESERVE_OUTPUT_LIMIT:
+                os.posix_fallocate(fd, start + layout.output_offset, layout.output_capacity)
 
     @classmethod
     def attach(cls, name: str, layout: RingLayout) -> SlotRing:

@@ -12,6 +12,7 @@ dropped with its client); the segment is unmapped only when no request still rea
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import threading
@@ -22,7 +23,14 @@ from typing import Any
 import numpy as np
 import structlog
 
-from ipc.errors import DuomoError, ErrorCode, InvalidArgumentError, ResourceExhaustedError
+from ipc.errors import (
+    DuomoError,
+    ErrorCode,
+    InternalError,
+    InvalidArgumentError,
+    ResourceExhaustedError,
+    UnavailableError,
+)
 from ipc.ring import RingLayout, SlotRing, write_tensors
 from ipc.wire import (
     DTYPES,
@@ -99,6 +107,11 @@ class Attachment:
             views = self._validate(slot, header, seq)
             model = self._lookup()
             if model is not self._model:  # first request, or a reload replaced the model
+                if model.slot_spec() != self.spec:
+                    raise UnavailableError(
+                        f"model {self.model_name!r} was reloaded with another input/output "
+                        "layout; attach it again"
+                    )
                 self._model, self._payload_from_slot = model, model.payload_builder()
             payload = self._payload_from_slot(views, self.ring.output(slot))
             deadline = time.monotonic() + header.timeout_us / 1e6 if header.timeout_us else None
@@ -115,6 +128,9 @@ class Attachment:
             self._complete(slot, seq, Outcome(error=err))
         except ValueError as err:  # a header that cannot even be decoded
             self._complete(slot, seq, Outcome(error=InvalidArgumentError(str(err))))
+        except Exception:  # a bug here must still answer the slot, and never reach the reactor
+            log.exception("could not queue a slot", model=self.model_name, slot=slot)
+            self._complete(slot, seq, Outcome(error=InternalError("could not queue the request")))
 
     def _validate(self, slot: int, header: SlotHeader, seq: int) -> dict[str, np.ndarray]:
         if header.magic != MAGIC or header.version != PROTOCOL_VERSION:
@@ -161,18 +177,26 @@ class Attachment:
         return views
 
     def _complete(self, slot: int, seq: int, outcome: Outcome) -> None:
-        """Write the outcome into the slot and notify the client (any thread)."""
+        """Write the outcome into the slot and notify the client (any thread); every accepted
+        slot gets exactly one answer, an INTERNAL one if writing the real one failed."""
         with self._lock:
-            self._in_flight.pop(slot, None)
             closing = self._closing
-            finished = closing and not self._in_flight
-        if not closing:
+        if not closing:  # the slot is still in flight, so the ring stays mapped while we write
             try:
                 self._write(slot, seq, outcome)
-                self._send_notice(self.ring_id, slot, seq)
-                self.answered += 1
             except Exception:
-                log.exception("could not answer a slot", model=self.model_name, slot=slot)
+                log.exception("could not write a slot's answer", model=self.model_name, slot=slot)
+                with contextlib.suppress(Exception):
+                    message = b"internal error writing the result"
+                    self.ring.output(slot)[: len(message)] = message
+                    pack_done(self.ring.header(slot), seq, ErrorCode.INTERNAL, len(message), _ZERO)
+        with self._lock:
+            # forgotten before the notice: the client may resubmit the slot the moment it hears
+            self._in_flight.pop(slot, None)
+            finished = self._closing and not self._in_flight
+        if not closing:
+            self._send_notice(self.ring_id, slot, seq)
+            self.answered += 1
         if finished:
             self._unmap()
 
@@ -216,18 +240,22 @@ class Attachment:
             self._unmap()
 
     def _unmap(self) -> None:
-        self.ring.unlink()
         # Numpy views that a finished batch still references keep the mapping alive until they
-        # are collected; the name is already gone, so nothing can leak in /dev/shm.
-        self.closed = self.ring.close()
+        # are collected (then ``retry_unmap`` succeeds); the name is already gone, so nothing
+        # can leak in /dev/shm.
+        with self._lock:
+            if not self.closed:
+                self.closed = self.ring.close()
 
     def retry_unmap(self) -> bool:
         """Try again to unmap a closed attachment whose last views were still alive."""
         with self._lock:
-            idle = self._closing and not self._in_flight
-        if idle and not self.closed:
-            self.closed = self.ring.close()
-        return self.closed
+            if self._closing and not self._in_flight and not self.closed:
+                self.closed = self.ring.close()
+            return self.closed
+
+
+_ZERO = (0, 0, 0, 0)
 
 
 def _us(seconds: float) -> int:

@@ -206,7 +206,7 @@ class Engine:
     def status(self) -> dict[str, Any]:
         return {
             "thread_budget": self.plan.budget,
-            "models": {name: m.status() for name, m in self.models.items()},
+            "models": {name: m.status() for name, m in list(self.models.items())},
         }
 
     def close(self) -> None:

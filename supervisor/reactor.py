@@ -34,7 +34,6 @@ from supervisor.attachment import Attachment
 
 log = structlog.get_logger("duomo.reactor")
 AUTH_TIMEOUT_S = 5.0
-SEND_TIMEOUT_S = 5.0
 _PEERCRED = struct.Struct("3i")
 NOTICE_FRAME_BYTES = FRAME.size + NOTICE.size
 NOTICE_PREFIX = FRAME.pack(NOTICE.size, FrameKind.NOTICE)
@@ -54,16 +53,33 @@ class Connection:
         self.closed = False
         self._send_lock = threading.Lock()
         self.pid = _peer_pid(sock)
+        self._ring_ids = itertools.count(1)
+
+    def next_ring_id(self) -> int:
+        """Ring ids are per connection: 16 bits on the wire, never reused while attached."""
+        while True:
+            ring = next(self._ring_ids) & 0xFFFF
+            if ring and ring not in self.attachments:
+                return ring
 
     def send(self, data: bytes) -> None:
-        """Write a whole frame (any thread); a broken peer is left for the reactor to drop."""
+        """Write a whole frame without ever blocking (any thread).
+
+        A well-behaved client has little unread at any time (answers are bounded by its slots
+        and requests in flight); one whose socket buffer is full is not reading and is
+        disconnected, so no thread of the supervisor ever waits on a client.
+        """
         with self._send_lock:
             if self.closed:
                 return
+            view = memoryview(data)
             try:
-                self.sock.sendall(data)
-            except OSError:
+                while view:
+                    view = view[self.sock.send(view, socket.MSG_DONTWAIT) :]
+            except OSError:  # BlockingIOError included: the peer does not read
                 self.closed = True
+                with contextlib.suppress(OSError):
+                    self.sock.shutdown(socket.SHUT_RDWR)  # the reactor sees EOF and drops it
 
     def send_notice(self, ring: int, slot: int, seq: int) -> None:
         self.send(notice_frame(ring, slot, seq))
@@ -174,8 +190,7 @@ class Reactor:
             sock, _ = self._listener.accept()
         except (BlockingIOError, InterruptedError):
             return
-        sock.setblocking(True)
-        sock.settimeout(SEND_TIMEOUT_S)
+        sock.setblocking(False)  # the reactor reads only when select says so; sends never wait
         conn = Connection(sock, next(self._ids))
         self._connections[conn.id] = conn
         self._selector.register(sock, selectors.EVENT_READ, conn)

@@ -20,7 +20,6 @@ model instance (×N)   batches; writes results into slots and sends "slot done"
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import socket
 import threading
@@ -31,7 +30,7 @@ from typing import Any
 import psutil
 import structlog
 
-from ipc.errors import DuomoError, InvalidArgumentError, NotFoundError
+from ipc.errors import DuomoError, InvalidArgumentError, NotFoundError, ResourceExhaustedError
 from ipc.runtime_dir import ensure_private_dir, key_path, pid_path, write_key
 from supervisor.attachment import Attachment
 from supervisor.config import ConfigError, LoadedConfig, load_config
@@ -40,6 +39,7 @@ from supervisor.reactor import Connection, Reactor
 
 log = structlog.get_logger("duomo.supervisor")
 MAX_SLOTS = 64
+MAX_RINGS_PER_CLIENT = 64
 
 
 class Supervisor:
@@ -51,7 +51,7 @@ class Supervisor:
         self._wake = threading.Event()
         self._stop_requested = False
         self._reload_requested = False
-        self._ring_ids = itertools.count(1)
+        self._created: dict[Path, int] = {}
         self._started_s = time.time()
 
     def start(self) -> None:
@@ -59,6 +59,7 @@ class Supervisor:
         ensure_private_dir(path.parent)
         _refuse_live_supervisor(path)
         key = write_key(path)
+        self._own(key_path(path))
         self.engine.start()
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         with contextlib.suppress(FileNotFoundError):
@@ -69,10 +70,12 @@ class Supervisor:
         finally:
             os.umask(old_umask)
         os.chmod(path, 0o600)
+        self._own(path)
         listener.listen(128)
         self.reactor = Reactor(listener, key, self.handle)
         self.reactor.start()
         pid_path(path).write_text(f"{os.getpid()}\n")
+        self._own(pid_path(path))
         log.info("supervisor ready", socket=str(path), models=list(self.engine.models))
 
     def serve_forever(self) -> None:
@@ -116,10 +119,16 @@ class Supervisor:
         self.engine.close()
         if self.reactor is not None:
             self.reactor.stop()
-        for path in (self.socket_path, key_path(self.socket_path), pid_path(self.socket_path)):
+        for path, inode in self._created.items():
+            # Only what this process made: a supervisor started meanwhile on the same path (or
+            # refused because this one was running) keeps its files.
             with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+                if path.lstat().st_ino == inode:
+                    path.unlink()
         log.info("supervisor stopped")
+
+    def _own(self, path: Path) -> None:
+        self._created[path] = path.lstat().st_ino
 
     # -- control messages (reactor thread) ---------------------------------------------------
 
@@ -127,7 +136,8 @@ class Supervisor:
         op = message.get("op")
         try:
             if op == "models":
-                return {"ok": True, "models": [self._model_info(n) for n in self.engine.models]}
+                names = list(self.engine.models)
+                return {"ok": True, "models": [self._model_info(n) for n in names]}
             if op == "attach":
                 return self._attach(conn, message)
             if op == "mapped":
@@ -173,9 +183,18 @@ class Supervisor:
             raise InvalidArgumentError("'model' must be a string")
         if not isinstance(slots, int) or not 1 <= slots <= MAX_SLOTS:
             raise InvalidArgumentError(f"'slots' must be an integer in 1..{MAX_SLOTS}")
+        if len(conn.attachments) >= MAX_RINGS_PER_CLIENT:
+            raise ResourceExhaustedError(
+                f"a client may attach at most {MAX_RINGS_PER_CLIENT} rings; close some first"
+            )
         self.engine.model(name)  # NotFoundError for an unknown model
-        ring_id = next(self._ring_ids) & 0xFFFF
-        attachment = Attachment(ring_id, lambda: self.engine.model(name), slots, conn.send_notice)
+        ring_id = conn.next_ring_id()
+        try:
+            attachment = Attachment(
+                ring_id, lambda: self.engine.model(name), slots, conn.send_notice
+            )
+        except OSError as err:  # out of shared memory or file descriptors
+            raise ResourceExhaustedError(f"cannot create a ring for {name!r}: {err}") from None
         conn.attachments[ring_id] = attachment
         return {
             "ok": True,

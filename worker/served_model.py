@@ -184,6 +184,7 @@ class ServedModel:
         return {
             "state": self.state.value,
             "instances": self.spec.instances,
+            "max_batch": self.spec.max_batch,
             "intra_op_threads": self.spec.intra_op_threads,
             "queue_depth": depth,
             "in_flight": max(0, self.pending - depth),

@@ -103,6 +103,8 @@ def test_eight_producers_on_three_models(supervisor: SupervisorProcess) -> None:
 
 def test_sigkill_a_producer_mid_request(supervisor: SupervisorProcess) -> None:
     no_rings = lambda: all(not c["rings"] for c in status(supervisor)["clients"])  # type: ignore[attr-defined]  # noqa: E731
+    with Client(supervisor.socket) as warm:  # the first ring opens fds that stay (tracker pipe)
+        warm.model("classify").close()
     poll(no_rings)
     fds_before, segments_before = fds_when_alone(supervisor), our_segments()
     victim = producer(supervisor, "ocr", count=1000, seconds=120, slots=2)
@@ -382,3 +384,99 @@ def test_the_example_producer(supervisor: SupervisorProcess) -> None:
     assert run.returncode == 0, run.stderr
     assert "espresso" in run.stdout and "1 face(s)" in run.stdout
     assert "first: 'Region-based segmentation'" in run.stdout
+
+
+# -- client behaviour around callbacks, cancellation and slots ---------------------------------
+
+
+def test_a_cancelled_future_does_not_break_the_client(hostile_target: SupervisorProcess) -> None:
+    with Client(hostile_target.socket) as client:
+        affine = client.model("affine", slots=2)
+        x = np.ones((1, 4), dtype=np.float32)
+        doomed = affine.infer_async(x)
+        doomed.cancel()
+        assert affine.infer(x)["y"][0, 0] == 3.0  # still connected, answers still arrive
+        assert client.connected
+
+
+def test_a_callback_may_call_the_client_again(hostile_target: SupervisorProcess) -> None:
+    with Client(hostile_target.socket) as client:
+        affine = client.model("affine", slots=1)  # one slot: the callback needs it back
+        chained: list[float] = []
+        first = affine.infer_async(np.ones((1, 4), dtype=np.float32))
+        first.add_done_callback(lambda f: chained.append(affine.infer(f.result()["y"])["y"][0, 0]))
+        assert first.result(30)["y"][0, 0] == 3.0
+        client.wait_until(lambda: bool(chained), time.monotonic() + 30)
+        assert chained == [7.0]  # 2 * 3 + 1, computed inside the callback
+
+
+def test_slots_given_up_early_come_back(hostile_target: SupervisorProcess) -> None:
+    from ipc.errors import DeadlineExceededError
+
+    with Client(hostile_target.socket) as client:
+        classify = client.model("classify", slots=2)
+        from supervisor.image_files import read_image
+
+        frame = read_image(IMAGES / "coffee.png")
+        for _ in range(4):  # a frame-dropping producer: wait briefly, give up, move on
+            slot = classify.slot(timeout_s=30)
+            slot.write(frame)
+            slot.submit(timeout_s=30)
+            with pytest.raises(DeadlineExceededError):
+                slot.wait(timeout_s=0.0001)
+            slot.release()
+        # the answers arrive later and free the slots for whoever asks next
+        assert classify.infer(frame, timeout_s=30)["top"][0]["label"] == "espresso"
+
+
+def test_a_client_that_does_not_read_is_dropped_without_stalling_others(
+    hostile_target: SupervisorProcess,
+) -> None:
+    greedy = Client(hostile_target.socket)
+    request = json_frame({"id": 1, "op": "models"})
+    for _ in range(3000):  # pipelined, never reading the replies
+        try:
+            greedy._send(request)
+        except UnavailableError:
+            break
+    started = time.monotonic()
+    with Client(hostile_target.socket) as polite:
+        for _ in range(20):
+            polite.request("ping")
+    assert time.monotonic() - started < 5.0
+    greedy.wait_until(lambda: not greedy.connected, time.monotonic() + 30)
+    assert not greedy.connected
+    greedy.close()
+    still_serving(hostile_target)
+
+
+def test_a_second_start_on_a_live_socket_leaves_the_first_alone(
+    hostile_target: SupervisorProcess,
+) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "supervisor.cli", "start",
+         "-c", str(ROOT / "configs" / "default.yaml"), "--socket", str(hostile_target.socket)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode != 0 and "already serving" in run.stderr
+    assert hostile_target.socket.exists()
+    assert hostile_target.socket.with_name("duomo.sock.key").exists()
+    still_serving(hostile_target)
+
+
+def test_reload_that_changes_a_layout_asks_clients_to_attach_again(
+    tmp_path: Path, demo_config: object
+) -> None:
+    affine_model(tmp_path / "affine.onnx")
+    raw = {"name": "affine", "task": "raw", "file": str(tmp_path / "affine.onnx"), "max_batch": 4}
+    config = write_config(tmp_path, ["classify"], extra=[raw])
+    with running_supervisor(config) as sup, Client(sup.socket) as client:
+        before = client.model("affine")
+        x = np.ones((1, 4), dtype=np.float32)
+        assert before.infer(x)["y"][0, 0] == 3.0
+        write_config(tmp_path, ["classify"], extra=[{**raw, "max_batch": 2}])
+        sup.process.send_signal(signal.SIGHUP)
+        poll(lambda: status(sup)["models"]["affine"]["max_batch"] == 2)  # type: ignore[index]
+        with pytest.raises(UnavailableError, match="attach it again"):
+            before.infer(x)
+        assert client.model("affine").infer(x)["y"][0, 0] == 3.0  # a fresh attach works

@@ -27,7 +27,7 @@ from worker.config_model import StrictModel
 
 MAX_IMAGE_SIDE = 16384
 IMAGE_SLOT_BYTES = 3840 * 2160 * 4  # a 4K RGBA frame; shared memory is committed only when written
-JSON_RESULT_BYTES = 4 << 20
+JSON_RESULT_BYTES = 1 << 20  # a dense OCR page is ~100 KB of JSON
 
 
 @dataclass(frozen=True)

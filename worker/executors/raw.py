@@ -94,7 +94,17 @@ class RawExecutor(Executor):
         specs = self.session.inputs
         output = None
         if isinstance(payload, SlotTensors):
-            payload, output = payload.tensors, payload.output
+            # The supervisor already checked every input against this model's slot layout
+            # (names, dtypes, ranks, fixed dimensions, rows ≤ max_batch); what is left is that
+            # the inputs agree on their rows.
+            if not self.batchable:
+                return RawInput(payload.tensors, 1, payload.output)
+            slot_rows = {array.shape[0] for array in payload.tensors.values()}
+            if len(slot_rows) != 1:
+                raise InvalidArgumentError(
+                    f"inputs disagree on the batch dimension: {sorted(slot_rows)}"
+                )
+            return RawInput(payload.tensors, slot_rows.pop(), payload.output)
         if isinstance(payload, np.ndarray):
             if len(specs) != 1:
                 raise InvalidArgumentError(

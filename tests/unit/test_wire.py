@@ -1,0 +1,79 @@
+"""The wire format: slot headers, frames and tensor records round-trip; limits hold."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ipc.framing import FrameReader, ProtocolError, json_frame, notice_frame
+from ipc.ring import place_tensors, read_tensors, write_tensors
+from ipc.wire import (
+    FRAME,
+    HEADER_BYTES,
+    MAX_JSON_BYTES,
+    FrameKind,
+    SlotHeader,
+    SlotState,
+    TensorDesc,
+    frame,
+    pack_done,
+    unpack_done,
+)
+
+
+def test_slot_header_round_trip() -> None:
+    buffer = bytearray(HEADER_BYTES)
+    header = SlotHeader(
+        seq=7, state=SlotState.SUBMITTED, priority=-3, timeout_us=1500,
+        inputs=[TensorDesc(0, (480, 640, 3)), TensorDesc(7, (2, 5))],
+    )  # fmt: skip
+    header.pack_into(memoryview(buffer))
+    back = SlotHeader.unpack(memoryview(buffer))
+    assert (back.seq, back.state, back.priority, back.timeout_us) == (7, 1, -3, 1500)
+    assert [(d.dtype, d.shape) for d in back.inputs] == [(0, (480, 640, 3)), (7, (2, 5))]
+    pack_done(memoryview(buffer), 7, 4, 123, (1, 2, 3, 4))
+    assert unpack_done(memoryview(buffer)) == (7, SlotState.DONE, 4, 123, (1, 2, 3, 4))
+
+
+def test_header_that_lies_about_counts_is_rejected() -> None:
+    buffer = bytearray(HEADER_BYTES)
+    SlotHeader(inputs=[TensorDesc(0, (1,))]).pack_into(memoryview(buffer))
+    buffer[16] = 200  # the input count
+    with pytest.raises(ValueError, match="inputs"):
+        SlotHeader.unpack(memoryview(buffer))
+
+
+def test_frames_split_anywhere_are_reassembled() -> None:
+    stream = json_frame({"op": "ping", "id": 1}) + notice_frame(3, 4, 5) + json_frame({"x": 2})
+    reader = FrameReader()
+    frames = [f for i in range(len(stream)) for f in reader.feed(stream[i : i + 1])]
+    assert [k for k, _ in frames] == [FrameKind.JSON, FrameKind.NOTICE, FrameKind.JSON]
+    assert reader.empty
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        FRAME.pack(MAX_JSON_BYTES + 1, FrameKind.JSON),
+        FRAME.pack(4, 99),
+        frame(FrameKind.NOTICE, b"\x00" * 7),
+        frame(FrameKind.RESPONSE, b"\x00" * 5),
+    ],
+)
+def test_frames_of_the_wrong_size_or_kind_are_protocol_errors(bad: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        list(FrameReader().feed(bad + b"\x00" * 8))
+
+
+def test_tensor_records_round_trip_and_refuse_to_overflow() -> None:
+    area = memoryview(bytearray(4096))
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    b = np.array([[1, 2]], dtype=np.int64)
+    used = write_tensors(area, [a, b])
+    got = read_tensors(area, 2, used)
+    np.testing.assert_array_equal(got[0], a)
+    np.testing.assert_array_equal(got[1], b)
+    with pytest.raises(ValueError, match="output bytes"):
+        place_tensors(area, [(np.dtype(np.float64), (100, 100))])
+    with pytest.raises(ValueError, match="past the result"):
+        read_tensors(area, 2, used - 1)
