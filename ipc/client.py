@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
-import logging
 import queue
 import select
 import socket
@@ -34,35 +32,26 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from types import TracebackType
 from typing import Any
-
-import numpy as np
 
 from ipc.errors import (
     DeadlineExceededError,
     DuomoError,
     ErrorCode,
-    InvalidArgumentError,
     UnavailableError,
     error_for,
 )
-from ipc.framing import FrameReader, answer, json_frame, notice_frame, parse_json, recv_frame
-from ipc.ring import RingLayout, SlotRing, read_tensors
+from ipc.framing import FrameReader, answer, json_frame, parse_json, recv_frame
+from ipc.ring import RingLayout, SlotRing
 from ipc.runtime_dir import default_socket_path, read_key
+from ipc.slots import ModelHandle, Slot
 from ipc.wire import (
     NOTICE,
     FrameKind,
-    SlotHeader,
-    SlotState,
-    TensorDesc,
-    dtype_code,
     frame,
-    unpack_done,
 )
 
-NOTICE_GRACE_S = 5.0  # how long past its own deadline a request waits for the supervisor
-log = logging.getLogger("duomo.client")
+__all__ = ["Client", "ModelHandle", "Slot"]
 
 
 class Client:
@@ -328,282 +317,3 @@ class Client:
                 handle._on_notice(slot, None, err)
             else:
                 self.events.put(err)
-
-
-class ModelHandle:
-    """One attached model: a ring of slots in shared memory."""
-
-    def __init__(self, client: Client, name: str, ring_id: int, ring: SlotRing) -> None:
-        self.client = client
-        self.name = name
-        self.ring_id = ring_id
-        self.ring = ring
-        self.layout = ring.layout
-        self._slots = [Slot(self, i) for i in range(self.layout.slots)]
-        self._free = list(range(self.layout.slots))
-        self._free_lock = threading.Lock()
-        self._seq = itertools.count(1)
-
-    def slot(self, timeout_s: float | None = None) -> Slot:
-        """A free slot (blocks until one is free); release it with ``with`` or ``release()``.
-
-        While every slot is in flight the caller reads the socket like any waiter, so answers
-        that free a slot arrive even when nobody else is waiting.
-        """
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        client = self.client
-        while True:
-            with self._free_lock:
-                if self._free:
-                    slot = self._slots[self._free.pop()]
-                    slot._take()
-                    return slot
-            if client._closed is not None:
-                raise UnavailableError("connection to the supervisor is closed")
-            if deadline is not None and time.monotonic() >= deadline:
-                raise DeadlineExceededError(f"no free slot for {self.name!r} in {timeout_s}s")
-            client.wait_until(lambda: bool(self._free) or client._closed is not None, deadline)
-
-    def _release(self, index: int) -> None:
-        with self._free_lock:
-            self._free.append(index)
-        self.client._wake_waiters()
-
-    def infer(self, data: Any, timeout_s: float | None = None, priority: int = 0) -> Any:
-        """Run one request; the result dict (tensors are copied out of the slot)."""
-        with self.slot() as slot:
-            slot.write(data)
-            slot.submit(timeout_s=timeout_s, priority=priority)
-            return slot.wait(copy=True)
-
-    def infer_async(
-        self, data: Any, timeout_s: float | None = None, priority: int = 0
-    ) -> Future[Any]:
-        """Like ``infer`` but returns at once; waits for a free slot if all are in flight."""
-        future: Future[Any] = Future()
-        slot = self.slot()
-        client = self.client
-        try:
-            slot.write(data)
-
-            def done(s: Slot) -> None:
-                client._async_finished()
-                _resolve(future, s)
-
-            slot.on_done = done
-            client._async_started()
-            try:
-                slot.submit(timeout_s=timeout_s, priority=priority)
-            except BaseException:
-                slot.on_done = None
-                client._async_finished()
-                raise
-        except BaseException:
-            slot.release()
-            raise
-        return future
-
-    def close(self) -> None:
-        """Detach; requests still in flight on this handle fail with UnavailableError."""
-        with contextlib.suppress(DuomoError):
-            self.client.request("detach", ring=self.ring_id)
-        with self.client._lock:
-            self.client._handles.pop(self.ring_id, None)
-        self._fail_all(UnavailableError(f"{self.name!r} was detached"))
-        self.ring.close()
-
-    def _on_notice(self, index: int, seq: int | None, error: DuomoError | None) -> None:
-        if 0 <= index < len(self._slots):
-            self._slots[index]._done(seq, error)
-
-    def _fail_all(self, error: DuomoError) -> None:
-        for slot in self._slots:
-            slot._done(None, error, force=True)
-        self.client._wake_waiters()
-
-
-def _resolve(future: Future[Any], slot: Slot) -> None:
-    """Complete an ``infer_async`` future from its answered slot (on the reading thread)."""
-    try:
-        result: Any = slot.wait(timeout_s=0, copy=True)
-        failed = False
-    except DuomoError as err:
-        result, failed = err, True
-    slot.release()  # before the callbacks run: one of them may want a slot of its own
-    if not future.set_running_or_notify_cancel():
-        return  # cancelled by the caller; nobody wants the answer
-    if failed:
-        future.set_exception(result)
-    else:
-        future.set_result(result)
-
-
-class Slot:
-    """One request slot: write inputs in place, submit, wait, read the result in place."""
-
-    def __init__(self, handle: ModelHandle, index: int) -> None:
-        self.handle = handle
-        self.index = index
-        self._answered = False  # set under _lock by whoever reads the answer
-        self._inputs: dict[str, TensorDesc] = {}
-        self._seq = 0
-        self._error: DuomoError | None = None
-        self._in_flight = False
-        self._release_when_done = False
-        self._deadline_s: float | None = None
-        self._lock = threading.Lock()  # in-flight state: the caller's thread vs the reader's
-        self._held = False
-        self.on_done: Callable[[Slot], None] | None = None
-
-    def _take(self) -> None:
-        self._held = True
-        self._inputs = {}
-        self._error = None
-        self._answered = False
-        self.on_done = None
-        self._release_when_done = False
-
-    def input(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
-        """A writable view of input ``name`` at ``shape``, inside the shared-memory slot."""
-        areas = self.handle.layout.inputs
-        index = next((i for i, a in enumerate(areas) if a.name == name), None)
-        if index is None:
-            raise InvalidArgumentError(f"{self.handle.name!r} has no input {name!r}")
-        area = areas[index]
-        dtype = np.dtype(area.dtype)
-        shape = tuple(int(d) for d in shape)
-        gray = name == "image" and len(shape) == 2 and len(area.shape) == 3
-        if gray:  # a grayscale frame travels as H×W×1
-            shape = (*shape, 1)
-        view = self.handle.ring.input_view(self.index, index, dtype, shape)
-        self._inputs[name] = TensorDesc(dtype_code(dtype), shape)
-        return view[:, :, 0] if gray else view
-
-    def write(self, data: Any) -> None:
-        """Copy an image (uint8 H×W×C or H×W) or a dict of arrays into the slot's inputs."""
-        areas = self.handle.layout.inputs
-        if isinstance(data, np.ndarray):
-            if len(areas) != 1:
-                raise InvalidArgumentError(f"{self.handle.name!r} takes {len(areas)} inputs")
-            data = {areas[0].name: data}
-        if not isinstance(data, dict):
-            raise InvalidArgumentError("expected a numpy array or a dict of arrays")
-        for name, array in data.items():
-            array = np.asarray(array)
-            area = next((a for a in areas if a.name == name), None)
-            if area is None:
-                raise InvalidArgumentError(f"{self.handle.name!r} has no input {name!r}")
-            if array.dtype != np.dtype(area.dtype):
-                raise InvalidArgumentError(
-                    f"input {name!r} must be {area.dtype}, got {array.dtype}"
-                )
-            if array.nbytes > area.capacity:
-                raise InvalidArgumentError(
-                    f"input {name!r} of {array.nbytes} bytes exceeds the slot's {area.capacity}"
-                )
-            self.input(name, array.shape)[...] = array
-
-    def submit(self, timeout_s: float | None = None, priority: int = 0) -> None:
-        """Hand the slot to the supervisor ("slot ready")."""
-        if self._in_flight:
-            raise InvalidArgumentError("slot already submitted")
-        descs = [self._inputs[a.name] for a in self.handle.layout.inputs if a.name in self._inputs]
-        if len(descs) != len(self.handle.layout.inputs):
-            missing = [a.name for a in self.handle.layout.inputs if a.name not in self._inputs]
-            raise InvalidArgumentError(f"inputs not written: {missing}")
-        self._seq = next(self.handle._seq) & 0xFFFFFFFF
-        SlotHeader(
-            seq=self._seq,
-            state=SlotState.SUBMITTED,
-            priority=priority,
-            timeout_us=int(timeout_s * 1e6) if timeout_s else 0,
-            inputs=descs,
-        ).pack_into(self.handle.ring.header(self.index))
-        self._deadline_s = time.monotonic() + timeout_s + NOTICE_GRACE_S if timeout_s else None
-        with self._lock:
-            self._answered = False
-            self._error = None
-            self._in_flight = True
-        try:
-            self.handle.client._send(notice_frame(self.handle.ring_id, self.index, self._seq))
-        except BaseException:
-            self._in_flight = False
-            raise
-
-    def _done(self, seq: int | None, error: DuomoError | None, force: bool = False) -> None:
-        with self._lock:
-            if not self._in_flight and not force:
-                return
-            if seq is not None and seq != self._seq:
-                return  # a stale notice for an earlier use of this slot
-            was_in_flight = self._in_flight
-            self._error = error
-            self._answered = True
-            self._in_flight = False
-            callback, self.on_done = self.on_done, None
-            release = self._release_when_done and was_in_flight
-        if callback is not None:
-            try:
-                callback(self)
-            except Exception:  # a user's callback must not break the connection for everyone
-                log.exception("slot callback failed")
-        elif release:
-            self.handle._release(self.index)
-
-    def answered(self) -> bool:
-        return self._answered
-
-    def wait(self, timeout_s: float | None = None, copy: bool = False) -> Any:
-        """The result: a dict for structured tasks, ``{output: array}`` for raw models.
-
-        Raw arrays are views into the slot, valid until it is released, unless ``copy``.
-        """
-        if timeout_s is None and self._deadline_s is not None:
-            timeout_s = max(0.0, self._deadline_s - time.monotonic())
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        self.handle.client.wait_until(self.answered, deadline)
-        if not self._answered:
-            if self.handle.client._closed is not None:
-                raise UnavailableError(f"lost the supervisor: {self.handle.client._closed}")
-            raise DeadlineExceededError(f"no answer from {self.handle.name!r} in time")
-        if self._error is not None:
-            raise self._error
-        seq, state, status, result_len, timings = unpack_done(self.handle.ring.header(self.index))
-        area = self.handle.ring.output(self.index)
-        if seq != self._seq or state != SlotState.DONE:
-            raise UnavailableError("the slot was not answered (stale or corrupt header)")
-        used = min(result_len, len(area))
-        if status != ErrorCode.OK:
-            message = bytes(area[:used]).decode("utf-8", "replace")
-            area.release()  # a traceback kept by the caller must not pin the mapping
-            raise error_for(status, message)
-        self.timings_us = dict(zip(("queue", "preprocess", "infer", "postprocess"), timings))
-        if self.handle.layout.result == "json":
-            blob = bytes(area[:used])
-            area.release()
-            return json.loads(blob)
-        names = self.handle.layout.outputs
-        arrays = read_tensors(area, len(names), used)
-        return {n: (a.copy() if copy else a) for n, a in zip(names, arrays)}
-
-    def release(self) -> None:
-        """Give the slot back (once); if still in flight it returns when answered."""
-        with self._lock:
-            if not self._held:
-                return
-            self._held = False
-            if self._in_flight:
-                self._release_when_done = True
-                return
-        self.handle._release(self.index)
-
-    def __enter__(self) -> Slot:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.release()
