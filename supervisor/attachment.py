@@ -115,15 +115,13 @@ class Attachment:
                 self._model, self._payload_from_slot = model, model.payload_builder()
             payload = self._payload_from_slot(views, self.ring.output(slot))
             deadline = time.monotonic() + header.timeout_us / 1e6 if header.timeout_us else None
-            request = model.submit(
+            model.submit(
                 payload,
                 lambda outcome: self._complete(slot, seq, outcome),
                 priority=header.priority,
                 deadline_s=deadline,
+                accepted=lambda request: self._track(slot, request),
             )
-            with self._lock:
-                if slot in self._in_flight and self._in_flight[slot] is None:
-                    self._in_flight[slot] = request  # still unanswered: cancellable from now on
         except DuomoError as err:
             self._complete(slot, seq, Outcome(error=err))
         except ValueError as err:  # a header that cannot even be decoded
@@ -131,6 +129,12 @@ class Attachment:
         except Exception:  # a bug here must still answer the slot, and never reach the reactor
             log.exception("could not queue a slot", model=self.model_name, slot=slot)
             self._complete(slot, seq, Outcome(error=InternalError("could not queue the request")))
+
+    def _track(self, slot: int, request: Request) -> None:
+        """The slot's request, cancellable from now on (set before a worker can answer it)."""
+        with self._lock:
+            if slot in self._in_flight:
+                self._in_flight[slot] = request
 
     def _validate(self, slot: int, header: SlotHeader, seq: int) -> dict[str, np.ndarray]:
         if header.magic != MAGIC or header.version != PROTOCOL_VERSION:

@@ -34,6 +34,7 @@ from supervisor.attachment import Attachment
 
 log = structlog.get_logger("duomo.reactor")
 AUTH_TIMEOUT_S = 5.0
+HOUSEKEEPING_S = 0.1  # auth deadlines and unmap retries are checked this often
 _PEERCRED = struct.Struct("3i")
 NOTICE_FRAME_BYTES = FRAME.size + NOTICE.size
 NOTICE_PREFIX = FRAME.pack(NOTICE.size, FrameKind.NOTICE)
@@ -112,6 +113,7 @@ class Reactor:
         self._thread: threading.Thread | None = None
         self._running = False
         self._stop_accepting = False
+        self._next_housekeeping = 0.0
 
     @property
     def connections(self) -> list[Connection]:
@@ -179,10 +181,13 @@ class Reactor:
                     log.exception("reactor error")
                     if isinstance(key.data, Connection):
                         self._drop(key.data)
-            try:
-                self._housekeeping()
-            except Exception:
-                log.exception("reactor housekeeping error")
+            now = time.monotonic()
+            if now >= self._next_housekeeping:  # off the per-notice path
+                self._next_housekeeping = now + HOUSEKEEPING_S
+                try:
+                    self._housekeeping()
+                except Exception:
+                    log.exception("reactor housekeeping error")
 
     def _accept(self) -> None:
         assert self._listener is not None

@@ -115,7 +115,12 @@ class ModelWorker:
             request.timings.preprocess_s = time.perf_counter() - start
         if not live:
             return
-        self._on_batch(len(live))
+        try:
+            self._execute(executor, live, prepared)
+        finally:
+            self._on_batch(len(live))  # after the answers went out: off their path
+
+    def _execute(self, executor: Executor, live: list[Request], prepared: list[Any]) -> None:
         timer = StageTimer()
         try:
             results = executor.execute(prepared, timer)

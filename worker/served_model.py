@@ -104,17 +104,21 @@ class ServedModel:
         on_done: Callable[[Outcome], None],
         priority: int | None = None,
         deadline_s: float | None = None,
+        accepted: Callable[[Request], None] | None = None,
     ) -> Request:
-        """Queue one request; raises at once if the model is not ready or its queue is full."""
+        """Queue one request; raises at once if the model is not ready or its queue is full.
+
+        ``accepted`` sees the request before it is queued (a worker may answer it at once).
+        """
         if self.state is not ModelState.READY:
             raise UnavailableError(f"model {self.spec.name!r} is {self.state.value.lower()}")
         start = time.monotonic()
 
         def done(outcome: Outcome) -> None:
+            on_done(outcome)  # the caller first: bookkeeping is off the answer's path
             with self._pending_lock:
                 self._pending -= 1
             self.stats.record(outcome, time.monotonic() - start)
-            on_done(outcome)
 
         request = Request(
             payload=payload,
@@ -125,8 +129,10 @@ class ServedModel:
         )
         with self._pending_lock:
             self._pending += 1
+        if accepted is not None:
+            accepted(request)
         try:
-            self.batcher.put(request)
+            self.batcher.put(request)  # wakes a worker: nothing after this on the caller's path
         except BaseException:
             with self._pending_lock:
                 self._pending -= 1

@@ -13,9 +13,11 @@ from typing import Any
 
 import numpy as np
 
+from ipc.errors import ErrorCode
 from worker.request import Outcome
 
 STAGES = ("queue", "preprocess", "infer", "postprocess", "total")
+_OUTCOME_KEYS = {code: code.name.lower() for code in ErrorCode}
 _WINDOW = 4096
 
 
@@ -30,7 +32,7 @@ class ModelStats:
     def record(self, outcome: Outcome, total_s: float) -> None:
         t = outcome.timings
         with self._lock:
-            self._outcomes[outcome.code.name.lower()] += 1
+            self._outcomes[_OUTCOME_KEYS[outcome.code]] += 1
             if outcome.error is None:
                 self._samples.append(
                     (t.queue_s, t.preprocess_s, t.infer_s, t.postprocess_s, total_s)
