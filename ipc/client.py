@@ -46,12 +46,15 @@ from ipc.ring import RingLayout, SlotRing
 from ipc.runtime_dir import default_socket_path, read_key
 from ipc.slots import ModelHandle, Slot
 from ipc.wire import (
+    FRAME,
     NOTICE,
     FrameKind,
     frame,
 )
 
 __all__ = ["Client", "ModelHandle", "Slot"]
+_NOTICE_FRAME_BYTES = FRAME.size + NOTICE.size
+_NOTICE_PREFIX = FRAME.pack(NOTICE.size, FrameKind.NOTICE)
 
 
 class Client:
@@ -68,6 +71,7 @@ class Client:
         self._read_cond = threading.Condition()
         self._leading = False
         self._leader: int | None = None  # thread id of the thread reading the socket
+        self._followers = 0  # threads sleeping until the leader dispatches or steps down
         self._async_pending = 0
         self._background: threading.Thread | None = None
         # errors the supervisor reported without a slot to attribute them to (protocol misuse)
@@ -214,7 +218,11 @@ class Client:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return
-                cond.wait(remaining)
+                self._followers += 1
+                try:
+                    cond.wait(remaining)
+                finally:
+                    self._followers -= 1
             else:
                 return
         try:
@@ -243,14 +251,25 @@ class Client:
         if not data:
             self._connection_lost(ConnectionError("connection closed by the supervisor"))
             return
+        if (
+            len(data) == _NOTICE_FRAME_BYTES
+            and data.startswith(_NOTICE_PREFIX)
+            and self._frames.empty
+        ):
+            ring, slot, seq = NOTICE.unpack_from(data, FRAME.size)  # the hot path: one answer
+            handle = self._handles.get(ring)
+            if handle is not None:
+                handle._on_notice(slot, seq, None)
+            if self._followers:
+                self._wake_waiters()
+            return
         try:
             for kind, payload in self._frames.feed(data):
                 self._on_frame(kind, payload)
         except Exception as err:  # a protocol error: the connection cannot continue
             self._connection_lost(err)
             return
-        with self._read_cond:
-            self._read_cond.notify_all()
+        self._wake_waiters()
 
     def _wake_waiters(self) -> None:
         with self._read_cond:

@@ -31,7 +31,7 @@ from ipc.errors import (
 )
 from ipc.framing import notice_frame
 from ipc.ring import SlotRing, read_tensors
-from ipc.wire import SlotHeader, SlotState, TensorDesc, dtype_code, unpack_done
+from ipc.wire import SlotState, TensorDesc, dtype_code, pack_request, unpack_done
 
 if TYPE_CHECKING:
     from ipc.client import Client
@@ -49,6 +49,11 @@ class ModelHandle:
         self.ring_id = ring_id
         self.ring = ring
         self.layout = ring.layout
+        # name -> (index, area, dtype, wire code): looked up on every request
+        self._inputs = {
+            a.name: (i, a, np.dtype(a.dtype), dtype_code(np.dtype(a.dtype)))
+            for i, a in enumerate(self.layout.inputs)
+        }
         self._slots = [Slot(self, i) for i in range(self.layout.slots)]
         self._free = list(range(self.layout.slots))
         self._free_lock = threading.Lock()
@@ -161,6 +166,7 @@ class Slot:
         self._in_flight = False
         self._release_when_done = False
         self._deadline_s: float | None = None
+        self._timings: tuple[int, ...] = (0, 0, 0, 0)
         self._lock = threading.Lock()  # in-flight state: the caller's thread vs the reader's
         self._held = False
         self.on_done: Callable[[Slot], None] | None = None
@@ -175,18 +181,16 @@ class Slot:
 
     def input(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
         """A writable view of input ``name`` at ``shape``, inside the shared-memory slot."""
-        areas = self.handle.layout.inputs
-        index = next((i for i, a in enumerate(areas) if a.name == name), None)
-        if index is None:
-            raise InvalidArgumentError(f"{self.handle.name!r} has no input {name!r}")
-        area = areas[index]
-        dtype = np.dtype(area.dtype)
-        shape = tuple(int(d) for d in shape)
-        gray = name == "image" and len(shape) == 2 and len(area.shape) == 3
+        try:
+            index, area, dtype, code = self.handle._inputs[name]
+        except KeyError:
+            raise InvalidArgumentError(f"{self.handle.name!r} has no input {name!r}") from None
+        shape = tuple(map(int, shape))
+        gray = len(shape) == 2 and name == "image" and len(area.shape) == 3
         if gray:  # a grayscale frame travels as H×W×1
             shape = (*shape, 1)
         view = self.handle.ring.input_view(self.index, index, dtype, shape)
-        self._inputs[name] = TensorDesc(dtype_code(dtype), shape)
+        self._inputs[name] = TensorDesc(code, shape)
         return view[:, :, 0] if gray else view
 
     def write(self, data: Any) -> None:
@@ -217,18 +221,14 @@ class Slot:
         """Hand the slot to the supervisor ("slot ready")."""
         if self._in_flight:
             raise InvalidArgumentError("slot already submitted")
-        descs = [self._inputs[a.name] for a in self.handle.layout.inputs if a.name in self._inputs]
-        if len(descs) != len(self.handle.layout.inputs):
-            missing = [a.name for a in self.handle.layout.inputs if a.name not in self._inputs]
+        written = self._inputs
+        if len(written) != len(self.handle._inputs):
+            missing = [name for name in self.handle._inputs if name not in written]
             raise InvalidArgumentError(f"inputs not written: {missing}")
+        descs = written.values() if len(written) == 1 else [written[n] for n in self.handle._inputs]
         self._seq = next(self.handle._seq) & 0xFFFFFFFF
-        SlotHeader(
-            seq=self._seq,
-            state=SlotState.SUBMITTED,
-            priority=priority,
-            timeout_us=int(timeout_s * 1e6) if timeout_s else 0,
-            inputs=descs,
-        ).pack_into(self.handle.ring.header(self.index))
+        timeout_us = int(timeout_s * 1e6) if timeout_s else 0
+        pack_request(self.handle.ring.header(self.index), self._seq, priority, timeout_us, descs)
         self._deadline_s = time.monotonic() + timeout_s + NOTICE_GRACE_S if timeout_s else None
         with self._lock:
             self._answered = False
@@ -263,6 +263,11 @@ class Slot:
     def answered(self) -> bool:
         return self._answered
 
+    @property
+    def timings_us(self) -> dict[str, int]:
+        """The supervisor's stage times for the last answer, in µs."""
+        return dict(zip(("queue", "preprocess", "infer", "postprocess"), self._timings))
+
     def wait(self, timeout_s: float | None = None, copy: bool = False) -> Any:
         """The result: a dict for structured tasks, ``{output: array}`` for raw models.
 
@@ -287,7 +292,7 @@ class Slot:
             message = bytes(area[:used]).decode("utf-8", "replace")
             area.release()  # a traceback kept by the caller must not pin the mapping
             raise error_for(status, message)
-        self.timings_us = dict(zip(("queue", "preprocess", "infer", "postprocess"), timings))
+        self._timings = timings
         if self.handle.layout.result == "json":
             blob = bytes(area[:used])
             area.release()

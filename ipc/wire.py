@@ -26,6 +26,7 @@ result length, four stage timings, and per input its dtype code, rank and dims.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -80,6 +81,31 @@ _ZERO_DIMS = (0,) * MAX_RANK
 _ZERO_TENSORS = bytes(MAX_INPUTS * _TENSOR.size)
 HEADER_BYTES = 256
 assert _HEADER_USED <= HEADER_BYTES
+
+
+def pack_request(
+    buffer: memoryview,
+    seq: int,
+    priority: int,
+    timeout_us: int,
+    inputs: Iterable[TensorDesc],
+) -> None:
+    """A producer's request header (the same layout ``SlotHeader.pack_into`` writes)."""
+    at = _FIXED.size
+    count = 0
+    for desc in inputs:
+        rank = len(desc.shape)
+        if rank > MAX_RANK or count == MAX_INPUTS:
+            raise ValueError("too many inputs or dimensions for a slot header")
+        _TENSOR.pack_into(buffer, at, desc.dtype, rank, *desc.shape, *_ZERO_DIMS[rank:])
+        at += _TENSOR.size
+        count += 1
+    end = _FIXED.size + MAX_INPUTS * _TENSOR.size
+    buffer[at:end] = _ZERO_TENSORS[: end - at]
+    _FIXED.pack_into(
+        buffer, 0, MAGIC, PROTOCOL_VERSION, SlotState.SUBMITTED, seq, 0, priority, count, 0,
+        timeout_us, 0, 0, 0, 0, 0,
+    )  # fmt: skip
 
 
 def pack_done(
