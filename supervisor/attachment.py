@@ -47,6 +47,7 @@ from worker.served_model import ServedModel
 
 log = structlog.get_logger("duomo.attachment")
 MAX_TIMEOUT_US = 24 * 3600 * 10**6
+PRIORITY_LIMIT = 1000  # producers' priorities are clamped to the range a config may use
 
 
 def layout_for(spec: SlotSpec, slots: int) -> RingLayout:
@@ -118,7 +119,7 @@ class Attachment:
             model.submit(
                 payload,
                 lambda outcome: self._complete(slot, seq, outcome),
-                priority=header.priority,
+                priority=max(-PRIORITY_LIMIT, min(PRIORITY_LIMIT, header.priority)),
                 deadline_s=deadline,
                 accepted=lambda request: self._track(slot, request),
             )

@@ -49,6 +49,7 @@ class ModelConfig(StrictModel):
     max_delay_ms: float = Field(default=0.0, ge=0, le=10_000)
     queue_size: int = Field(default=64, ge=1, le=1_000_000)
     priority: int = Field(default=0, ge=-1000, le=1000)
+    priority_aging_per_s: float = Field(default=10.0, ge=0, le=1_000_000)
     memory_budget_mb: int | None = Field(default=None, ge=1)
     intra_op_threads: int | None = Field(default=None, ge=1, le=1024)
     params: dict[str, Any] = Field(default_factory=dict)

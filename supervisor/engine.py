@@ -145,6 +145,7 @@ class Engine:
             max_delay_s=cfg.max_delay_ms / 1e3,
             queue_size=cfg.queue_size,
             priority=cfg.priority,
+            priority_aging_per_s=cfg.priority_aging_per_s,
             intra_op_threads=self.plan.threads_per_instance[name],
         )
         return ServedModel(spec, backend, self.gate)

@@ -5,7 +5,9 @@ Shared by all worker threads of one model; requests are put by the engine (or th
 The rule, as Mosec and Triton do it: a worker blocks for the first request, then fills the batch
 until ``max_batch`` requests are queued or ``max_delay_ms`` has passed since that first request
 was *enqueued* (a backlog therefore never waits). Only one worker fills at a time, so two idle
-instances do not split a forming batch. Higher ``priority`` is taken first, FIFO within a level.
+instances do not split a forming batch. Higher ``priority`` is taken first, FIFO within a level,
+and every second a request waits raises its effective priority by ``aging_per_s``: a low priority
+is delayed for a bounded time under sustained higher-priority load, never starved.
 Requests whose deadline has passed are handed back as ``expired`` and never run.
 ``next_batch`` always returns at least one request to run or expire, or ``None`` once the batcher
 is closed and empty.
@@ -13,9 +15,9 @@ is closed and empty.
 
 from __future__ import annotations
 
-import heapq
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -37,32 +39,39 @@ class Batcher:
         max_delay_s: float,
         queue_size: int,
         clock: Callable[[], float] = time.monotonic,
+        aging_per_s: float = 0.0,
     ) -> None:
         self.model = model
         self.max_batch = max_batch
         self.max_delay_s = max_delay_s
         self.queue_size = queue_size
+        self.aging_per_s = aging_per_s
         self._clock = clock
-        self._heap: list[tuple[int, int, Request]] = []
-        self._cond = threading.Condition()
+        self._levels: dict[int, deque[Request]] = {}  # priority -> FIFO of its requests
+        self._count = 0
+        self._cond = threading.Condition(threading.Lock())
         self._filling = False
         self._closed = False
 
     @property
     def depth(self) -> int:
         with self._cond:
-            return len(self._heap)
+            return self._count
 
     def put(self, request: Request) -> None:
         """Queue ``request``; a full queue or a closed batcher is an error at once."""
         with self._cond:
             if self._closed:
                 raise UnavailableError(f"model {self.model!r} is not accepting requests")
-            if len(self._heap) >= self.queue_size:
+            if self._count >= self.queue_size:
                 raise ResourceExhaustedError(
                     f"model {self.model!r} queue is full ({self.queue_size} requests)"
                 )
-            heapq.heappush(self._heap, (-request.priority, request.seq, request))
+            level = self._levels.get(request.priority)
+            if level is None:
+                level = self._levels[request.priority] = deque()
+            level.append(request)
+            self._count += 1
             self._cond.notify_all()
 
     def close(self) -> None:
@@ -74,21 +83,22 @@ class Batcher:
     def drain(self) -> list[Request]:
         """Remove and return everything still queued (for failing it on shutdown)."""
         with self._cond:
-            taken = [item[2] for item in sorted(self._heap)]
-            self._heap.clear()
-            return taken
+            taken = [r for level in self._levels.values() for r in level]
+            self._levels.clear()
+            self._count = 0
+            return sorted(taken, key=lambda r: (-r.priority, r.seq))
 
     def next_batch(self) -> TakenBatch | None:
         with self._cond:
-            while not self._heap or self._filling:
-                if self._closed and not self._heap:
+            while not self._count or self._filling:
+                if self._closed and not self._count:
                     return None
                 self._cond.wait()
             self._filling = True
             try:
-                first = self._heap[0][2]
+                first = self._levels[self._best_level(self._clock())][0]
                 fill_until = first.enqueued_s + self.max_delay_s
-                while len(self._heap) < self.max_batch and not self._closed:
+                while self._count < self.max_batch and not self._closed:
                     remaining = fill_until - self._clock()
                     if remaining <= 0:
                         break
@@ -98,10 +108,33 @@ class Batcher:
                 self._filling = False
                 self._cond.notify_all()
 
+    def _best_level(self, now: float) -> int:
+        """The priority level whose oldest request goes next.
+
+        A request's effective priority is its priority plus ``aging_per_s`` for every second it
+        has waited, so under sustained higher-priority load a request at priority p is taken
+        once it has waited (P - p) / aging_per_s seconds longer than the P-level head; ties go
+        to the earlier request.
+        """
+        best: int | None = None
+        best_key = (0.0, 0)
+        for priority, level in self._levels.items():
+            head = level[0]
+            key = (priority + (now - head.enqueued_s) * self.aging_per_s, -head.seq)
+            if best is None or key > best_key:
+                best, best_key = priority, key
+        assert best is not None
+        return best
+
     def _take(self) -> TakenBatch:
         now = self._clock()
         taken = TakenBatch()
-        while self._heap and len(taken.run) < self.max_batch:
-            request = heapq.heappop(self._heap)[2]
+        while self._count and len(taken.run) < self.max_batch:
+            priority = self._best_level(now)
+            level = self._levels[priority]
+            request = level.popleft()
+            if not level:
+                del self._levels[priority]
+            self._count -= 1
             (taken.expired if request.expired(now) else taken.run).append(request)
         return taken

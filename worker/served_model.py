@@ -50,6 +50,7 @@ class ModelSpec:
     max_delay_s: float = 0.0
     queue_size: int = 64
     priority: int = 0
+    priority_aging_per_s: float = 0.0
     intra_op_threads: int = 1
 
 
@@ -59,7 +60,13 @@ class ServedModel:
         self._backend = backend
         self._gate = gate
         self.stats = ModelStats()
-        self.batcher = Batcher(spec.name, spec.max_batch, spec.max_delay_s, spec.queue_size)
+        self.batcher = Batcher(
+            spec.name,
+            spec.max_batch,
+            spec.max_delay_s,
+            spec.queue_size,
+            aging_per_s=spec.priority_aging_per_s,
+        )
         self.workers: list[ModelWorker] = []
         self.state = ModelState.NEW
         self._pending = 0  # accepted and not yet answered: queued + being processed

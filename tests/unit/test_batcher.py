@@ -116,3 +116,47 @@ def test_request_completes_once() -> None:
     assert r.complete(result=1)
     assert not r.complete(result=2)
     assert [o.result for o in seen] == [1]
+
+
+def test_aging_lets_a_long_waiting_low_priority_request_through() -> None:
+    now = [100.0]
+    b = Batcher(
+        "m", max_batch=1, max_delay_s=0.0, queue_size=10, clock=lambda: now[0], aging_per_s=10
+    )
+    low = request("low", priority=0)
+    low.enqueued_s = 100.0
+    b.put(low)
+    for i in range(3):
+        fresh = request(f"high{i}", priority=50)
+        fresh.enqueued_s = now[0]
+        b.put(fresh)
+    # at t=100 the high-priority requests win (50 > 0 + 0)
+    taken = b.next_batch()
+    assert taken is not None and names(taken.run) == ["high0"]
+    # after 5.1 s the low one's effective priority 0 + 51 beats a fresh 50
+    now[0] = 105.1
+    late = request("high3", priority=50)
+    late.enqueued_s = now[0]
+    b.put(late)
+    taken = b.next_batch()
+    # high1/high2 have waited 5.1 s too (50 + 51), so they still go first, oldest first ...
+    assert taken is not None and names(taken.run) == ["high1"]
+    taken = b.next_batch()
+    assert taken is not None and names(taken.run) == ["high2"]
+    # ... but the low one now beats the fresh high3
+    taken = b.next_batch()
+    assert taken is not None and names(taken.run) == ["low"]
+
+
+def test_without_aging_priorities_are_strict() -> None:
+    now = [0.0]
+    b = Batcher("m", max_batch=1, max_delay_s=0.0, queue_size=10, clock=lambda: now[0])
+    low = request("low", priority=0)
+    low.enqueued_s = 0.0
+    b.put(low)
+    now[0] = 1e6
+    high = request("high", priority=1)
+    high.enqueued_s = now[0]
+    b.put(high)
+    taken = b.next_batch()
+    assert taken is not None and names(taken.run) == ["high"]
