@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -203,6 +204,7 @@ def test_start_and_stop_leave_nothing_behind(demo_config: object) -> None:
     left = sorted(p.name for p in folder.iterdir())
     assert left == ["duomo.sock.log"], left  # no socket, key or pid file
     assert our_segments() == set()
+    shutil.rmtree(folder)
 
 
 # -- hostile input: each gets a clear error and the supervisor keeps serving everyone ----------
