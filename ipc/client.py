@@ -201,11 +201,7 @@ class Client:
         if self._leader == me:
             # A callback running on the reading thread waits for something else: it keeps
             # reading itself (waiting for the leader would wait for itself).
-            while not done() and self._closed is None:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    return
-                self._read_once(remaining)
+            self._read_until(done, deadline)
             return
         with cond:
             while not done():
@@ -226,16 +222,20 @@ class Client:
             else:
                 return
         try:
-            while not done() and self._closed is None:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    return
-                self._read_once(remaining)
+            self._read_until(done, deadline)
         finally:
             with cond:
                 self._leading = False
                 self._leader = None
                 cond.notify_all()
+
+    def _read_until(self, done: Callable[[], bool], deadline: float | None) -> None:
+        """As the reading thread: read and dispatch until ``done()``, the deadline, or EOF."""
+        while not done() and self._closed is None:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return
+            self._read_once(remaining)
 
     def _read_once(self, timeout_s: float | None) -> None:
         """One blocking read (bounded by ``timeout_s``) and the dispatch of whatever arrived."""
@@ -256,10 +256,7 @@ class Client:
             and data.startswith(_NOTICE_PREFIX)
             and self._frames.empty
         ):
-            ring, slot, seq = NOTICE.unpack_from(data, FRAME.size)  # the hot path: one answer
-            handle = self._handles.get(ring)
-            if handle is not None:
-                handle._on_notice(slot, seq, None)
+            self._on_notice(*NOTICE.unpack_from(data, FRAME.size))  # the hot path: one answer
             if self._followers:
                 self._wake_waiters()
             return
@@ -313,12 +310,14 @@ class Client:
                     self._read_cond.wait()
             self.wait_until(lambda: self._async_pending == 0, None)
 
+    def _on_notice(self, ring: int, slot: int, seq: int) -> None:
+        handle = self._handles.get(ring)
+        if handle is not None:
+            handle._on_notice(slot, seq, None)
+
     def _on_frame(self, kind: FrameKind, payload: bytes) -> None:
         if kind is FrameKind.NOTICE:
-            ring, slot, seq = NOTICE.unpack(payload)
-            handle = self._handles.get(ring)
-            if handle is not None:
-                handle._on_notice(slot, seq, None)
+            self._on_notice(*NOTICE.unpack(payload))
             return
         if kind is not FrameKind.JSON:
             return
