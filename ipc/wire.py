@@ -83,6 +83,24 @@ HEADER_BYTES = 256
 assert _HEADER_USED <= HEADER_BYTES
 
 
+def _pack_inputs(buffer: memoryview | bytearray, offset: int, inputs: Iterable[TensorDesc]) -> int:
+    """The per-input descriptors after the fixed fields, unused entries zeroed; the count."""
+    at = offset + _FIXED.size
+    count = 0
+    for desc in inputs:
+        rank = len(desc.shape)
+        if count == MAX_INPUTS:
+            raise ValueError(f"at most {MAX_INPUTS} inputs per request")
+        if rank > MAX_RANK:
+            raise ValueError(f"rank {rank} is above {MAX_RANK}")
+        _TENSOR.pack_into(buffer, at, desc.dtype, rank, *desc.shape, *_ZERO_DIMS[rank:])
+        at += _TENSOR.size
+        count += 1
+    end = offset + _FIXED.size + MAX_INPUTS * _TENSOR.size
+    buffer[at:end] = _ZERO_TENSORS[: end - at]
+    return count
+
+
 def pack_request(
     buffer: memoryview,
     seq: int,
@@ -91,17 +109,7 @@ def pack_request(
     inputs: Iterable[TensorDesc],
 ) -> None:
     """A producer's request header (the same layout ``SlotHeader.pack_into`` writes)."""
-    at = _FIXED.size
-    count = 0
-    for desc in inputs:
-        rank = len(desc.shape)
-        if rank > MAX_RANK or count == MAX_INPUTS:
-            raise ValueError("too many inputs or dimensions for a slot header")
-        _TENSOR.pack_into(buffer, at, desc.dtype, rank, *desc.shape, *_ZERO_DIMS[rank:])
-        at += _TENSOR.size
-        count += 1
-    end = _FIXED.size + MAX_INPUTS * _TENSOR.size
-    buffer[at:end] = _ZERO_TENSORS[: end - at]
+    count = _pack_inputs(buffer, 0, inputs)
     _FIXED.pack_into(
         buffer, 0, MAGIC, PROTOCOL_VERSION, SlotState.SUBMITTED, seq, 0, priority, count, 0,
         timeout_us, 0, 0, 0, 0, 0,
@@ -160,8 +168,7 @@ class SlotHeader:
     version: int = PROTOCOL_VERSION
 
     def pack_into(self, buffer: memoryview | bytearray, offset: int = 0) -> None:
-        if len(self.inputs) > MAX_INPUTS:
-            raise ValueError(f"at most {MAX_INPUTS} inputs per request")
+        _pack_inputs(buffer, offset, self.inputs)
         _FIXED.pack_into(
             buffer,
             offset,
@@ -180,15 +187,6 @@ class SlotHeader:
             self.infer_us,
             self.postprocess_us,
         )
-        at = offset + _FIXED.size
-        for desc in self.inputs:
-            rank = len(desc.shape)
-            if rank > MAX_RANK:
-                raise ValueError(f"rank {rank} is above {MAX_RANK}")
-            _TENSOR.pack_into(buffer, at, desc.dtype, rank, *desc.shape, *_ZERO_DIMS[rank:])
-            at += _TENSOR.size
-        unused = (MAX_INPUTS - len(self.inputs)) * _TENSOR.size
-        buffer[at : at + unused] = _ZERO_TENSORS[:unused]
 
     @classmethod
     def unpack(cls, buffer: memoryview | bytes, offset: int = 0) -> SlotHeader:
