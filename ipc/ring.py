@@ -202,16 +202,6 @@ class SlotRing:
         self._closed = True
         return True
 
-    @property
-    def buf(self) -> memoryview:
-        buf = self._shm.buf
-        if buf is None:
-            raise ValueError("the ring is closed")
-        return buf
-
-    def slot_offset(self, slot: int) -> int:
-        return slot * self._slot_bytes
-
     def header(self, slot: int) -> memoryview:
         start = slot * self._slot_bytes
         return self._view[start : start + HEADER_BYTES]

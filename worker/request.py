@@ -33,14 +33,6 @@ class StageTimings:
     infer_s: float = 0.0
     postprocess_s: float = 0.0
 
-    def to_dict(self) -> dict[str, float]:
-        return {
-            "queue_ms": self.queue_s * 1e3,
-            "preprocess_ms": self.preprocess_s * 1e3,
-            "infer_ms": self.infer_s * 1e3,
-            "postprocess_ms": self.postprocess_s * 1e3,
-        }
-
 
 @dataclass(frozen=True)
 class Outcome:

@@ -180,15 +180,6 @@ class ServedModel:
         """The executor's ``payload_from_slot`` (pure; any instance's will do)."""
         return self._any_executor().payload_from_slot
 
-    def describe(self) -> dict[str, Any]:
-        ready = next((w.executor for w in self.workers if w.executor is not None), None)
-        return {
-            "name": self.spec.name,
-            "task": self.spec.task,
-            "max_batch": self.spec.max_batch,
-            "tensors": ready.describe() if ready is not None else {},
-        }
-
     def status(self) -> dict[str, Any]:
         sessions = [
             s for w in self.workers if w.executor is not None for s in w.executor.sessions.values()

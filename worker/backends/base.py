@@ -30,9 +30,6 @@ class TensorSpec:
     dtype: np.dtype
     shape: tuple[int | None, ...]
 
-    def to_dict(self) -> dict[str, object]:
-        return {"name": self.name, "dtype": self.dtype.name, "shape": list(self.shape)}
-
 
 @dataclass(frozen=True)
 class SessionSettings:
@@ -117,13 +114,6 @@ class ModelSession(ABC):
             if spec.name == name:
                 return spec
         raise KeyError(f"{self.path.name} has no tensor named {name!r}")
-
-    def describe(self) -> dict[str, object]:
-        return {
-            "file": str(self.path),
-            "inputs": [s.to_dict() for s in self.inputs],
-            "outputs": [s.to_dict() for s in self.outputs],
-        }
 
 
 class Backend(ABC):

@@ -127,10 +127,6 @@ class Executor(ABC):
         executor that can write its result there directly)."""
         return tensors["image"]
 
-    def describe(self) -> dict[str, Any]:
-        """What a client needs to know about this model's inputs and outputs."""
-        return {role: session.describe() for role, session in self.sessions.items()}
-
     def close(self) -> None:
         for session in self.sessions.values():
             session.close()
