@@ -12,8 +12,14 @@ from worker.batcher import Batcher
 from worker.request import Outcome, Request
 
 
-def request(name: str, priority: int = 0, deadline_s: float | None = None) -> Request:
-    return Request(payload=name, on_done=lambda _o: None, priority=priority, deadline_s=deadline_s)
+def request(
+    name: str, priority: int = 0, deadline_s: float | None = None, at: float | None = None
+) -> Request:
+    """A request; ``at`` backdates (or postdates) its enqueue time for a fake clock."""
+    r = Request(payload=name, on_done=lambda _o: None, priority=priority, deadline_s=deadline_s)
+    if at is not None:
+        r.enqueued_s = at
+    return r
 
 
 def names(batch: list[Request]) -> list[str]:
@@ -123,21 +129,15 @@ def test_aging_lets_a_long_waiting_low_priority_request_through() -> None:
     b = Batcher(
         "m", max_batch=1, max_delay_s=0.0, queue_size=10, clock=lambda: now[0], aging_per_s=10
     )
-    low = request("low", priority=0)
-    low.enqueued_s = 100.0
-    b.put(low)
+    b.put(request("low", priority=0, at=100.0))
     for i in range(3):
-        fresh = request(f"high{i}", priority=50)
-        fresh.enqueued_s = now[0]
-        b.put(fresh)
+        b.put(request(f"high{i}", priority=50, at=now[0]))
     # at t=100 the high-priority requests win (50 > 0 + 0)
     taken = b.next_batch()
     assert taken is not None and names(taken.run) == ["high0"]
     # after 5.1 s the low one's effective priority 0 + 51 beats a fresh 50
     now[0] = 105.1
-    late = request("high3", priority=50)
-    late.enqueued_s = now[0]
-    b.put(late)
+    b.put(request("high3", priority=50, at=now[0]))
     taken = b.next_batch()
     # high1/high2 have waited 5.1 s too (50 + 51), so they still go first, oldest first ...
     assert taken is not None and names(taken.run) == ["high1"]
@@ -151,12 +151,8 @@ def test_aging_lets_a_long_waiting_low_priority_request_through() -> None:
 def test_without_aging_priorities_are_strict() -> None:
     now = [0.0]
     b = Batcher("m", max_batch=1, max_delay_s=0.0, queue_size=10, clock=lambda: now[0])
-    low = request("low", priority=0)
-    low.enqueued_s = 0.0
-    b.put(low)
+    b.put(request("low", priority=0, at=0.0))
     now[0] = 1e6
-    high = request("high", priority=1)
-    high.enqueued_s = now[0]
-    b.put(high)
+    b.put(request("high", priority=1, at=now[0]))
     taken = b.next_batch()
     assert taken is not None and names(taken.run) == ["high"]
