@@ -75,7 +75,7 @@ class Attachment:
         self.spec = model.slot_spec()
         self.layout = layout_for(self.spec, slots)
         self.ring = SlotRing.create(self.layout)
-        self._model: ServedModel | None = None
+        self._model = model  # the model the layout was made for; a reload may replace it
         self._payload_from_slot: Callable[[dict[str, np.ndarray], memoryview], Any] = (
             model.payload_builder()
         )
@@ -107,7 +107,7 @@ class Attachment:
             header = SlotHeader.unpack(self.ring.header(slot))
             views = self._validate(slot, header, seq)
             model = self._lookup()
-            if model is not self._model:  # first request, or a reload replaced the model
+            if model is not self._model:  # a reload replaced the model
                 if model.slot_spec() != self.spec:
                     raise UnavailableError(
                         f"model {self.model_name!r} was reloaded with another input/output "
