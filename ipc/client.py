@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import queue
 import select
 import socket
@@ -68,7 +69,7 @@ class Client:
         self._send_lock = threading.Lock()
         self._closed: BaseException | None = None
         # reading the socket: one leader at a time; followers wait on the condition
-        self._read_cond = threading.Condition()
+        self._read_cond = threading.Condition(threading.Lock())
         self._leading = False
         self._leader: int | None = None  # thread id of the thread reading the socket
         self._followers = 0  # threads sleeping until the leader dispatches or steps down
@@ -91,8 +92,14 @@ class Client:
                 f"cannot reach the supervisor at {self.socket_path}: {err}"
             ) from None
         self._sock.settimeout(None)
+        # The reading thread waits in poll on the socket and on a wake pipe: a slot released by
+        # another thread (no frame arrives for that) must reach a reader waiting for one.
+        self._sock_fd = self._sock.fileno()
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._poll = select.poll()
         self._poll.register(self._sock, select.POLLIN)
+        self._poll.register(self._wake_r, select.POLLIN)
+        self._wake_fds: tuple[int, ...] = (self._wake_r, self._wake_w)
 
     def _handshake(self, key: bytes) -> None:
         reader = FrameReader()
@@ -179,8 +186,12 @@ class Client:
         with self._lock:
             handles = list(self._handles.values())
             self._handles.clear()
+        with self._read_cond:
+            wake_fds, self._wake_fds = self._wake_fds, ()
+        for fd in wake_fds:
+            os.close(fd)
         for handle in handles:
-            handle.ring.close()
+            handle._unmap()
 
     def __enter__(self) -> Client:
         return self
@@ -227,7 +238,8 @@ class Client:
             with cond:
                 self._leading = False
                 self._leader = None
-                cond.notify_all()
+                if self._followers:  # one of them reads next
+                    cond.notify_all()
 
     def _read_until(self, done: Callable[[], bool], deadline: float | None) -> None:
         """As the reading thread: read and dispatch until ``done()``, the deadline, or EOF."""
@@ -242,8 +254,13 @@ class Client:
         try:
             # Wait with poll, never with a socket timeout: the socket stays blocking, so a
             # sender in another thread can never be cut off in the middle of a frame.
-            if timeout_s is not None and not self._poll.poll(max(0, int(timeout_s * 1000) + 1)):
-                return
+            wait_ms = None if timeout_s is None else max(0, int(timeout_s * 1000) + 1)
+            ready = self._poll.poll(wait_ms)
+            if len(ready) != 1 or ready[0][0] != self._sock_fd:
+                if any(fd == self._wake_r for fd, _ in ready):
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(self._wake_r, 4096)
+                return  # woken or timed out: the caller checks what it waits for
             data = self._sock.recv(1 << 16)
         except OSError as err:
             self._connection_lost(err)
@@ -269,8 +286,14 @@ class Client:
         self._wake_waiters()
 
     def _wake_waiters(self) -> None:
+        """Let every waiter re-check what it waits for: the followers (they count themselves
+        under the condition's lock, so none can be missed) and a reader in another thread."""
         with self._read_cond:
-            self._read_cond.notify_all()
+            if self._followers:
+                self._read_cond.notify_all()
+            if self._wake_fds and self._leading and self._leader != threading.get_ident():
+                with contextlib.suppress(BlockingIOError):
+                    os.write(self._wake_w, b"\0")
 
     def _connection_lost(self, reason: BaseException) -> None:
         with self._lock:

@@ -15,6 +15,7 @@ import hashlib
 import hmac
 import json
 import socket
+import struct
 from collections.abc import Iterator
 from typing import Any
 
@@ -76,8 +77,11 @@ def parse_json(payload: bytes) -> dict[str, Any]:
     return message
 
 
+_NOTICE_FRAME = struct.Struct(FRAME.format + NOTICE.format.lstrip("<"))
+
+
 def notice_frame(ring: int, slot: int, seq: int) -> bytes:
-    return frame(FrameKind.NOTICE, NOTICE.pack(ring, slot, seq & 0xFFFFFFFF))
+    return _NOTICE_FRAME.pack(NOTICE.size, FrameKind.NOTICE, ring, slot, seq & 0xFFFFFFFF)
 
 
 def answer(key: bytes, challenge: bytes) -> bytes:

@@ -221,13 +221,34 @@ class SlotRing:
         return self._view[start : start + self.layout.output_capacity]
 
 
+@dataclass(frozen=True)
+class TensorPlacement:
+    """Where ``place_tensors`` put tensors in an output area: writable views of their data,
+    their records (written again when the area is reused: an error message overwrites them),
+    and the bytes used."""
+
+    views: list[np.ndarray]
+    records: list[tuple[int, bytes]]
+    used: int
+
+    def write_records(self, area: memoryview) -> None:
+        for at, record in self.records:
+            area[at : at + len(record)] = record
+
+    def describes(self, area: memoryview, used: int) -> bool:
+        """``area`` holds exactly these records and bytes (a reader can reuse the views)."""
+        return used == self.used and all(
+            area[at : at + len(record)] == record for at, record in self.records
+        )
+
+
 def place_tensors(
     area: memoryview, layout: list[tuple[np.dtype, tuple[int, ...]]]
-) -> tuple[list[np.ndarray], int]:
-    """Write the tensor records for ``layout`` (dtype, shape) into ``area`` and return writable
-    views where each tensor's data goes, plus the bytes used. ValueError if they do not fit.
-    """
+) -> TensorPlacement:
+    """Write the tensor records for ``layout`` (dtype, shape) into ``area``; where each tensor's
+    data goes. ValueError if they do not fit."""
     views = []
+    records = []
     at = 0
     for dtype, shape in layout:
         if len(shape) > MAX_RANK:
@@ -238,23 +259,27 @@ def place_tensors(
         if end > len(area):
             raise ValueError(f"outputs need more than the slot's {len(area)} output bytes")
         dims = list(shape) + [0] * (MAX_RANK - len(shape))
-        TENSOR_RECORD.pack_into(area, at, dtype_code(dtype), len(shape), *dims)
+        records.append((at, TENSOR_RECORD.pack(dtype_code(dtype), len(shape), *dims)))
         views.append(np.frombuffer(area, dtype=dtype, count=count, offset=data_at).reshape(shape))
         at = end
-    return views, at
+    placement = TensorPlacement(views, records, at)
+    placement.write_records(area)
+    return placement
 
 
 def write_tensors(area: memoryview, tensors: list[np.ndarray]) -> int:
     """Copy ``tensors`` into ``area`` as tensor records; returns the bytes used."""
-    views, used = place_tensors(area, [(t.dtype, t.shape) for t in tensors])
-    for view, tensor in zip(views, tensors):
+    placement = place_tensors(area, [(t.dtype, t.shape) for t in tensors])
+    for view, tensor in zip(placement.views, tensors):
         view[...] = tensor
-    return used
+    return placement.used
 
 
-def read_tensors(area: memoryview, count: int, used: int) -> list[np.ndarray]:
-    """Views of ``count`` tensor records written by ``write_tensors`` (checked against ``used``)."""
-    out = []
+def read_tensors(area: memoryview, count: int, used: int) -> TensorPlacement:
+    """The ``count`` tensor records written by ``write_tensors`` (checked against ``used``):
+    views of their data, the records, the bytes used."""
+    views = []
+    records = []
     at = 0
     for _ in range(count):
         code, rank, *dims = TENSOR_RECORD.unpack_from(area, at)
@@ -266,7 +291,8 @@ def read_tensors(area: memoryview, count: int, used: int) -> list[np.ndarray]:
         nbytes = math.prod(shape) * dtype.itemsize
         if data_at + nbytes > used:
             raise ValueError("tensor record runs past the result")
-        out.append(
+        records.append((at, bytes(area[at : at + TENSOR_RECORD.size])))
+        views.append(
             np.frombuffer(
                 area,
                 dtype=dtype,
@@ -275,7 +301,7 @@ def read_tensors(area: memoryview, count: int, used: int) -> list[np.ndarray]:
             ).reshape(shape)
         )
         at = data_at + nbytes
-    return out
+    return TensorPlacement(views, records, used)
 
 
 __all__ = [
@@ -283,6 +309,7 @@ __all__ = [
     "InputArea",
     "RingLayout",
     "SlotRing",
+    "TensorPlacement",
     "place_tensors",
     "read_tensors",
     "write_tensors",

@@ -30,8 +30,15 @@ from ipc.errors import (
     error_for,
 )
 from ipc.framing import notice_frame
-from ipc.ring import SlotRing, read_tensors
-from ipc.wire import SlotState, TensorDesc, dtype_code, pack_request, unpack_done
+from ipc.ring import SlotRing, TensorPlacement, read_tensors
+from ipc.wire import (
+    SlotState,
+    TensorDesc,
+    dtype_code,
+    pack_descriptors,
+    pack_request,
+    unpack_done,
+)
 
 if TYPE_CHECKING:
     from ipc.client import Client
@@ -125,6 +132,11 @@ class ModelHandle:
         with self.client._lock:
             self.client._handles.pop(self.ring_id, None)
         self._fail_all(UnavailableError(f"{self.name!r} was detached"))
+        self._unmap()
+
+    def _unmap(self) -> None:
+        for slot in self._slots:
+            slot._forget_views()
         self.ring.close()
 
     def _on_notice(self, index: int, seq: int | None, error: DuomoError | None) -> None:
@@ -160,7 +172,14 @@ class Slot:
         self.handle = handle
         self.index = index
         self._answered = False  # set under _lock by whoever reads the answer
-        self._inputs: dict[str, TensorDesc] = {}
+        self._inputs: dict[str, TensorDesc] = {}  # written since the slot was taken
+        # name -> (shape asked for, view, descriptor) of the last input() call: a producer that
+        # sends the same shapes again gets the same view back, and the same header block
+        self._views: dict[str, tuple[Any, np.ndarray, TensorDesc]] = {}
+        self._descriptors: tuple[int, bytes] | None = None  # packed for the cached views
+        self._header = handle.ring.header(index)
+        self._output = handle.ring.output(index)
+        self._result: TensorPlacement | None = None  # the last answer's records and views
         self._seq = 0
         self._error: DuomoError | None = None
         self._in_flight = False
@@ -181,17 +200,36 @@ class Slot:
 
     def input(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
         """A writable view of input ``name`` at ``shape``, inside the shared-memory slot."""
+        cached = self._views.get(name)
+        if cached is not None and cached[0] == shape:
+            self._inputs[name] = cached[2]
+            return cached[1]
         try:
             index, area, dtype, code = self.handle._inputs[name]
         except KeyError:
             raise InvalidArgumentError(f"{self.handle.name!r} has no input {name!r}") from None
+        asked = shape
         shape = tuple(map(int, shape))
         gray = len(shape) == 2 and name == "image" and len(area.shape) == 3
         if gray:  # a grayscale frame travels as H×W×1
             shape = (*shape, 1)
         view = self.handle.ring.input_view(self.index, index, dtype, shape)
-        self._inputs[name] = TensorDesc(code, shape)
-        return view[:, :, 0] if gray else view
+        if gray:
+            view = view[:, :, 0]
+        desc = TensorDesc(code, shape)
+        self._inputs[name] = desc
+        self._views[name] = (tuple(asked), view, desc)
+        self._descriptors = None
+        return view
+
+    def _forget_views(self) -> None:
+        """Drop the cached views (before the ring is unmapped: they would pin the mapping)."""
+        self._views.clear()
+        self._descriptors = None
+        self._result = None
+        with contextlib.suppress(BufferError):  # the caller still holds result arrays
+            self._header.release()
+            self._output.release()
 
     def write(self, data: Any) -> None:
         """Copy an image (uint8 H×W×C or H×W) or a dict of arrays into the slot's inputs."""
@@ -225,10 +263,13 @@ class Slot:
         if len(written) != len(self.handle._inputs):
             missing = [name for name in self.handle._inputs if name not in written]
             raise InvalidArgumentError(f"inputs not written: {missing}")
-        descs = written.values() if len(written) == 1 else [written[n] for n in self.handle._inputs]
+        descriptors = self._descriptors
+        if descriptors is None:
+            descriptors = pack_descriptors(written[n] for n in self.handle._inputs)
+            self._descriptors = descriptors
         self._seq = next(self.handle._seq) & 0xFFFFFFFF
         timeout_us = int(timeout_s * 1e6) if timeout_s else 0
-        pack_request(self.handle.ring.header(self.index), self._seq, priority, timeout_us, descs)
+        pack_request(self._header, self._seq, priority, timeout_us, descriptors)
         self._deadline_s = time.monotonic() + timeout_s + NOTICE_GRACE_S if timeout_s else None
         with self._lock:
             self._answered = False
@@ -273,33 +314,32 @@ class Slot:
 
         Raw arrays are views into the slot, valid until it is released, unless ``copy``.
         """
-        if timeout_s is None and self._deadline_s is not None:
-            timeout_s = max(0.0, self._deadline_s - time.monotonic())
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        self.handle.client.wait_until(self.answered, deadline)
+        if not self._answered:
+            if timeout_s is None and self._deadline_s is not None:
+                timeout_s = max(0.0, self._deadline_s - time.monotonic())
+            deadline = None if timeout_s is None else time.monotonic() + timeout_s
+            self.handle.client.wait_until(self.answered, deadline)
         if not self._answered:
             if self.handle.client._closed is not None:
                 raise UnavailableError(f"lost the supervisor: {self.handle.client._closed}")
             raise DeadlineExceededError(f"no answer from {self.handle.name!r} in time")
         if self._error is not None:
             raise self._error
-        seq, state, status, result_len, timings = unpack_done(self.handle.ring.header(self.index))
-        area = self.handle.ring.output(self.index)
+        seq, state, status, result_len, timings = unpack_done(self._header)
+        area = self._output
         if seq != self._seq or state != SlotState.DONE:
             raise UnavailableError("the slot was not answered (stale or corrupt header)")
         used = min(result_len, len(area))
         if status != ErrorCode.OK:
-            message = bytes(area[:used]).decode("utf-8", "replace")
-            area.release()  # a traceback kept by the caller must not pin the mapping
-            raise error_for(status, message)
+            raise error_for(status, bytes(area[:used]).decode("utf-8", "replace"))
         self._timings = timings
         if self.handle.layout.result == "json":
-            blob = bytes(area[:used])
-            area.release()
-            return json.loads(blob)
+            return json.loads(bytes(area[:used]))
         names = self.handle.layout.outputs
-        arrays = read_tensors(area, len(names), used)
-        return {n: (a.copy() if copy else a) for n, a in zip(names, arrays)}
+        result = self._result
+        if result is None or not result.describes(area, used):
+            result = self._result = read_tensors(area, len(names), used)
+        return {n: (a.copy() if copy else a) for n, a in zip(names, result.views)}
 
     def release(self) -> None:
         """Give the slot back (once); if still in flight it returns when answered."""

@@ -75,17 +75,22 @@ MAX_INPUTS = 4
 MAX_RANK = 6
 
 _FIXED = struct.Struct("<4sHHIHhHHQQIIII")
+# The fields a producer sets, read in one call: _FIXED up to the timeout, status and flags skipped.
+_REQUEST = struct.Struct("<4sHHI2xhH2xQ")
 _TENSOR = struct.Struct("<BB2x" + "I" * MAX_RANK)
 _HEADER_USED = _FIXED.size + MAX_INPUTS * _TENSOR.size
+DESCRIPTORS = slice(_FIXED.size, _HEADER_USED)  # the per-input descriptor block of a header
 _ZERO_DIMS = (0,) * MAX_RANK
-_ZERO_TENSORS = bytes(MAX_INPUTS * _TENSOR.size)
 HEADER_BYTES = 256
 assert _HEADER_USED <= HEADER_BYTES
 
 
-def _pack_inputs(buffer: memoryview | bytearray, offset: int, inputs: Iterable[TensorDesc]) -> int:
-    """The per-input descriptors after the fixed fields, unused entries zeroed; the count."""
-    at = offset + _FIXED.size
+def pack_descriptors(inputs: Iterable[TensorDesc]) -> tuple[int, bytes]:
+    """The input count and the header's descriptor block for ``inputs`` (unused entries zero).
+
+    A producer that sends the same shapes again can reuse the block as it is.
+    """
+    block = bytearray(_HEADER_USED - _FIXED.size)
     count = 0
     for desc in inputs:
         rank = len(desc.shape)
@@ -93,12 +98,11 @@ def _pack_inputs(buffer: memoryview | bytearray, offset: int, inputs: Iterable[T
             raise ValueError(f"at most {MAX_INPUTS} inputs per request")
         if rank > MAX_RANK:
             raise ValueError(f"rank {rank} is above {MAX_RANK}")
-        _TENSOR.pack_into(buffer, at, desc.dtype, rank, *desc.shape, *_ZERO_DIMS[rank:])
-        at += _TENSOR.size
+        _TENSOR.pack_into(
+            block, count * _TENSOR.size, desc.dtype, rank, *desc.shape, *_ZERO_DIMS[rank:]
+        )
         count += 1
-    end = offset + _FIXED.size + MAX_INPUTS * _TENSOR.size
-    buffer[at:end] = _ZERO_TENSORS[: end - at]
-    return count
+    return count, bytes(block)
 
 
 def pack_request(
@@ -106,14 +110,21 @@ def pack_request(
     seq: int,
     priority: int,
     timeout_us: int,
-    inputs: Iterable[TensorDesc],
+    descriptors: tuple[int, bytes],
 ) -> None:
-    """A producer's request header (the same layout ``SlotHeader.pack_into`` writes)."""
-    count = _pack_inputs(buffer, 0, inputs)
+    """A producer's request header (the same layout ``SlotHeader.pack_into`` writes), with the
+    inputs as ``pack_descriptors`` encoded them."""
+    count, block = descriptors
+    buffer[DESCRIPTORS] = block
     _FIXED.pack_into(
         buffer, 0, MAGIC, PROTOCOL_VERSION, SlotState.SUBMITTED, seq, 0, priority, count, 0,
         timeout_us, 0, 0, 0, 0, 0,
     )  # fmt: skip
+
+
+def unpack_request(header: bytes) -> tuple[bytes, int, int, int, int, int, int]:
+    """(magic, version, state, seq, priority, input count, timeout µs) of a request header."""
+    return _REQUEST.unpack_from(header)
 
 
 def pack_done(
@@ -168,7 +179,8 @@ class SlotHeader:
     version: int = PROTOCOL_VERSION
 
     def pack_into(self, buffer: memoryview | bytearray, offset: int = 0) -> None:
-        _pack_inputs(buffer, offset, self.inputs)
+        count, block = pack_descriptors(self.inputs)
+        buffer[offset + _FIXED.size : offset + _HEADER_USED] = block
         _FIXED.pack_into(
             buffer,
             offset,
@@ -178,7 +190,7 @@ class SlotHeader:
             self.seq,
             self.status,
             self.priority,
-            len(self.inputs),
+            count,
             0,
             self.timeout_us,
             self.result_len,

@@ -33,13 +33,16 @@ from ipc.errors import (
 )
 from ipc.ring import RingLayout, SlotRing, write_tensors
 from ipc.wire import (
+    DESCRIPTORS,
     DTYPES,
     MAGIC,
     PROTOCOL_VERSION,
     SlotHeader,
     SlotState,
+    TensorDesc,
     dtype_code,
     pack_done,
+    unpack_request,
 )
 from worker.executors.base import SlotSpec, WrittenInPlace
 from worker.request import Outcome, Request
@@ -81,6 +84,11 @@ class Attachment:
         )
         self._dtypes = [np.dtype(a.dtype) for a in self.layout.inputs]
         self._codes = [dtype_code(d) for d in self._dtypes]
+        self._headers = [self.ring.header(i) for i in range(slots)]
+        self._outputs = [self.ring.output(i) for i in range(slots)]
+        # slot -> (input count, descriptor block, payload) last accepted: a producer that sends
+        # the same shapes again is not validated and given views again
+        self._accepted: list[tuple[int, bytes, Any] | None] = [None] * slots
         self._send_notice = send_notice
         self._lock = threading.Lock()
         # slot -> its queued request (None between acceptance and queueing)
@@ -103,9 +111,16 @@ class Attachment:
                 raise InvalidArgumentError(f"slot {slot} is already in flight")
             self._in_flight[slot] = None
         try:
-            # One read of the header into locals; nothing below looks at the slot's header again.
-            header = SlotHeader.unpack(self.ring.header(slot))
-            views = self._validate(slot, header, seq)
+            header = bytes(self._headers[slot])  # the one read; only this copy is used below
+            magic, version, state, header_seq, priority, count, timeout_us = unpack_request(header)
+            if magic != MAGIC or version != PROTOCOL_VERSION:
+                raise InvalidArgumentError(f"bad slot header magic/version {magic!r}/{version}")
+            if state != SlotState.SUBMITTED:
+                raise InvalidArgumentError(f"slot state is {state}, not SUBMITTED")
+            if header_seq != seq:
+                raise InvalidArgumentError("slot header sequence number does not match the notice")
+            if not 0 <= timeout_us <= MAX_TIMEOUT_US:
+                raise InvalidArgumentError(f"timeout of {timeout_us} µs is out of range")
             model = self._lookup()
             if model is not self._model:  # a reload replaced the model
                 if model.slot_spec() != self.spec:
@@ -114,12 +129,13 @@ class Attachment:
                         "layout; attach it again"
                     )
                 self._model, self._payload_from_slot = model, model.payload_builder()
-            payload = self._payload_from_slot(views, self.ring.output(slot))
-            deadline = time.monotonic() + header.timeout_us / 1e6 if header.timeout_us else None
+                self._accepted = [None] * self.layout.slots
+            payload = self._payload(slot, count, header)
+            deadline = time.monotonic() + timeout_us / 1e6 if timeout_us else None
             model.submit(
                 payload,
                 lambda outcome: self._complete(slot, seq, outcome),
-                priority=max(-PRIORITY_LIMIT, min(PRIORITY_LIMIT, header.priority)),
+                priority=max(-PRIORITY_LIMIT, min(PRIORITY_LIMIT, priority)),
                 deadline_s=deadline,
                 accepted=lambda request: self._track(slot, request),
             )
@@ -131,31 +147,35 @@ class Attachment:
             log.exception("could not queue a slot", model=self.model_name, slot=slot)
             self._complete(slot, seq, Outcome(error=InternalError("could not queue the request")))
 
+    def _payload(self, slot: int, count: int, header: bytes) -> Any:
+        """The executor's payload for the inputs ``header`` declares, validated; the same
+        object as last time when the slot declares the same inputs again."""
+        block = header[DESCRIPTORS]
+        accepted = self._accepted[slot]
+        if accepted is not None and accepted[0] == count and accepted[1] == block:
+            return accepted[2]
+        self._accepted[slot] = None
+        views = self._validate(slot, SlotHeader.unpack(header).inputs)
+        payload = self._payload_from_slot(views, self._outputs[slot])
+        self._accepted[slot] = (count, block, payload)
+        return payload
+
     def _track(self, slot: int, request: Request) -> None:
         """The slot's request, cancellable from now on (set before a worker can answer it)."""
         with self._lock:
             if slot in self._in_flight:
                 self._in_flight[slot] = request
 
-    def _validate(self, slot: int, header: SlotHeader, seq: int) -> dict[str, np.ndarray]:
-        if header.magic != MAGIC or header.version != PROTOCOL_VERSION:
-            raise InvalidArgumentError(
-                f"bad slot header magic/version {header.magic!r}/{header.version}"
-            )
-        if header.state != SlotState.SUBMITTED:
-            raise InvalidArgumentError(f"slot state is {header.state}, not SUBMITTED")
-        if header.seq & 0xFFFFFFFF != seq:
-            raise InvalidArgumentError("slot header sequence number does not match the notice")
-        if not 0 <= header.timeout_us <= MAX_TIMEOUT_US:
-            raise InvalidArgumentError(f"timeout of {header.timeout_us} µs is out of range")
+    def _validate(self, slot: int, inputs: list[TensorDesc]) -> dict[str, np.ndarray]:
+        """Input views for the declared ``inputs``, each checked against this model's slot."""
         areas = self.layout.inputs
-        if len(header.inputs) != len(areas):
+        if len(inputs) != len(areas):
             raise InvalidArgumentError(
                 f"model {self.model_name!r} takes {len(areas)} input(s), "
-                f"the header declares {len(header.inputs)}"
+                f"the header declares {len(inputs)}"
             )
         views: dict[str, np.ndarray] = {}
-        for index, (desc, area, dtype) in enumerate(zip(header.inputs, areas, self._dtypes)):
+        for index, (desc, area, dtype) in enumerate(zip(inputs, areas, self._dtypes)):
             if desc.dtype != self._codes[index]:
                 got = DTYPES[desc.dtype].name if desc.dtype < len(DTYPES) else f"code {desc.dtype}"
                 raise InvalidArgumentError(f"input {area.name!r} must be {area.dtype}, got {got}")
@@ -193,8 +213,8 @@ class Attachment:
                 log.exception("could not write a slot's answer", model=self.model_name, slot=slot)
                 with contextlib.suppress(Exception):
                     message = b"internal error writing the result"
-                    self.ring.output(slot)[: len(message)] = message
-                    pack_done(self.ring.header(slot), seq, ErrorCode.INTERNAL, len(message), _ZERO)
+                    self._outputs[slot][: len(message)] = message
+                    pack_done(self._headers[slot], seq, ErrorCode.INTERNAL, len(message), _ZERO)
         with self._lock:
             # forgotten before the notice: the client may resubmit the slot the moment it hears
             self._in_flight.pop(slot, None)
@@ -206,11 +226,10 @@ class Attachment:
             self._unmap()
 
     def _write(self, slot: int, seq: int, outcome: Outcome) -> None:
-        area = self.ring.output(slot)
-        status, used = self._encode(outcome, area)
+        status, used = self._encode(outcome, self._outputs[slot])
         t = outcome.timings
         timings = (t.queue_s, t.preprocess_s, t.infer_s, t.postprocess_s)
-        pack_done(self.ring.header(slot), seq, status, used, tuple(map(_us, timings)))
+        pack_done(self._headers[slot], seq, status, used, tuple(map(_us, timings)))
 
     def _encode(self, outcome: Outcome, area: memoryview) -> tuple[int, int]:
         if isinstance(outcome.result, WrittenInPlace):
@@ -249,19 +268,28 @@ class Attachment:
         # are collected (then ``retry_unmap`` succeeds); the name is already gone, so nothing
         # can leak in /dev/shm.
         with self._lock:
-            if not self.closed:
-                self.closed = self.ring.close()
+            self._try_unmap()
 
     def retry_unmap(self) -> bool:
         """Try again to unmap a closed attachment whose last views were still alive."""
         with self._lock:
-            if self._closing and not self._in_flight and not self.closed:
-                self.closed = self.ring.close()
+            if self._closing and not self._in_flight:
+                self._try_unmap()
             return self.closed
+
+    def _try_unmap(self) -> None:
+        if self.closed:
+            return
+        self._accepted = [None] * self.layout.slots  # first: its payloads hold views
+        with contextlib.suppress(BufferError):  # views still alive; the next try releases it
+            for view in (*self._headers, *self._outputs):
+                view.release()
+        self.closed = self.ring.close()
 
 
 _ZERO = (0, 0, 0, 0)
 
 
 def _us(seconds: float) -> int:
-    return max(0, min(int(seconds * 1e6), 0xFFFFFFFF))
+    us = int(seconds * 1e6)
+    return us if 0 <= us <= 0xFFFFFFFF else (0 if us < 0 else 0xFFFFFFFF)

@@ -73,10 +73,12 @@ class Connection:
         with self._send_lock:
             if self.closed:
                 return
-            view = memoryview(data)
             try:
-                while view:
-                    view = view[self.sock.send(view, socket.MSG_DONTWAIT) :]
+                sent = self.sock.send(data, socket.MSG_DONTWAIT)  # a whole notice, nearly always
+                if sent < len(data):
+                    view = memoryview(data)[sent:]
+                    while view:
+                        view = view[self.sock.send(view, socket.MSG_DONTWAIT) :]
             except OSError:  # BlockingIOError included: the peer does not read
                 self.closed = True
                 with contextlib.suppress(OSError):

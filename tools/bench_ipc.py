@@ -2,6 +2,12 @@
 the same bytes through ``multiprocessing.Queue`` (pickle), through a plain Unix socket, and a
 bare ``memcpy`` of the payload as the floor.
 
+``bare`` is the floor of the design itself, with none of Duomo's code: the producer writes the
+payload into an anonymous shared mapping and sends 8 bytes on a Unix socket; in the server a
+reactor thread (``selectors``) hands the notice to a worker thread through a condition, the
+worker copies the input region to the output region (the identity model's copy) and answers with
+8 bytes. What Duomo adds to a round trip is ``duomo`` minus ``bare``.
+
 Run by whoever changes the data path, on an otherwise idle machine::
 
     python tools/bench_ipc.py [--rounds 3] [--seconds 2] [--json OUT]
@@ -20,14 +26,17 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import mmap
 import multiprocessing as mp
 import os
 import platform
+import selectors
 import socket
 import statistics
 import struct
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -81,6 +90,41 @@ def _socket_echo(sock: socket.socket) -> None:
         sock.sendall(memoryview(view)[:n])
 
 
+def _bare_server(sock: socket.socket, memory: mmap.mmap) -> None:
+    """The bare topology's server: reactor thread → condition → worker thread → answer."""
+    half = len(memory) // 2
+    region = np.frombuffer(memory, dtype=np.uint8)
+    inputs, outputs = region[:half], region[half:]
+    queue: list[bytes] = []
+    cond = threading.Condition(threading.Lock())
+
+    def worker() -> None:
+        while True:
+            with cond:
+                while not queue:
+                    cond.wait()
+                header = queue.pop()
+            if not header:
+                return
+            (n,) = _LEN.unpack(header)
+            np.copyto(outputs[:n], inputs[:n])
+            sock.send(header)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    selector = selectors.DefaultSelector()
+    selector.register(sock, selectors.EVENT_READ)
+    while True:
+        selector.select()
+        header = sock.recv(_LEN.size)
+        with cond:
+            queue.append(header)
+            cond.notify()
+        if not header:
+            thread.join()
+            return
+
+
 def time_loop(call: Callable[[], None], seconds: float, min_calls: int = 20) -> list[float]:
     samples: list[float] = []
     end = time.perf_counter() + seconds
@@ -108,6 +152,14 @@ class Paths:
         self.sock_proc.start()
         theirs.close()
         self.echo_buffer = bytearray(max(PAYLOADS.values()))
+        # forked (it needs the anonymous shared mapping); nothing here runs threads yet
+        self.bare_memory = mmap.mmap(-1, 2 * max(PAYLOADS.values()))
+        self.bare_sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.bare_proc = mp.get_context("fork").Process(
+            target=_bare_server, args=(theirs, self.bare_memory)
+        )
+        self.bare_proc.start()
+        theirs.close()
 
     def duomo(self, payload: np.ndarray) -> Callable[[], None]:
         shape = (1, payload.size)
@@ -118,6 +170,18 @@ class Paths:
                 slot.submit()
                 out = slot.wait()["y"]
                 assert out.shape == shape
+
+        return call
+
+    def bare(self, payload: np.ndarray) -> Callable[[], None]:
+        n = payload.nbytes
+        inputs = np.frombuffer(self.bare_memory, dtype=np.uint8, count=n)
+        header = _LEN.pack(n)
+
+        def call() -> None:
+            np.copyto(inputs, payload)
+            self.bare_sock.sendall(header)
+            self.bare_sock.recv(_LEN.size, socket.MSG_WAITALL)
 
         return call
 
@@ -153,6 +217,8 @@ class Paths:
         return call
 
     def close(self) -> None:
+        self.bare_sock.close()
+        self.bare_proc.join(10)
         self.inbox.put(None)
         self.queue_proc.join(10)
         self.sock.close()
@@ -187,7 +253,7 @@ def main() -> int:
     socket_path = work / "duomo.sock"
     if start_background(config, socket_path, "warning") != 0:
         return 1
-    modes = ("memcpy", "duomo", "queue", "plain_socket")
+    modes = ("memcpy", "bare", "duomo", "queue", "plain_socket")
     samples: dict[tuple[str, str], list[float]] = {(m, s): [] for m in modes for s in PAYLOADS}
     paths = Paths(socket_path)
     try:

@@ -49,18 +49,19 @@ class Batcher:
         self._clock = clock
         self._levels: dict[int, deque[Request]] = {}  # priority -> FIFO of its requests
         self._count = 0
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()  # entered directly: cheaper than the condition's wrapper
+        self._cond = threading.Condition(self._lock)
         self._filling = False
         self._closed = False
 
     @property
     def depth(self) -> int:
-        with self._cond:
+        with self._lock:
             return self._count
 
     def put(self, request: Request) -> None:
         """Queue ``request``; a full queue or a closed batcher is an error at once."""
-        with self._cond:
+        with self._lock:
             if self._closed:
                 raise UnavailableError(f"model {self.model!r} is not accepting requests")
             if self._count >= self.queue_size:
@@ -76,20 +77,20 @@ class Batcher:
 
     def close(self) -> None:
         """Stop accepting; workers drain what is queued, then ``next_batch`` returns None."""
-        with self._cond:
+        with self._lock:
             self._closed = True
             self._cond.notify_all()
 
     def drain(self) -> list[Request]:
         """Remove and return everything still queued (for failing it on shutdown)."""
-        with self._cond:
+        with self._lock:
             taken = [r for level in self._levels.values() for r in level]
             self._levels.clear()
             self._count = 0
             return sorted(taken, key=lambda r: (-r.priority, r.seq))
 
     def next_batch(self) -> TakenBatch | None:
-        with self._cond:
+        with self._lock:
             while not self._count or self._filling:
                 if self._closed and not self._count:
                     return None
@@ -116,6 +117,8 @@ class Batcher:
         once it has waited (P - p) / aging_per_s seconds longer than the P-level head; ties go
         to the earlier request.
         """
+        if len(self._levels) == 1:
+            return next(iter(self._levels))
         best: int | None = None
         best_key = (0.0, 0)
         for priority, level in self._levels.items():

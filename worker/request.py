@@ -34,7 +34,7 @@ class StageTimings:
     postprocess_s: float = 0.0
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Outcome:
     """How one request ended: a result, or an error with its code."""
 

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -482,3 +483,24 @@ def test_reload_that_changes_a_layout_asks_clients_to_attach_again(
         with pytest.raises(UnavailableError, match="attach it again"):
             before.infer(x)
         assert client.model("affine").infer(x)["y"][0, 0] == 3.0  # a fresh attach works
+
+
+def test_threads_sharing_one_slot_all_finish(hostile_target: SupervisorProcess) -> None:
+    """A thread waiting for a free slot may be the one reading the socket; a slot released by
+    another thread without any frame arriving must still reach it."""
+    with Client(hostile_target.socket) as client:
+        affine = client.model("affine", slots=1)
+        x = np.ones((1, 4), dtype=np.float32)
+        done: list[int] = []
+
+        def work(n: int) -> None:
+            for _ in range(n):
+                assert affine.infer(x, timeout_s=30)["y"][0, 0] == 3.0
+            done.append(n)
+
+        threads = [threading.Thread(target=work, args=(n,)) for n in (50, 200, 200)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert sorted(done) == [50, 200, 200]

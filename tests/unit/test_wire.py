@@ -70,10 +70,19 @@ def test_tensor_records_round_trip_and_refuse_to_overflow() -> None:
     a = np.arange(12, dtype=np.float32).reshape(3, 4)
     b = np.array([[1, 2]], dtype=np.int64)
     used = write_tensors(area, [a, b])
-    got = read_tensors(area, 2, used)
-    np.testing.assert_array_equal(got[0], a)
-    np.testing.assert_array_equal(got[1], b)
+    read = read_tensors(area, 2, used)
+    np.testing.assert_array_equal(read.views[0], a)
+    np.testing.assert_array_equal(read.views[1], b)
+    # a reader may keep the views while the area describes the same tensors
+    assert write_tensors(area, [a + 1, b]) == used and read.describes(area, used)
+    np.testing.assert_array_equal(read.views[0], a + 1)
+    write_tensors(area, [a.reshape(4, 3), b])
+    assert not read.describes(area, used)
+    write_tensors(area, [a, b])
+    area[:5] = b"error"  # an error answer overwrites the first record
+    assert not read.describes(area, used)
     with pytest.raises(ValueError, match="output bytes"):
         place_tensors(area, [(np.dtype(np.float64), (100, 100))])
+    write_tensors(area, [a, b])
     with pytest.raises(ValueError, match="past the result"):
         read_tensors(area, 2, used - 1)

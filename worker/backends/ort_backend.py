@@ -17,6 +17,7 @@ What it guarantees:
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -42,6 +43,8 @@ _ORT_TYPES = {
 }
 _OPT_LEVELS = {"disable": 0, "basic": 1, "extended": 2, "all": 99}
 _SHAPE_MEMO_SIZE = 256
+# what is bound for one tensor: the array (weakly), its address and shape
+_Bound = tuple["weakref.ref[np.ndarray]", tuple[int, tuple[int, ...]]]
 _init_lock = threading.Lock()
 _logger_quieted = False
 
@@ -88,8 +91,8 @@ class OrtSession(ModelSession):
         self._data_dependent = False
         # (address, shape) currently bound per tensor name: rebinding costs more than the run
         # of a small model, and a slot or a reused buffer comes back at the same address
-        self._bound_inputs: dict[str, tuple[int, tuple[int, ...]]] = {}
-        self._bound_outputs: dict[str, tuple[int, tuple[int, ...]]] = {}
+        self._bound_inputs: dict[str, _Bound] = {}
+        self._bound_outputs: dict[str, _Bound] = {}
 
     @property
     def buffer_bytes(self) -> int:
@@ -144,14 +147,20 @@ class OrtSession(ModelSession):
         return self._run_and_learn_shapes(key)
 
     def _bind(self, is_input: bool, spec: TensorSpec, array: np.ndarray) -> None:
-        """Bind ``array`` unless the same memory at the same shape is bound already."""
+        """Bind ``array`` unless the same memory at the same shape is bound already.
+
+        The same live array object (a slot's views come back for every request with the same
+        shapes) is the same memory and shape; the weak reference never keeps memory alive.
+        """
         bound = self._bound_inputs if is_input else self._bound_outputs
-        where = (array.__array_interface__["data"][0], array.shape)
-        if bound.get(spec.name) == where:
+        previous = bound.get(spec.name)
+        if previous is not None and previous[0]() is array:
             return
-        bind = self._binding.bind_input if is_input else self._binding.bind_output
-        bind(spec.name, "cpu", 0, spec.dtype, list(array.shape), where[0])
-        bound[spec.name] = where
+        where = (array.__array_interface__["data"][0], array.shape)
+        if previous is None or previous[1] != where:
+            bind = self._binding.bind_input if is_input else self._binding.bind_output
+            bind(spec.name, "cpu", 0, spec.dtype, list(array.shape), where[0])
+        bound[spec.name] = (weakref.ref(array), where)
 
     def _execute(self) -> None:
         gate = self._gate

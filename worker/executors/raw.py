@@ -18,26 +18,23 @@ import numpy as np
 from pydantic import Field
 
 from ipc.errors import InvalidArgumentError
-from ipc.ring import place_tensors
+from ipc.ring import TensorPlacement, place_tensors
 from ipc.wire import ALIGN
 from worker.backends.base import ModelSession, TensorSpec
 from worker.config_model import StrictModel
 from worker.executors.base import Executor, SlotInput, SlotSpec, StageTimer, WrittenInPlace
 
 
-@dataclass(frozen=True)
-class SlotTensors:
-    """A request that came through a slot: its input views and the slot's output area."""
-
-    tensors: dict[str, np.ndarray]
-    output: memoryview
-
-
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class RawInput:
+    """One request's inputs and their rows. A request that came through a slot also carries the
+    slot's output area and, once a run taught the output shapes, where its outputs go there: the
+    supervisor hands the same object back while the slot sends the same shapes."""
+
     tensors: dict[str, np.ndarray]
     rows: int
-    output: memoryview | None = None  # the slot's output area, when the request came by slot
+    output: memoryview | None = None
+    placed: tuple[TensorPlacement, dict[str, np.ndarray]] | None = None
 
     @property
     def signature(self) -> tuple[tuple[int, ...], ...]:
@@ -87,24 +84,23 @@ class RawExecutor(Executor):
             max_rows=self.max_batch if self.batchable else None,
         )
 
-    def payload_from_slot(self, tensors: dict[str, np.ndarray], output: memoryview) -> Any:
-        return SlotTensors(tensors, output)
+    def payload_from_slot(self, tensors: dict[str, np.ndarray], output: memoryview) -> RawInput:
+        # The supervisor already checked every input against this model's slot layout (names,
+        # dtypes, ranks, fixed dimensions, rows ≤ max_batch); what is left is that the inputs
+        # agree on their rows.
+        if not self.batchable:
+            return RawInput(tensors, 1, output)
+        slot_rows = {array.shape[0] for array in tensors.values()}
+        if len(slot_rows) != 1:
+            raise InvalidArgumentError(
+                f"inputs disagree on the batch dimension: {sorted(slot_rows)}"
+            )
+        return RawInput(tensors, slot_rows.pop(), output)
 
     def prepare(self, payload: Any) -> RawInput:
+        if isinstance(payload, RawInput):  # from a slot, checked when it was built
+            return payload
         specs = self.session.inputs
-        output = None
-        if isinstance(payload, SlotTensors):
-            # The supervisor already checked every input against this model's slot layout
-            # (names, dtypes, ranks, fixed dimensions, rows ≤ max_batch); what is left is that
-            # the inputs agree on their rows.
-            if not self.batchable:
-                return RawInput(payload.tensors, 1, payload.output)
-            slot_rows = {array.shape[0] for array in payload.tensors.values()}
-            if len(slot_rows) != 1:
-                raise InvalidArgumentError(
-                    f"inputs disagree on the batch dimension: {sorted(slot_rows)}"
-                )
-            return RawInput(payload.tensors, slot_rows.pop(), payload.output)
         if isinstance(payload, np.ndarray):
             if len(specs) != 1:
                 raise InvalidArgumentError(
@@ -142,7 +138,7 @@ class RawExecutor(Executor):
         n = rows.pop()
         if not 1 <= n <= self.max_batch:
             raise InvalidArgumentError(f"batch of {n} rows is outside 1..{self.max_batch}")
-        return RawInput(tensors, n, output)
+        return RawInput(tensors, n)
 
     def execute(self, items: Sequence[RawInput], timer: StageTimer) -> list[Any]:
         if len(items) == 1 and items[0].output is not None:
@@ -169,17 +165,24 @@ class RawExecutor(Executor):
     def _run_into_slot(self, item: RawInput, timer: StageTimer) -> WrittenInPlace | None:
         """One request from a slot, outputs written by the runtime straight into its output
         area: no copy after the model's own. None when the output shapes are not yet known."""
-        shapes = self.session.expected_output_shapes(item.tensors)
-        if shapes is None or item.output is None:
-            return None
-        layout = [(s.dtype, shape) for s, shape in zip(self.session.outputs, shapes)]
-        try:
-            views, used = place_tensors(item.output, layout)
-        except ValueError:
-            return None  # too large for the slot: the normal path reports it
+        assert item.output is not None
+        if item.placed is None:
+            shapes = self.session.expected_output_shapes(item.tensors)
+            if shapes is None:
+                return None
+            layout = [(s.dtype, shape) for s, shape in zip(self.session.outputs, shapes)]
+            try:
+                placement = place_tensors(item.output, layout)
+            except ValueError:
+                return None  # too large for the slot: the normal path reports it
+            views = {s.name: v for s, v in zip(self.session.outputs, placement.views)}
+            item.placed = (placement, views)
+        else:
+            placement, views = item.placed
+            placement.write_records(item.output)
         with timer.stage("infer"):
-            self.session.run(item.tensors, {s.name: v for s, v in zip(self.session.outputs, views)})
-        return WrittenInPlace(used)
+            self.session.run(item.tensors, views)
+        return WrittenInPlace(placement.used)
 
     def _groups(self, items: Sequence[RawInput]) -> list[list[int]]:
         """Indices that can share one run: same trailing shapes, rows within max_batch."""
