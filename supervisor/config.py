@@ -20,6 +20,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
+from worker.backends.acl import AclOptions
 from worker.backends.ort_backend import OrtOptions
 from worker.config_model import StrictModel
 from worker.executors import resolve_executor
@@ -35,12 +36,13 @@ class DeviceConfig(StrictModel):
 
 class BackendsConfig(StrictModel):
     onnxruntime: OrtOptions = Field(default_factory=OrtOptions)
+    acl: AclOptions = Field(default_factory=AclOptions)
 
 
 class ModelConfig(StrictModel):
     name: str = Field(pattern=NAME_PATTERN)
     task: str
-    backend: Literal["onnxruntime"] = "onnxruntime"
+    backend: Literal["onnxruntime", "acl"] = "onnxruntime"
     device: int = Field(default=0, ge=0)
     file: Path | None = None
     files: dict[str, Path] | None = None
@@ -153,7 +155,7 @@ def _resolve_models(
     path: Path, config: DuomoConfig
 ) -> tuple[dict[str, ResolvedModel], list[tuple[str, str]]]:
     root = (path.parent / config.model_root) if config.model_root else path.parent
-    devices = {d.id for d in config.devices}
+    devices = {d.id: d.kind for d in config.devices}
     budget = config.backends.onnxruntime.thread_budget or available_cores()
     problems: list[tuple[str, str]] = []
     models: dict[str, ResolvedModel] = {}
@@ -164,6 +166,11 @@ def _resolve_models(
             continue
         if model.device not in devices:
             problems.append((f"{where}.device", f"no device with id {model.device} in 'devices'"))
+        elif model.backend == "acl" and devices[model.device] != "ascend":
+            problems.append(
+                (f"{where}.backend", f"the acl backend needs an ascend device, device "
+                 f"{model.device} is {devices[model.device]!r}")
+            )  # fmt: skip
         try:
             executor = resolve_executor(model.task, path.parent)
         except ValueError as err:

@@ -119,11 +119,12 @@ class Engine:
                 )
         if budget is None:
             budget = loaded.config.backends.onnxruntime.thread_budget or available_cores()
-        demands = [
+        demands = [  # CPU threads are planned for the models that compute on the CPU's cores
             InstanceDemand(
                 n, loaded.models[n].config.instances, loaded.models[n].config.intra_op_threads
             )
             for n in names
+            if loaded.models[n].config.backend == "onnxruntime"
         ]
         return plan_threads(demands, budget)
 
@@ -132,7 +133,7 @@ class Engine:
         cfg = resolved.config
         backend = self._backends.get(cfg.backend)
         if backend is None:
-            backend = create_backend(cfg.backend, loaded.config.backends.onnxruntime)
+            backend = create_backend(cfg.backend, getattr(loaded.config.backends, cfg.backend))
             self._backends[cfg.backend] = backend
         spec = ModelSpec(
             name=name,
@@ -146,7 +147,8 @@ class Engine:
             queue_size=cfg.queue_size,
             priority=cfg.priority,
             priority_aging_per_s=cfg.priority_aging_per_s,
-            intra_op_threads=self.plan.threads_per_instance[name],
+            intra_op_threads=self.plan.threads_per_instance.get(name, 1),
+            device=cfg.device,
         )
         return ServedModel(spec, backend, self.gate)
 

@@ -90,8 +90,9 @@ def _socket_echo(sock: socket.socket) -> None:
         sock.sendall(memoryview(view)[:n])
 
 
-def _bare_server(sock: socket.socket, memory: mmap.mmap) -> None:
+def _bare_server(sock: socket.socket, parent_end: socket.socket, memory: mmap.mmap) -> None:
     """The bare topology's server: reactor thread → condition → worker thread → answer."""
+    parent_end.close()  # inherited by the fork: the parent closing its end must mean EOF here
     half = len(memory) // 2
     region = np.frombuffer(memory, dtype=np.uint8)
     inputs, outputs = region[:half], region[half:]
@@ -141,6 +142,15 @@ class Paths:
     """The four ways to move one payload there and back."""
 
     def __init__(self, socket_path: Path) -> None:
+        # Forked first (it needs the anonymous shared mapping), before this process holds any
+        # other socket or thread the child would inherit.
+        self.bare_memory = mmap.mmap(-1, 2 * max(PAYLOADS.values()))
+        self.bare_sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.bare_proc = mp.get_context("fork").Process(
+            target=_bare_server, args=(theirs, self.bare_sock, self.bare_memory)
+        )
+        self.bare_proc.start()
+        theirs.close()
         self.client = Client(socket_path)
         self.model = self.client.model("identity", slots=1)
         ctx = mp.get_context("spawn")
@@ -152,14 +162,6 @@ class Paths:
         self.sock_proc.start()
         theirs.close()
         self.echo_buffer = bytearray(max(PAYLOADS.values()))
-        # forked (it needs the anonymous shared mapping); nothing here runs threads yet
-        self.bare_memory = mmap.mmap(-1, 2 * max(PAYLOADS.values()))
-        self.bare_sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.bare_proc = mp.get_context("fork").Process(
-            target=_bare_server, args=(theirs, self.bare_memory)
-        )
-        self.bare_proc.start()
-        theirs.close()
 
     def duomo(self, payload: np.ndarray) -> Callable[[], None]:
         shape = (1, payload.size)

@@ -52,6 +52,7 @@ class ModelSpec:
     priority: int = 0
     priority_aging_per_s: float = 0.0
     intra_op_threads: int = 1
+    device: int = 0
 
 
 class ServedModel:
@@ -73,11 +74,18 @@ class ServedModel:
         self._pending_lock = threading.Lock()
 
     def _load_executor(self) -> Executor:
-        settings = SessionSettings(intra_op_threads=self.spec.intra_op_threads, gate=self._gate)
+        settings = SessionSettings(
+            intra_op_threads=self.spec.intra_op_threads, gate=self._gate, device=self.spec.device
+        )
         sessions: dict[str, ModelSession] = {}
         try:
             for role in self.spec.executor.roles:
-                sessions[role] = self._backend.open(self.spec.files[role], settings)
+                session = sessions[role] = self._backend.open(self.spec.files[role], settings)
+                if session.max_rows is not None and self.spec.max_batch > session.max_rows:
+                    raise RuntimeError(
+                        f"max_batch {self.spec.max_batch} is above the {session.max_rows} rows "
+                        f"{session.path.name} takes per run; lower max_batch or rebuild the model"
+                    )
             return self.spec.executor(self.spec.params, sessions, self.spec.max_batch)
         except BaseException:
             for session in sessions.values():

@@ -19,4 +19,8 @@ def create_backend(name: str, options: Any) -> Backend:
         from worker.backends.ort_backend import OrtBackend
 
         return OrtBackend(options)
+    if name == "acl":
+        from worker.backends.acl import AclBackend
+
+        return AclBackend(options)
     raise ValueError(f"unknown backend {name!r}")

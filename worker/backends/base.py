@@ -37,6 +37,7 @@ class SessionSettings:
 
     intra_op_threads: int
     gate: ComputeGate | None = None
+    device: int = 0  # the accelerator the model runs on (ACL; ORT's provider options decide)
 
 
 class HostBuffers:
@@ -98,6 +99,11 @@ class ModelSession(ABC):
     @abstractmethod
     def close(self) -> None:
         """Release the runtime objects; the session is unusable afterwards."""
+
+    @property
+    def max_rows(self) -> int | None:
+        """The most rows one run takes (a compiled model's largest batch), None if unbounded."""
+        return None
 
     @property
     def buffer_bytes(self) -> int:

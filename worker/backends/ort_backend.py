@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from worker.backends.base import Backend, HostBuffers, ModelSession, SessionSettings, TensorSpec
 from worker.config_model import StrictModel
@@ -49,11 +49,54 @@ _init_lock = threading.Lock()
 _logger_quieted = False
 
 
+# The only keys onnxruntime-cann 1.24 accepts; any other key makes the provider fail to start and
+# the Python API then falls back to CPU without raising (../shared/research/ascend.md §3).
+CANN_PROVIDER_KEYS = frozenset(
+    {
+        "device_id",
+        "npu_mem_limit",
+        "arena_extend_strategy",
+        "enable_cann_graph",
+        "enable_cann_subgraph",
+        "dump_graphs",
+        "dump_om_model",
+        "precision_mode",
+        "op_select_impl_mode",
+        "optypelist_for_implmode",
+    }
+)
+# Graph mode writes one compiled .om per input-shape set into the working directory unless told
+# not to: a server keeps its working directory clean.
+CANN_DEFAULTS = {"dump_om_model": "0"}
+
+
+def provider_options_for(provider: str, given: dict[str, Any]) -> dict[str, str]:
+    """The options passed to ``provider``: for CANN, only accepted keys (ValueError otherwise)
+    and the server's defaults; values as strings, the way onnxruntime reads them."""
+    if provider != "CANNExecutionProvider":
+        return {k: str(v) for k, v in given.items()}
+    unknown = sorted(set(given) - CANN_PROVIDER_KEYS)
+    if unknown:
+        raise ValueError(
+            f"CANNExecutionProvider does not accept {unknown} (it would silently fall back to "
+            f"CPU); accepted: {sorted(CANN_PROVIDER_KEYS)}"
+        )
+    values = {**CANN_DEFAULTS, **given}
+    return {k: str(int(v)) if isinstance(v, bool) else str(v) for k, v in values.items()}
+
+
 class OrtOptions(StrictModel):
     """``backends.onnxruntime`` in the config."""
 
     providers: list[str] = Field(default_factory=lambda: ["CPUExecutionProvider"], min_length=1)
     provider_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _known_provider_options(self) -> OrtOptions:
+        for provider, given in self.provider_options.items():
+            provider_options_for(provider, given)  # raises for keys the provider rejects
+        return self
+
     allow_cpu_fallback: bool = False
     thread_budget: int | None = Field(
         default=None, ge=1, description="cores for intra-op threads; default: the cores available"
@@ -240,7 +283,9 @@ class OrtBackend(Backend):
         so.add_session_config_entry(
             "session.intra_op.allow_spinning", "1" if opts.allow_spinning else "0"
         )
-        provider_options = [opts.provider_options.get(p, {}) for p in providers]
+        provider_options = [
+            provider_options_for(p, opts.provider_options.get(p, {})) for p in providers
+        ]
         session = ort.InferenceSession(
             str(path), sess_options=so, providers=providers, provider_options=provider_options
         )

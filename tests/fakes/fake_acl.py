@@ -1,0 +1,699 @@
+"""A strict fake of the pyACL contract, for tests only: ``FakeAcl()`` stands in for ``import acl``.
+
+It follows the binding's conventions (int handles, payload first and ``ret`` last, status-only
+calls return an int) and checks every call's argument count against the binding's format strings
+in ``tests/fixtures/pyacl_contract.json``. "Device memory" is real byte regions in a separate
+address space, so copies really move data: host→device reads the host address it is given, and
+device→host writes to it. A model is a JSON descriptor standing in for an ``.om``::
+
+    {"soc_version": "Ascend310P3",
+     "inputs":  [{"name": "x", "dtype": "float32", "format": "NCHW", "dims": [-1, 4]}],
+     "outputs": [{"name": "y", "dtype": "float32", "format": "ND", "dims": [-1, 4]}],
+     "dynamic_batch": [1, 2, 4],          # gears; adds the ascend_mbatch_shape_data input
+     "function": "affine"}                # what "execute" computes (FUNCTIONS below)
+
+It enforces the rules that break on hardware: a second ``init`` (100002); a call on a thread with
+no current context (107002); a stream or model used from another context (107003 / 107004); the
+same model on two streams at once; a dynamic model executed without a gear set, or with a batch
+that is not a gear; a dataset whose buffer count or sizes do not match the model (100017);
+releases out of the documented order; and it counts leaks (``leaks()``). ``fail_next_executes``
+makes the next N executes fail with 507011; ``rebind_default_context`` makes every synchronise
+leave the thread in the device's default context, as ORT-CANN's per-run ``set_device`` does.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import json
+import math
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+CONTRACT = json.loads(
+    (Path(__file__).resolve().parent.parent / "fixtures" / "pyacl_contract.json").read_text()
+)
+ERRORS = CONTRACT["errors"]
+OK = 0
+REPEAT_INITIALIZE = ERRORS["ACL_ERROR_REPEAT_INITIALIZE"]
+UNINITIALIZE = ERRORS["ACL_ERROR_UNINITIALIZE"]
+REPEAT_FINALIZE = ERRORS["ACL_ERROR_REPEAT_FINALIZE"]
+INVALID_PARAM = ERRORS["ACL_ERROR_INVALID_PARAM"]
+INVALID_FILE = ERRORS["ACL_ERROR_INVALID_FILE"]
+INVALID_MODEL_ID = ERRORS["ACL_ERROR_INVALID_MODEL_ID"]
+INPUT_NOT_MATCH = ERRORS["ACL_ERROR_MODEL_INPUT_NOT_MATCH"]
+CONTEXT_NULL = ERRORS["ACL_ERROR_RT_CONTEXT_NULL"]
+STREAM_CONTEXT = ERRORS["ACL_ERROR_RT_STREAM_CONTEXT"]
+MODEL_CONTEXT = ERRORS["ACL_ERROR_RT_MODEL_CONTEXT"]
+MODEL_EXECUTE = ERRORS["ACL_ERROR_RT_MODEL_EXECUTE"]
+DTYPE_CODES = {
+    np.dtype(name): CONTRACT["enums"]["aclDataType"][f"ACL_{acl}"]
+    for name, acl in (
+        ("float32", "FLOAT"),
+        ("float16", "FLOAT16"),
+        ("int8", "INT8"),
+        ("int32", "INT32"),
+        ("uint8", "UINT8"),
+        ("int64", "INT64"),
+    )
+}
+FORMAT_CODES = {
+    name: CONTRACT["enums"]["aclFormat"][f"ACL_FORMAT_{name}"] for name in ("NCHW", "NHWC", "ND")
+}
+DYNAMIC_NAME = CONTRACT["strings"]["ACL_DYNAMIC_TENSOR_NAME"]
+H2D = CONTRACT["enums"]["aclrtMemcpyKind"]["ACL_MEMCPY_HOST_TO_DEVICE"]
+D2H = CONTRACT["enums"]["aclrtMemcpyKind"]["ACL_MEMCPY_DEVICE_TO_HOST"]
+DEVICE_BYTES = 8 << 30
+DEVICE_BASE = 0x7F00_0000_0000  # fake device addresses: never valid host memory
+WEIGHT_BYTES = 1 << 20  # what a loaded fake model "uses" on the device
+
+FUNCTIONS: dict[str, Callable[[list[np.ndarray]], list[np.ndarray]]] = {
+    "identity": lambda xs: [x.copy() for x in xs],
+    "affine": lambda xs: [xs[0] * 2 + 1],  # y = 2x + 1
+    # y = 2x + 1 and s = the sum of each row of x
+    "affine_and_sum": lambda xs: [xs[0] * 2 + 1, xs[0].reshape(len(xs[0]), -1).sum(axis=1)],
+}
+
+
+def _arity(fmt: str) -> tuple[int, int]:
+    """(required, most) positional arguments of a PyArg_ParseTuple format."""
+    required, _, optional = fmt.partition("|")
+    count = sum(1 for c in required if c.isalpha())
+    return count, count + sum(1 for c in optional if c.isalpha())
+
+
+def _contract(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Check the call's argument count against the binding's format for ``name``."""
+    fmt = CONTRACT["functions"][name]["format"]  # KeyError: not a pyACL function
+    low, high = _arity(fmt)
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(self: Any, *args: Any) -> Any:
+            if fmt and not low <= len(args) <= high:
+                raise TypeError(f"acl.{name} takes {low}..{high} arguments ({fmt!r}), got {args}")
+            self.fake.calls.append(name)
+            return fn(self, *args)
+
+        call.__name__ = fn.__name__
+        return call
+
+    return wrap
+
+
+@dataclass
+class Tensor:
+    name: str
+    dtype: np.dtype
+    format: str
+    dims: list[int]
+
+    def size(self, batch: int) -> int:
+        dims = [batch if d < 0 else d for d in self.dims]
+        return math.prod(dims) * self.dtype.itemsize
+
+
+@dataclass
+class Model:
+    path: str
+    context: int
+    inputs: list[Tensor]  # the dynamic input last, as ATC adds it
+    outputs: list[Tensor]
+    gears: list[int]
+    function: str
+    running_on: int = 0  # the stream it executes on until that stream is synchronised
+    descs: set[int] = field(default_factory=set)
+
+
+@dataclass
+class Dataset:
+    buffers: list[int] = field(default_factory=list)
+    gear: int = 0  # set by set_dynamic_batch_size
+
+
+class FakeAcl:
+    """The ``acl`` module: top-level calls here, ``rt`` and ``mdl`` namespaces below."""
+
+    def __init__(self, soc_name: str = "Ascend310P3", devices: int = 1) -> None:
+        self.fake = self
+        self.soc_name = soc_name
+        self.device_count = devices
+        self.lock = threading.RLock()
+        self.calls: list[str] = []
+        self.initialized = False
+        self.finalized = False
+        self.devices: set[int] = set()
+        self.contexts: dict[int, int] = {}  # context -> device
+        self.default_contexts: dict[int, int] = {}  # device -> its default context
+        self.streams: dict[int, int] = {}  # stream -> context
+        self.memory: dict[int, bytearray] = {}  # device pointer -> region
+        self.models: dict[int, Model] = {}
+        self.descs: dict[int, int] = {}  # desc -> model id (0 before get_desc)
+        self.datasets: dict[int, Dataset] = {}
+        self.buffers: dict[int, tuple[int, int]] = {}  # data buffer -> (pointer, size)
+        self.used = 0
+        self.fail_next_executes = 0
+        self.rebind_default_context = False
+        self.last_error = ""
+        self._current = threading.local()
+        self._handles = itertools.count(0x1000)
+        self._next_pointer = DEVICE_BASE
+        self.rt = _Rt(self)
+        self.mdl = _Mdl(self)
+
+    # -- bookkeeping ------------------------------------------------------------------------
+    def error(self, code: int, message: str) -> int:
+        self.last_error = message
+        return code
+
+    def handle(self) -> int:
+        return next(self._handles)
+
+    @property
+    def current_context(self) -> int:
+        return int(getattr(self._current, "context", 0))
+
+    def set_current(self, context: int) -> None:
+        self._current.context = context
+
+    def needs_context(self) -> int:
+        """0 when this thread has a current context, else the runtime's error."""
+        if not self.current_context:
+            self.error(CONTEXT_NULL, "no current context on this thread (set_context first)")
+            return CONTEXT_NULL
+        return OK
+
+    def region(self, pointer: int, count: int) -> tuple[bytearray, int] | None:
+        """The device region holding ``count`` bytes at ``pointer``, and the offset in it."""
+        for base, region in self.memory.items():
+            if base <= pointer and pointer + count <= base + len(region):
+                return region, pointer - base
+        return None
+
+    def leaks(self) -> dict[str, int]:
+        """Everything created and not released (all zero after a clean shutdown)."""
+        found = {
+            "contexts": len([c for c in self.contexts if c not in self.default_contexts.values()]),
+            "streams": len(self.streams),
+            "device_buffers": len(self.memory),
+            "models": len(self.models),
+            "descs": len(self.descs),
+            "datasets": len(self.datasets),
+            "data_buffers": len(self.buffers),
+            "devices": len(self.devices),
+            "initialised": int(self.initialized),
+        }
+        return {k: v for k, v in found.items() if v}
+
+    # -- top-level acl.* --------------------------------------------------------------------
+    @_contract("init")
+    def init(self, config_path: str = "") -> int:
+        with self.lock:
+            if self.initialized:
+                return self.error(REPEAT_INITIALIZE, "acl is already initialised")
+            self.initialized, self.finalized = True, False
+            return OK
+
+    @_contract("finalize")
+    def finalize(self) -> int:
+        with self.lock:
+            if not self.initialized:
+                return self.error(REPEAT_FINALIZE, "acl is not initialised")
+            alive = {k: v for k, v in self.leaks().items() if k != "initialised"}
+            if alive:
+                return self.error(INVALID_PARAM, f"finalize with resources alive: {alive}")
+            self.initialized, self.finalized = False, True
+            return OK
+
+    @_contract("get_soc_name")
+    def get_soc_name(self) -> str:
+        return self.soc_name
+
+    @_contract("get_recent_err_msg")
+    def get_recent_err_msg(self) -> str:
+        return self.last_error
+
+    @_contract("get_version")
+    def get_version(self) -> tuple[int, int, int, int]:
+        return 8, 0, 0, OK
+
+    @_contract("create_data_buffer")
+    def create_data_buffer(self, pointer: int, size: int) -> int:
+        with self.lock:
+            buffer = self.handle()
+            self.buffers[buffer] = (pointer, size)
+            return buffer
+
+    @_contract("destroy_data_buffer")
+    def destroy_data_buffer(self, buffer: int) -> int:
+        with self.lock:
+            if buffer not in self.buffers:
+                return self.error(INVALID_PARAM, f"no data buffer {buffer}")
+            del self.buffers[buffer]
+            return OK
+
+
+class _Namespace:
+    def __init__(self, fake: FakeAcl) -> None:
+        self.fake = fake
+
+
+class _Rt(_Namespace):
+    """``acl.rt``."""
+
+    @_contract("rt.set_device")
+    def set_device(self, device: int) -> int:
+        f = self.fake
+        with f.lock:
+            if not f.initialized:
+                return f.error(UNINITIALIZE, "set_device before init")
+            if not 0 <= device < f.device_count:
+                return f.error(ERRORS["ACL_ERROR_RT_INVALID_DEVICEID"], f"no device {device}")
+            f.devices.add(device)
+            if device not in f.default_contexts:
+                context = f.handle()
+                f.default_contexts[device] = context
+                f.contexts[context] = device
+            f.set_current(f.default_contexts[device])  # the device's default context
+            return OK
+
+    @_contract("rt.reset_device")
+    def reset_device(self, device: int) -> int:
+        f = self.fake
+        with f.lock:
+            if device not in f.devices:
+                return f.error(INVALID_PARAM, f"device {device} was not set")
+            default = f.default_contexts.get(device)
+            mine = [c for c, d in f.contexts.items() if d == device and c != default]
+            if mine or any(f.contexts.get(c) == device for c in f.streams.values()):
+                return f.error(INVALID_PARAM, "reset_device before its contexts were destroyed")
+            f.devices.discard(device)
+            f.contexts.pop(default, None)
+            f.default_contexts.pop(device, None)
+            return OK
+
+    @_contract("rt.get_device_count")
+    def get_device_count(self) -> tuple[int, int]:
+        return self.fake.device_count, OK
+
+    @_contract("rt.create_context")
+    def create_context(self, device: int) -> tuple[int, int]:
+        f = self.fake
+        with f.lock:
+            if device not in f.devices:
+                return 0, f.error(INVALID_PARAM, f"create_context on device {device} not set")
+            context = f.handle()
+            f.contexts[context] = device
+            f.set_current(context)  # bound to the calling thread
+            return context, OK
+
+    @_contract("rt.set_context")
+    def set_context(self, context: int) -> int:
+        f = self.fake
+        with f.lock:
+            if context not in f.contexts:
+                return f.error(INVALID_PARAM, f"no context {context}")
+            f.set_current(context)
+            return OK
+
+    @_contract("rt.destroy_context")
+    def destroy_context(self, context: int) -> int:
+        f = self.fake
+        with f.lock:
+            if context not in f.contexts or context in f.default_contexts.values():
+                return f.error(INVALID_PARAM, f"no context {context} to destroy")
+            if context in f.streams.values() or any(
+                m.context == context for m in f.models.values()
+            ):
+                return f.error(INVALID_PARAM, "destroy_context with streams or models alive")
+            del f.contexts[context]
+            if f.current_context == context:
+                f.set_current(0)
+            return OK
+
+    @_contract("rt.create_stream")
+    def create_stream(self) -> tuple[int, int]:
+        f = self.fake
+        with f.lock:
+            if (ret := f.needs_context()) != OK:
+                return 0, ret
+            stream = f.handle()
+            f.streams[stream] = f.current_context
+            return stream, OK
+
+    @_contract("rt.destroy_stream")
+    def destroy_stream(self, stream: int) -> int:
+        f = self.fake
+        with f.lock:
+            if stream not in f.streams:
+                return f.error(INVALID_PARAM, f"no stream {stream}")
+            if f.streams[stream] != f.current_context:
+                return f.error(STREAM_CONTEXT, "stream destroyed from another context")
+            if any(m.running_on == stream for m in f.models.values()):
+                return f.error(INVALID_PARAM, "destroy_stream with work queued")
+            del f.streams[stream]
+            return OK
+
+    @_contract("rt.synchronize_stream")
+    def synchronize_stream(self, stream: int) -> int:
+        f = self.fake
+        with f.lock:
+            if (ret := f.needs_context()) != OK:
+                return ret
+            if stream not in f.streams:
+                return f.error(INVALID_PARAM, f"no stream {stream}")
+            if f.streams[stream] != f.current_context:
+                return f.error(STREAM_CONTEXT, "stream synchronised from another context")
+            for model in f.models.values():
+                if model.running_on == stream:
+                    model.running_on = 0
+            if f.rebind_default_context:  # what ORT-CANN's per-run set_device does to a thread
+                f.set_current(f.default_contexts[f.contexts[f.streams[stream]]])
+            return OK
+
+    @_contract("rt.malloc")
+    def malloc(self, size: int, policy: int) -> tuple[int, int]:
+        f = self.fake
+        with f.lock:
+            if (ret := f.needs_context()) != OK:
+                return 0, ret
+            if size <= 0 or policy not in CONTRACT["enums"]["aclrtMemMallocPolicy"].values():
+                return 0, f.error(INVALID_PARAM, f"malloc({size}, {policy})")
+            if f.used + size > DEVICE_BYTES:
+                return 0, f.error(ERRORS["ACL_ERROR_RT_MEMORY_ALLOCATION"], "out of memory")
+            pointer = f._next_pointer
+            f._next_pointer += (size + 63) // 64 * 64 + 64
+            f.memory[pointer] = bytearray(size)
+            f.used += size
+            return pointer, OK
+
+    @_contract("rt.free")
+    def free(self, pointer: int) -> int:
+        f = self.fake
+        with f.lock:
+            if pointer not in f.memory:
+                return f.error(INVALID_PARAM, f"free of {pointer:#x}, not a device buffer")
+            if any(p == pointer for p, _ in f.buffers.values()):
+                return f.error(INVALID_PARAM, "free of a buffer a data buffer still describes")
+            f.used -= len(f.memory.pop(pointer))
+            return OK
+
+    @_contract("rt.memcpy")
+    def memcpy(self, dst: int, dst_max: int, src: int, count: int, kind: int) -> int:
+        f = self.fake
+        with f.lock:
+            if (ret := f.needs_context()) != OK:
+                return ret
+            if count > dst_max:
+                return f.error(INVALID_PARAM, f"memcpy of {count} B into {dst_max} B")
+            if kind == H2D:
+                target = f.region(dst, dst_max)
+                if target is None or f.region(src, 1) is not None:
+                    return f.error(INVALID_PARAM, "host-to-device needs a device dst, host src")
+                region, offset = target
+                region[offset : offset + count] = ctypes.string_at(src, count)
+                return OK
+            if kind == D2H:
+                source = f.region(src, count)
+                if source is None or f.region(dst, 1) is not None:
+                    return f.error(INVALID_PARAM, "device-to-host needs a device src, host dst")
+                region, offset = source
+                ctypes.memmove(dst, bytes(region[offset : offset + count]), count)
+                return OK
+            return f.error(INVALID_PARAM, f"memcpy kind {kind} is not used by this backend")
+
+    @_contract("rt.get_mem_info")
+    def get_mem_info(self, attr: int) -> tuple[int, int, int]:
+        f = self.fake
+        with f.lock:
+            if (ret := f.needs_context()) != OK:
+                return 0, 0, ret
+            return DEVICE_BYTES - f.used, DEVICE_BYTES, OK
+
+
+class _Mdl(_Namespace):
+    """``acl.mdl``."""
+
+    @_contract("mdl.query_size")
+    def query_size(self, path: str) -> tuple[int, int, int]:
+        try:
+            self._read(path)
+        except (OSError, ValueError, KeyError) as err:
+            return 0, 0, self.fake.error(INVALID_FILE, str(err))
+        return 64 << 10, WEIGHT_BYTES, OK
+
+    def _read(self, path: str) -> dict[str, Any]:
+        data = json.loads(Path(path).read_text())
+        if not isinstance(data, dict) or "inputs" not in data or "outputs" not in data:
+            raise ValueError(f"{path} is not a model")
+        return data
+
+    @_contract("mdl.load_from_file")
+    def load_from_file(self, path: str) -> tuple[int, int]:
+        f = self.fake
+        with f.lock:
+            if (ret := f.needs_context()) != OK:
+                return 0, ret
+            try:
+                data = self._read(path)
+            except (OSError, ValueError) as err:
+                return 0, f.error(INVALID_FILE, str(err))
+            if data.get("soc_version", f.soc_name) != f.soc_name:
+                return 0, f.error(INVALID_FILE, f"model built for {data['soc_version']}")
+
+            def tensors(items: list[dict[str, Any]]) -> list[Tensor]:
+                return [
+                    Tensor(t["name"], np.dtype(t["dtype"]), t.get("format", "ND"), list(t["dims"]))
+                    for t in items
+                ]
+
+            gears = sorted(data.get("dynamic_batch", []))
+            inputs = tensors(data["inputs"])
+            if gears:
+                inputs.append(Tensor(DYNAMIC_NAME, np.dtype("int64"), "ND", [len(inputs) + 1]))
+            model_id = f.handle()
+            f.models[model_id] = Model(
+                path, f.current_context, inputs, tensors(data["outputs"]), gears,
+                data.get("function", "identity"),
+            )  # fmt: skip
+            f.used += WEIGHT_BYTES
+            return model_id, OK
+
+    @_contract("mdl.unload")
+    def unload(self, model_id: int) -> int:
+        f = self.fake
+        with f.lock:
+            model = f.models.get(model_id)
+            if model is None:
+                return f.error(INVALID_MODEL_ID, f"no model {model_id}")
+            if model.context != f.current_context:
+                return f.error(MODEL_CONTEXT, "unload from another context than the load")
+            if model.running_on:
+                return f.error(INVALID_PARAM, "unload while executing")
+            del f.models[model_id]
+            f.used -= WEIGHT_BYTES
+            return OK
+
+    @_contract("mdl.create_desc")
+    def create_desc(self) -> int:
+        with self.fake.lock:
+            desc = self.fake.handle()
+            self.fake.descs[desc] = 0
+            return desc
+
+    @_contract("mdl.get_desc")
+    def get_desc(self, desc: int, model_id: int) -> int:
+        f = self.fake
+        with f.lock:
+            if desc not in f.descs or model_id not in f.models:
+                return f.error(INVALID_PARAM, "get_desc of unknown desc or model")
+            f.descs[desc] = model_id
+            return OK
+
+    @_contract("mdl.destroy_desc")
+    def destroy_desc(self, desc: int) -> int:
+        f = self.fake
+        with f.lock:
+            if desc not in f.descs:
+                return f.error(INVALID_PARAM, f"no desc {desc}")
+            if f.descs[desc] in f.models:
+                return f.error(INVALID_PARAM, "destroy_desc before unloading its model")
+            del f.descs[desc]
+            return OK
+
+    def _model(self, desc: int) -> Model:
+        return self.fake.models[self.fake.descs[desc]]
+
+    @_contract("mdl.get_num_inputs")
+    def get_num_inputs(self, desc: int) -> int:
+        return len(self._model(desc).inputs)
+
+    @_contract("mdl.get_num_outputs")
+    def get_num_outputs(self, desc: int) -> int:
+        return len(self._model(desc).outputs)
+
+    def _max(self, desc: int) -> int:
+        return max(self._model(desc).gears, default=1)
+
+    @_contract("mdl.get_input_size_by_index")
+    def get_input_size_by_index(self, desc: int, index: int) -> int:
+        return self._model(desc).inputs[index].size(self._max(desc))
+
+    @_contract("mdl.get_output_size_by_index")
+    def get_output_size_by_index(self, desc: int, index: int) -> int:
+        return self._model(desc).outputs[index].size(self._max(desc))
+
+    @staticmethod
+    def _dims(t: Tensor) -> tuple[dict[str, Any], int]:
+        return {"name": t.name, "dimCount": len(t.dims), "dims": list(t.dims)}, OK
+
+    @_contract("mdl.get_input_dims")
+    def get_input_dims(self, desc: int, index: int) -> tuple[dict[str, Any], int]:
+        return self._dims(self._model(desc).inputs[index])
+
+    @_contract("mdl.get_output_dims")
+    def get_output_dims(self, desc: int, index: int) -> tuple[dict[str, Any], int]:
+        return self._dims(self._model(desc).outputs[index])
+
+    @_contract("mdl.get_cur_output_dims")
+    def get_cur_output_dims(self, desc: int, index: int) -> tuple[dict[str, Any], int]:
+        model = self._model(desc)
+        t = model.outputs[index]
+        gear = getattr(model, "last_gear", 0) or self._max(desc)
+        dims = [gear if d < 0 else d for d in t.dims]
+        return {"name": t.name, "dimCount": len(dims), "dims": dims}, OK
+
+    @_contract("mdl.get_input_data_type")
+    def get_input_data_type(self, desc: int, index: int) -> int:
+        return DTYPE_CODES[self._model(desc).inputs[index].dtype]
+
+    @_contract("mdl.get_output_data_type")
+    def get_output_data_type(self, desc: int, index: int) -> int:
+        return DTYPE_CODES[self._model(desc).outputs[index].dtype]
+
+    @_contract("mdl.get_input_format")
+    def get_input_format(self, desc: int, index: int) -> int:
+        return FORMAT_CODES[self._model(desc).inputs[index].format]
+
+    @_contract("mdl.get_output_format")
+    def get_output_format(self, desc: int, index: int) -> int:
+        return FORMAT_CODES[self._model(desc).outputs[index].format]
+
+    @_contract("mdl.get_input_name_by_index")
+    def get_input_name_by_index(self, desc: int, index: int) -> str:
+        return self._model(desc).inputs[index].name
+
+    @_contract("mdl.get_output_name_by_index")
+    def get_output_name_by_index(self, desc: int, index: int) -> str:
+        return self._model(desc).outputs[index].name
+
+    @_contract("mdl.get_input_index_by_name")
+    def get_input_index_by_name(self, desc: int, name: str) -> tuple[int, int]:
+        for i, t in enumerate(self._model(desc).inputs):
+            if t.name == name:
+                return i, OK
+        return -1, self.fake.error(INVALID_PARAM, f"no input named {name!r}")
+
+    @_contract("mdl.get_dynamic_batch")
+    def get_dynamic_batch(self, desc: int) -> tuple[dict[str, Any], int]:
+        gears = self._model(desc).gears
+        return {"batchCount": len(gears), "batch": list(gears)}, OK
+
+    @_contract("mdl.set_dynamic_batch_size")
+    def set_dynamic_batch_size(self, model_id: int, dataset: int, index: int, batch: int) -> int:
+        f = self.fake
+        with f.lock:
+            model = f.models.get(model_id)
+            if model is None or dataset not in f.datasets:
+                return f.error(INVALID_PARAM, "set_dynamic_batch_size: unknown model or dataset")
+            if not model.gears:
+                return f.error(ERRORS["ACL_ERROR_MODEL_NOT_DYNAMIC"], "the model is static")
+            if index != len(model.inputs) - 1 or model.inputs[index].name != DYNAMIC_NAME:
+                return f.error(INVALID_PARAM, f"input {index} is not {DYNAMIC_NAME}")
+            if batch not in model.gears:
+                return f.error(INVALID_PARAM, f"batch {batch} is not a gear {model.gears}")
+            f.datasets[dataset].gear = batch
+            return OK
+
+    @_contract("mdl.create_dataset")
+    def create_dataset(self) -> int:
+        with self.fake.lock:
+            dataset = self.fake.handle()
+            self.fake.datasets[dataset] = Dataset()
+            return dataset
+
+    @_contract("mdl.add_dataset_buffer")
+    def add_dataset_buffer(self, dataset: int, buffer: int) -> tuple[int, int]:
+        f = self.fake
+        with f.lock:
+            if dataset not in f.datasets or buffer not in f.buffers:
+                return dataset, f.error(INVALID_PARAM, "add_dataset_buffer: unknown handles")
+            f.datasets[dataset].buffers.append(buffer)
+            return dataset, OK
+
+    @_contract("mdl.destroy_dataset")
+    def destroy_dataset(self, dataset: int) -> int:
+        f = self.fake
+        with f.lock:
+            if dataset not in f.datasets:
+                return f.error(INVALID_PARAM, f"no dataset {dataset}")
+            del f.datasets[dataset]
+            return OK
+
+    @_contract("mdl.execute_async")
+    def execute_async(self, model_id: int, inputs: int, outputs: int, stream: int) -> int:
+        f = self.fake
+        with f.lock:
+            if (ret := f.needs_context()) != OK:
+                return ret
+            model = f.models.get(model_id)
+            if model is None:
+                return f.error(INVALID_MODEL_ID, f"no model {model_id}")
+            if model.context != f.current_context:
+                return f.error(MODEL_CONTEXT, "model executed from another context")
+            if f.streams.get(stream) != f.current_context:
+                return f.error(STREAM_CONTEXT, "stream of another context")
+            if model.running_on and model.running_on != stream:
+                return f.error(INVALID_PARAM, "the same model is executing on another stream")
+            in_ds, out_ds = f.datasets.get(inputs), f.datasets.get(outputs)
+            if in_ds is None or out_ds is None:
+                return f.error(INVALID_PARAM, "unknown dataset")
+            gear = in_ds.gear if model.gears else 1
+            if model.gears and not gear:
+                return f.error(INVALID_PARAM, "dynamic model executed without a batch gear")
+            full = max(model.gears, default=1)
+            for ds, tensors in ((in_ds, model.inputs), (out_ds, model.outputs)):
+                sizes = [f.buffers[b][1] for b in ds.buffers]
+                if sizes != [t.size(full) for t in tensors]:
+                    return f.error(INPUT_NOT_MATCH, f"dataset sizes {sizes} do not match")
+            if f.fail_next_executes:
+                f.fail_next_executes -= 1
+                return f.error(MODEL_EXECUTE, "injected execution failure")
+            arrays = []
+            for buffer, t in zip(in_ds.buffers, model.inputs):
+                if t.name == DYNAMIC_NAME:
+                    continue
+                pointer, _ = f.buffers[buffer]
+                region, offset = f.region(pointer, t.size(gear))  # type: ignore[misc]
+                dims = [gear if d < 0 else d for d in t.dims]
+                data = bytes(region[offset : offset + t.size(gear)])
+                arrays.append(np.frombuffer(data, dtype=t.dtype).reshape(dims))
+            results = FUNCTIONS[model.function](arrays)
+            for buffer, t, result in zip(out_ds.buffers, model.outputs, results):
+                pointer, _ = f.buffers[buffer]
+                region, offset = f.region(pointer, t.size(gear))  # type: ignore[misc]
+                raw = np.ascontiguousarray(result, dtype=t.dtype).tobytes()
+                region[offset : offset + len(raw)] = raw
+            model.running_on = stream
+            model.last_gear = gear  # type: ignore[attr-defined]
+            return OK
+
+
+def write_model(path: Path, soc_version: str = "Ascend310P3", **spec: Any) -> Path:
+    """A fake ``.om`` (a JSON descriptor) at ``path``."""
+    path.write_text(json.dumps({"soc_version": soc_version, **spec}))
+    return path

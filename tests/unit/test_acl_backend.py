@@ -1,0 +1,272 @@
+"""The ACL backend against the strict pyACL fake: contract, engine, worker threads, teardown.
+
+The fake is installed as the ``acl`` module, so the code under test is exactly what runs on a
+card: ``load_runtime`` imports it, the engine builds real worker threads, sessions are opened and
+closed on them.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+from ipc.errors import InternalError
+from supervisor.config import ConfigError, load_config
+from supervisor.engine import Engine
+from tests.fakes import fake_acl
+from tests.fakes.fake_acl import CONTRACT, FakeAcl, write_model
+from worker.backends import acl_runtime
+from worker.backends.acl import AclBackend
+from worker.backends.base import SessionSettings
+from worker.backends.ort_backend import CANN_PROVIDER_KEYS, OrtOptions, provider_options_for
+
+AFFINE = {
+    "inputs": [{"name": "x", "dtype": "float32", "format": "ND", "dims": [-1, 4]}],
+    "outputs": [
+        {"name": "y", "dtype": "float32", "format": "ND", "dims": [-1, 4]},
+        {"name": "s", "dtype": "float32", "format": "ND", "dims": [-1]},
+    ],
+    "dynamic_batch": [1, 2, 4, 8],
+    "function": "affine_and_sum",
+}
+STATIC = {
+    "inputs": [{"name": "x", "dtype": "uint8", "format": "NCHW", "dims": [1, 3, 2, 2]}],
+    "outputs": [{"name": "y", "dtype": "uint8", "format": "NCHW", "dims": [1, 3, 2, 2]}],
+    "function": "identity",
+}
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeAcl:
+    acl = FakeAcl()
+    monkeypatch.setitem(sys.modules, "acl", acl)
+    return acl
+
+
+def config(tmp_path: Path, models: list[dict[str, Any]]) -> Path:
+    path = tmp_path / "ascend.yaml"
+    path.write_text(yaml.safe_dump({"devices": [{"id": 0, "kind": "ascend"}], "models": models}))
+    return path
+
+
+def raw_model(name: str, file: str, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "task": "raw", "backend": "acl", "file": file, **extra}
+
+
+# -- the contract ---------------------------------------------------------------------------
+
+
+def test_every_call_the_runtime_makes_is_a_pyacl_function() -> None:
+    source = inspect.getsource(acl_runtime)
+    called = set(re.findall(r"self\._acl\.([a-z_.]+)\(", source))
+    assert len(called) >= 40
+    missing = sorted(name for name in called if name not in CONTRACT["functions"])
+    assert not missing, f"not in the pyACL binding: {missing}"
+
+
+def test_the_runtime_constants_match_the_cann_headers() -> None:
+    enums, errors = CONTRACT["enums"], CONTRACT["errors"]
+    assert errors["ACL_SUCCESS"] == acl_runtime.ACL_SUCCESS
+    assert errors["ACL_ERROR_REPEAT_INITIALIZE"] == acl_runtime.ACL_ERROR_REPEAT_INITIALIZE
+    policy = enums["aclrtMemMallocPolicy"]["ACL_MEM_MALLOC_HUGE_FIRST"]
+    assert policy == acl_runtime.ACL_MEM_MALLOC_HUGE_FIRST
+    kinds = enums["aclrtMemcpyKind"]
+    assert kinds["ACL_MEMCPY_HOST_TO_DEVICE"] == acl_runtime.ACL_MEMCPY_HOST_TO_DEVICE
+    assert kinds["ACL_MEMCPY_DEVICE_TO_HOST"] == acl_runtime.ACL_MEMCPY_DEVICE_TO_HOST
+    assert enums["aclrtMemAttr"]["ACL_HBM_MEM"] == acl_runtime.ACL_HBM_MEM
+    assert enums["aclrtMemAttr"]["ACL_DDR_MEM"] == acl_runtime.ACL_DDR_MEM
+    assert CONTRACT["strings"]["ACL_DYNAMIC_TENSOR_NAME"] == acl_runtime.ACL_DYNAMIC_TENSOR_NAME
+    names = {"float32": "FLOAT", "float64": "DOUBLE", "bool": "BOOL"}
+    for code, dtype in acl_runtime.ACL_DTYPES.items():
+        name = names.get(dtype.name, dtype.name.upper())
+        assert enums["aclDataType"][f"ACL_{name}"] == code, dtype
+    for code, name in acl_runtime.ACL_FORMATS.items():
+        assert enums["aclFormat"][f"ACL_FORMAT_{name}"] == code, name
+    assert set(acl_runtime.ERROR_MEANINGS) <= set(errors.values())
+
+
+def test_the_fake_refuses_what_the_hardware_refuses(tmp_path: Path) -> None:
+    acl = FakeAcl()
+    assert acl.init() == 0 and acl.init() == fake_acl.REPEAT_INITIALIZE
+    with pytest.raises(TypeError):
+        acl.rt.malloc(64)  # one argument short of the binding's "ki"
+    assert acl.rt.malloc(64, 0) == (0, fake_acl.CONTEXT_NULL)  # no context on this thread
+    assert acl.rt.set_device(0) == 0
+    context, _ = acl.rt.create_context(0)
+    stream, _ = acl.rt.create_stream()
+    model, ret = acl.mdl.load_from_file(str(write_model(tmp_path / "m.om", **STATIC)))
+    assert ret == 0
+    other: list[int] = []
+    thread = threading.Thread(target=lambda: other.append(acl.rt.create_stream()[1]))
+    thread.start()
+    thread.join()
+    assert other == [fake_acl.CONTEXT_NULL]  # a new thread has no current context
+    second, _ = acl.rt.create_context(0)  # now current on this thread
+    assert acl.mdl.execute_async(model, 0, 0, stream) == fake_acl.MODEL_CONTEXT
+    assert acl.mdl.unload(model) == fake_acl.MODEL_CONTEXT
+    assert acl.rt.destroy_context(second) == 0
+    acl.rt.set_context(context)
+    assert acl.rt.destroy_context(context) != 0  # its stream and model are alive
+    assert acl.finalize() != 0  # resources alive
+    assert acl.mdl.unload(model) == 0 and acl.rt.destroy_stream(stream) == 0
+    assert acl.rt.destroy_context(context) == 0
+    assert acl.rt.reset_device(0) == 0 and acl.finalize() == 0
+    assert acl.leaks() == {}
+
+
+# -- the backend ----------------------------------------------------------------------------
+
+
+def test_models_instances_and_gear_padding(tmp_path: Path, fake: FakeAcl) -> None:
+    write_model(tmp_path / "affine.om", **AFFINE)
+    write_model(tmp_path / "static.om", **STATIC)
+    path = config(
+        tmp_path,
+        [
+            raw_model("affine", "affine.om", max_batch=8, instances=2),
+            raw_model("static", "static.om", max_batch=1),
+        ],
+    )
+    with Engine(load_config(path)) as engine:
+        x = np.arange(12, dtype=np.float32).reshape(3, 4)
+        out = engine.infer("affine", x, timeout_s=10)
+        np.testing.assert_array_equal(out["y"], x * 2 + 1)  # 3 rows back, not the gear's 4
+        np.testing.assert_array_equal(out["s"], x.sum(axis=1))
+        image = np.arange(12, dtype=np.uint8).reshape(1, 3, 2, 2)
+        np.testing.assert_array_equal(engine.infer("static", image, timeout_s=10)["y"], image)
+        futures = [
+            engine.submit("affine", np.full((n, 4), n, dtype=np.float32)) for n in (1, 2, 5, 8) * 5
+        ]
+        for future, n in zip(futures, (1, 2, 5, 8) * 5):
+            assert future.result(10)["y"].tolist() == [[2.0 * n + 1] * 4] * n
+        status = engine.status()["models"]["affine"]
+        assert status["state"] == "READY" and status["instances"] == 2
+    assert fake.calls.count("rt.create_context") == 3  # one per instance
+    assert fake.calls.count("init") == 1 and fake.calls.count("rt.set_device") == 1
+    assert fake.leaks() == {}  # every create/malloc released, device reset, finalised
+    assert fake.calls[-2:] == ["rt.reset_device", "finalize"]
+
+
+def test_every_call_runs_in_the_instance_context(tmp_path: Path, fake: FakeAcl) -> None:
+    """Two instances on two threads, and every synchronise leaves the thread in the device's
+    default context (as ORT-CANN does): a run that did not set its own context would fail."""
+    fake.rebind_default_context = True
+    write_model(tmp_path / "affine.om", **AFFINE)
+    model = raw_model("affine", "affine.om", max_batch=4, instances=2, queue_size=256)
+    path = config(tmp_path, [model])
+    with Engine(load_config(path)) as engine:
+        futures = [engine.submit("affine", np.ones((2, 4), np.float32)) for _ in range(200)]
+        assert all(f.result(10)["y"][0, 0] == 3.0 for f in futures)
+    assert fake.leaks() == {}
+
+
+def test_a_failed_execute_fails_its_batch_and_the_next_one_serves(
+    tmp_path: Path, fake: FakeAcl
+) -> None:
+    write_model(tmp_path / "affine.om", **AFFINE)
+    path = config(tmp_path, [raw_model("affine", "affine.om", max_batch=4)])
+    with Engine(load_config(path)) as engine:
+        fake.fail_next_executes = 1
+        with pytest.raises(InternalError):
+            engine.infer("affine", np.ones((1, 4), np.float32), timeout_s=10)
+        assert engine.infer("affine", np.ones((1, 4), np.float32), timeout_s=10)["y"][0, 0] == 3
+    assert fake.leaks() == {}
+
+
+def test_reload_replaces_sessions_without_leaks(tmp_path: Path, fake: FakeAcl) -> None:
+    write_model(tmp_path / "affine.om", **AFFINE)
+    write_model(tmp_path / "static.om", **STATIC)
+    first = config(tmp_path, [raw_model("affine", "affine.om", max_batch=4)])
+    with Engine(load_config(first)) as engine:
+        second = config(
+            tmp_path,
+            [
+                raw_model("affine", "affine.om", max_batch=8),
+                raw_model("static", "static.om"),
+            ],
+        )
+        summary = engine.reload(load_config(second))
+        assert summary == {"added": ["static"], "removed": [], "replaced": ["affine"]}
+        assert engine.infer("affine", np.ones((8, 4), np.float32), timeout_s=10)["y"].shape == (
+            8,
+            4,
+        )
+        assert fake.models and len(fake.models) == 2  # the old affine session is gone
+    assert fake.leaks() == {}
+
+
+def test_a_max_batch_above_the_largest_gear_fails_the_load(tmp_path: Path, fake: FakeAcl) -> None:
+    write_model(tmp_path / "affine.om", **AFFINE)
+    path = config(tmp_path, [raw_model("affine", "affine.om", max_batch=16)])
+    engine = Engine(load_config(path))
+    with pytest.raises(RuntimeError, match="max_batch 16 is above the 8 rows"):
+        engine.start()
+    engine.close()
+    assert fake.leaks() == {}
+
+
+def test_a_model_built_for_another_soc_is_refused_clearly(tmp_path: Path, fake: FakeAcl) -> None:
+    model = write_model(tmp_path / "affine.om", soc_version="Ascend910B3", **AFFINE)
+    backend = AclBackend()
+    settings = SessionSettings(intra_op_threads=1)
+    with pytest.raises(RuntimeError, match="this device is Ascend310P3"):
+        backend.open(model, settings)  # the fake's load says "invalid file"; we say why
+    (tmp_path / "affine.om.atc.json").write_text(json.dumps({"soc_version": "Ascend910B3"}))
+    with pytest.raises(RuntimeError, match="built for Ascend910B3 but this device is Ascend310P3"):
+        backend.open(model, settings)  # caught before loading, from the ATC sidecar
+    backend.close()
+    assert fake.leaks() == {}
+
+
+def test_session_writes_outputs_into_the_callers_arrays(tmp_path: Path, fake: FakeAcl) -> None:
+    """The slot fast path: output shapes known up front, results copied straight in."""
+    backend = AclBackend()
+    session = backend.open(write_model(tmp_path / "a.om", **AFFINE), SessionSettings(1))
+    x = np.ones((3, 4), np.float32)
+    shapes = session.expected_output_shapes({"x": x})
+    assert shapes == [(3, 4), (3,)]
+    targets = {"y": np.zeros((3, 4), np.float32), "s": np.zeros(3, np.float32)}
+    session.run({"x": x}, targets)
+    assert targets["y"][2, 3] == 3.0 and targets["s"][0] == 4.0
+    assert session.describe()["dynamic_batch_gears"] == [1, 2, 4, 8]
+    assert session.memory["measured_bytes"] > 0
+    with pytest.raises(ValueError, match="static model takes"):
+        static = backend.open(write_model(tmp_path / "s.om", **STATIC), SessionSettings(1))
+        try:
+            static.run({"x": np.zeros((2, 3, 2, 2), np.uint8)})
+        finally:
+            static.close()
+    session.close()
+    backend.close()
+    assert fake.leaks() == {}
+
+
+# -- configuration --------------------------------------------------------------------------
+
+
+def test_an_acl_model_needs_an_ascend_device(tmp_path: Path) -> None:
+    write_model(tmp_path / "affine.om", **AFFINE)
+    path = tmp_path / "cpu.yaml"
+    path.write_text(yaml.safe_dump({"models": [raw_model("affine", "affine.om")]}))
+    with pytest.raises(ConfigError, match="needs an ascend device"):
+        load_config(path)
+
+
+def test_cann_provider_options_accept_only_the_keys_the_provider_does() -> None:
+    built = provider_options_for(
+        "CANNExecutionProvider", {"device_id": 1, "enable_cann_graph": True}
+    )
+    assert built == {"device_id": "1", "enable_cann_graph": "1", "dump_om_model": "0"}
+    assert len(CANN_PROVIDER_KEYS) == 10
+    with pytest.raises(ValueError, match="does not accept \\['do_copy_in_default_stream'\\]"):
+        OrtOptions(provider_options={"CANNExecutionProvider": {"do_copy_in_default_stream": 1}})
+    assert provider_options_for("CUDAExecutionProvider", {"device_id": 0}) == {"device_id": "0"}

@@ -1,0 +1,453 @@
+"""The ACL backend: Huawei Ascend ``.om`` models through pyACL.
+
+Created by ``create_backend("acl", AclOptions)``; ``AclBackend.open`` runs on the model worker's
+thread and returns an ``AclSession`` that only that thread uses. Hardware status: built to the
+pyACL call contract (``worker.backends.acl_runtime``) and tested against the strict fake in
+``tests/fakes/fake_acl.py``; not yet verified on a 310P3 or 910B card (README, "Ascend").
+
+Process-wide (``AclBackend``): the first ``open`` calls ``acl.init`` (100002, "already
+initialised", is fine: ORT's CANN provider may have done it) and ``rt.set_device`` once per device;
+``close`` resets the devices and finalises, after every session is gone.
+
+Per session (one per model instance): its own context (made current again before every call the
+session makes), its own stream and its own model id (so one model id never runs on two streams),
+device buffers for every input and output at the largest gear allocated once (HUGE_FIRST), and
+both datasets built once, including the ``ascend_mbatch_shape_data`` input ATC adds to a
+dynamic-batch model. Device memory: ``query_size`` before the load and the ``get_mem_info``
+drop across it are kept in ``memory``.
+
+Per run: host→device ``memcpy`` straight from the caller's arrays (a shared-memory slot's views
+or the session's host buffers), ``set_dynamic_batch_size`` to the smallest gear that holds the
+batch (padding rows are never copied back), ``execute_async`` + ``synchronize_stream`` (the GIL is
+free while the device works; the synchronous ``execute`` would hold it and stall every model),
+then device→host copies of only the real rows of each output (``get_cur_output_dims``).
+
+Close releases in the documented order: data buffers and datasets, model, description, device
+buffers, stream, context.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import structlog
+
+from worker.backends.acl_runtime import (
+    ACL_DTYPES,
+    ACL_DYNAMIC_TENSOR_NAME,
+    ACL_ERROR_REPEAT_INITIALIZE,
+    ACL_FORMATS,
+    ACL_HBM_MEM,
+    ACL_MEM_MALLOC_HUGE_FIRST,
+    ACL_MEMCPY_DEVICE_TO_HOST,
+    ACL_MEMCPY_HOST_TO_DEVICE,
+    ACL_SUCCESS,
+    AclError,
+    AclRuntime,
+    load_runtime,
+)
+from worker.backends.base import Backend, HostBuffers, ModelSession, SessionSettings, TensorSpec
+from worker.config_model import StrictModel
+
+log = structlog.get_logger("duomo.acl")
+ATC_SIDECAR_SUFFIX = ".atc.json"  # written next to the .om by tools/atc_convert.py
+_LOAD_FAILURES_WORTH_A_SOC_HINT = {100003, 500001, 500002, 507033}
+
+
+class AclOptions(StrictModel):
+    """``backends.acl`` in the config."""
+
+    check_soc: bool = True  # compare the SoC an .om was built for with the device's
+
+
+def atc_sidecar(path: Path) -> dict[str, Any] | None:
+    """What ``tools/atc_convert.py`` recorded about ``path`` (SoC, command), if it did."""
+    sidecar = path.with_name(path.name + ATC_SIDECAR_SUFFIX)
+    if not sidecar.is_file():
+        return None
+    data = json.loads(sidecar.read_text())
+    return data if isinstance(data, dict) else None
+
+
+class AclBackend(Backend):
+    name = "acl"
+
+    def __init__(
+        self,
+        options: AclOptions | None = None,
+        runtime_factory: Callable[[], AclRuntime] = load_runtime,
+    ) -> None:
+        self.options = options or AclOptions()
+        self._runtime_factory = runtime_factory
+        self._runtime: AclRuntime | None = None
+        self._devices: list[int] = []
+        self._lock = threading.Lock()
+        self.soc_name = ""
+
+    def _runtime_for(self, device: int) -> AclRuntime:
+        """The process's runtime, initialised once, with ``device`` set once."""
+        with self._lock:
+            rt = self._runtime
+            if rt is None:
+                rt = self._runtime_factory()
+                ret = rt.init()
+                if ret not in (ACL_SUCCESS, ACL_ERROR_REPEAT_INITIALIZE):
+                    rt.check(ret, "init")
+                self._runtime = rt
+                self.soc_name = rt.get_soc_name()
+            if device not in self._devices:
+                rt.check(rt.set_device(device), f"rt.set_device({device})")
+                self._devices.append(device)
+            return rt
+
+    def open(self, path: Path, settings: SessionSettings) -> AclSession:
+        rt = self._runtime_for(settings.device)
+        if self.options.check_soc:
+            _check_soc(path, self.soc_name)
+        return AclSession(rt, path, settings.device, self.soc_name)
+
+    def close(self) -> None:
+        with self._lock:
+            rt, self._runtime = self._runtime, None
+            devices, self._devices = self._devices, []
+        if rt is None:
+            return
+        for device in reversed(devices):
+            _release(rt, rt.reset_device(device), f"rt.reset_device({device})")
+        _release(rt, rt.finalize(), "finalize")
+
+
+def _check_soc(path: Path, soc_name: str) -> None:
+    built_for = (atc_sidecar(path) or {}).get("soc_version")
+    if built_for and soc_name and built_for.replace(" ", "").lower() != soc_name.lower():
+        raise RuntimeError(
+            f"{path.name} was built for {built_for} but this device is {soc_name}: convert it "
+            f"again with atc --soc_version={soc_name} (tools/atc_convert.py)"
+        )
+
+
+def _release(rt: AclRuntime, ret: int, call: str) -> None:
+    """Teardown goes on after a failed release; the failure is logged, not raised."""
+    if ret != ACL_SUCCESS:
+        log.error("acl release failed", call=call, code=ret, detail=rt.get_recent_err_msg())
+
+
+@dataclass(frozen=True)
+class _Tensor:
+    """One model input or output as the model description reports it."""
+
+    spec: TensorSpec
+    dims: tuple[int, ...]  # -1 where a gear decides
+    size: int  # device bytes, at the largest gear
+    format: str
+
+
+class AclSession(ModelSession):
+    def __init__(self, rt: AclRuntime, path: Path, device: int, soc_name: str) -> None:
+        self._rt = rt
+        self.path = path
+        self.device = device
+        self.metadata: dict[str, str] = {"soc": soc_name}
+        self._in = HostBuffers()
+        self._out = HostBuffers()
+        self._context = self._stream = self._model_id = self._desc = 0
+        self._input_dataset = self._output_dataset = 0
+        self._pointers: list[int] = []
+        self._data_buffers: list[int] = []
+        self._input_pointers: list[int] = []
+        self._data_input_pointers: list[int] = []
+        self._output_pointers: list[int] = []
+        self.memory: dict[str, int] = {}
+        try:
+            self._load()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- loading ----------------------------------------------------------------------------
+    def _load(self) -> None:
+        rt = self._rt
+        context, ret = rt.create_context(self.device)  # current on this thread from now on
+        rt.check(ret, f"rt.create_context({self.device})")
+        self._context = context
+        stream, ret = rt.create_stream()
+        rt.check(ret, "rt.create_stream")
+        self._stream = stream
+        free_before = self._free_device_bytes()
+        work, weight, ret = rt.query_size(str(self.path))
+        rt.check(ret, f"mdl.query_size({self.path.name})")
+        model_id, ret = rt.load_from_file(str(self.path))
+        if ret != ACL_SUCCESS:
+            hint = ""
+            if ret in _LOAD_FAILURES_WORTH_A_SOC_HINT:
+                hint = f"; this device is {self.metadata['soc']}: was it built for it?"
+            raise AclError(f"mdl.load_from_file({self.path})", ret, rt.get_recent_err_msg() + hint)
+        self._model_id = model_id
+        self._desc = rt.create_desc()
+        rt.check(rt.get_desc(self._desc, model_id), "mdl.get_desc")
+        self._describe()
+        self._input_dataset, self._input_pointers = self._dataset(self._input_sizes)
+        self._data_input_pointers = [  # the inputs a caller fills (not the gear input)
+            p for i, p in enumerate(self._input_pointers) if i != self._dynamic_index
+        ]
+        self._output_dataset, self._output_pointers = self._dataset([t.size for t in self._outputs])
+        self.memory = {
+            "query_work_bytes": work,
+            "query_weight_bytes": weight,
+            "measured_bytes": max(0, free_before - self._free_device_bytes()),
+        }
+
+    def _free_device_bytes(self) -> int:
+        free, _total, ret = self._rt.get_mem_info(ACL_HBM_MEM)
+        return free if ret == ACL_SUCCESS else 0
+
+    def _describe(self) -> None:
+        rt, desc = self._rt, self._desc
+        count = rt.get_num_inputs(desc)
+        index, ret = rt.get_input_index_by_name(desc, ACL_DYNAMIC_TENSOR_NAME)
+        self._dynamic_index = index if ret == ACL_SUCCESS else None
+        gears: list[int] = []
+        if self._dynamic_index is not None:
+            info, ret = rt.get_dynamic_batch(desc)
+            rt.check(ret, "mdl.get_dynamic_batch")
+            gears = sorted(int(b) for b in info.get("batch", [])[: int(info.get("batchCount", 0))])
+        self.gears = tuple(gears)
+        self._input_sizes = [rt.get_input_size_by_index(desc, i) for i in range(count)]
+        self._inputs = [
+            self._tensor(
+                rt.get_input_name_by_index(desc, i),
+                rt.get_input_dims(desc, i),
+                rt.get_input_data_type(desc, i),
+                rt.get_input_format(desc, i),
+                self._input_sizes[i],
+            )
+            for i in range(count)
+            if i != self._dynamic_index
+        ]
+        self._outputs = [
+            self._tensor(
+                rt.get_output_name_by_index(desc, i),
+                rt.get_output_dims(desc, i),
+                rt.get_output_data_type(desc, i),
+                rt.get_output_format(desc, i),
+                rt.get_output_size_by_index(desc, i),
+            )
+            for i in range(rt.get_num_outputs(desc))
+        ]
+        self.inputs = tuple(t.spec for t in self._inputs)
+        self.outputs = tuple(t.spec for t in self._outputs)
+
+    def _tensor(
+        self, name: str, dims: tuple[dict[str, Any], int], dtype: int, fmt: int, size: int
+    ) -> _Tensor:
+        info, ret = dims
+        self._rt.check(ret, f"mdl dims of {name!r}")
+        if dtype not in ACL_DTYPES:
+            raise RuntimeError(f"{self.path.name}: tensor {name!r} has unsupported type {dtype}")
+        shape = tuple(int(d) for d in info["dims"][: int(info["dimCount"])])
+        spec = TensorSpec(name, ACL_DTYPES[dtype], tuple(d if d >= 0 else None for d in shape))
+        return _Tensor(spec, shape, size, ACL_FORMATS.get(fmt, str(fmt)))
+
+    def _dataset(self, sizes: list[int]) -> tuple[int, list[int]]:
+        """A dataset of fresh device buffers of ``sizes`` bytes (kept for release)."""
+        rt = self._rt
+        dataset = rt.create_dataset()
+        pointers = []
+        try:
+            for size in sizes:
+                pointer, ret = rt.malloc(size, ACL_MEM_MALLOC_HUGE_FIRST)
+                rt.check(ret, f"rt.malloc({size})")
+                self._pointers.append(pointer)
+                pointers.append(pointer)
+                buffer = rt.create_data_buffer(pointer, size)
+                self._data_buffers.append(buffer)
+                dataset, ret = rt.add_dataset_buffer(dataset, buffer)
+                rt.check(ret, "mdl.add_dataset_buffer")
+        except BaseException:
+            _release(rt, rt.destroy_dataset(dataset), "mdl.destroy_dataset")
+            raise
+        return dataset, pointers
+
+    # -- serving ----------------------------------------------------------------------------
+    def input_buffer(self, name: str, shape: Sequence[int]) -> np.ndarray:
+        return self._in.view(name, self.spec(name).dtype, shape)
+
+    @property
+    def buffer_bytes(self) -> int:
+        return self._in.nbytes + self._out.nbytes
+
+    @property
+    def buffer_growths(self) -> int:
+        return self._in.growths + self._out.growths
+
+    @property
+    def max_rows(self) -> int | None:
+        if self.gears:
+            return self.gears[-1]
+        first = self._inputs[0].dims if self._inputs else ()
+        return first[0] if first and first[0] > 0 else None
+
+    def gear_for(self, batch: int) -> int:
+        """The smallest gear that holds ``batch`` rows (ValueError when none does)."""
+        for gear in self.gears:
+            if gear >= batch:
+                return gear
+        raise ValueError(
+            f"{self.path.name}: a batch of {batch} is above its largest gear "
+            f"{self.gears[-1]} (gears {list(self.gears)}); lower max_batch or add a gear with "
+            "atc --dynamic_batch_size"
+        )
+
+    def _rows(self, inputs: Mapping[str, np.ndarray]) -> int:
+        first = inputs[self._inputs[0].spec.name]
+        return int(first.shape[0]) if first.ndim else 1
+
+    def expected_output_shapes(
+        self, inputs: Mapping[str, np.ndarray]
+    ) -> list[tuple[int, ...]] | None:
+        batch = self._rows(inputs)
+        shapes = []
+        for t in self._outputs:
+            dims = list(t.dims)
+            if self.gears and dims and dims[0] < 0:
+                dims[0] = batch
+            if any(d < 0 for d in dims):
+                return None
+            shapes.append(tuple(dims))
+        return shapes
+
+    def run(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Mapping[str, np.ndarray] | None = None,
+    ) -> dict[str, np.ndarray]:
+        rt = self._rt
+        rt.check(rt.set_context(self._context), "rt.set_context")
+        batch = self._rows(inputs)
+        gear = self.gear_for(batch) if self.gears else None
+        for t, pointer in zip(self._inputs, self._data_input_pointers):
+            array = inputs.get(t.spec.name)
+            if array is None:
+                raise ValueError(f"missing input {t.spec.name!r} for {self.path.name}")
+            self._check_input(t, array, batch)
+            if array.dtype != t.spec.dtype or not array.flags.c_contiguous:
+                array = np.ascontiguousarray(array, dtype=t.spec.dtype)
+            rt.check(
+                rt.memcpy(
+                    pointer, t.size, array.ctypes.data, array.nbytes, ACL_MEMCPY_HOST_TO_DEVICE
+                ),
+                f"rt.memcpy to {t.spec.name!r}",
+            )
+        if gear is not None:
+            assert self._dynamic_index is not None
+            rt.check(
+                rt.set_dynamic_batch_size(
+                    self._model_id, self._input_dataset, self._dynamic_index, gear
+                ),
+                f"mdl.set_dynamic_batch_size({gear})",
+            )
+        rt.check(
+            rt.execute_async(
+                self._model_id, self._input_dataset, self._output_dataset, self._stream
+            ),
+            "mdl.execute_async",
+        )
+        rt.check(rt.synchronize_stream(self._stream), "rt.synchronize_stream")
+        results: dict[str, np.ndarray] = {}
+        for i, (t, pointer) in enumerate(zip(self._outputs, self._output_pointers)):
+            dims, ret = rt.get_cur_output_dims(self._desc, i)
+            shape = [int(d) for d in dims["dims"][: int(dims["dimCount"])]] if ret == 0 else []
+            if not shape or any(d < 0 for d in shape):
+                shape = list(t.dims)
+            if gear is not None and shape and shape[0] == gear:
+                shape[0] = batch  # the padding rows stay on the device
+            if outputs is not None:
+                target = outputs[t.spec.name]
+                if target.shape != tuple(shape) or target.dtype != t.spec.dtype:
+                    raise ValueError(
+                        f"output {t.spec.name!r} is {t.spec.dtype}{shape}, the caller's array "
+                        f"is {target.dtype}{list(target.shape)}"
+                    )
+            else:
+                target = self._out.view(t.spec.name, t.spec.dtype, shape)
+            if target.nbytes > t.size:
+                raise ValueError(f"output {t.spec.name!r} of {target.nbytes} B exceeds {t.size}")
+            rt.check(
+                rt.memcpy(
+                    target.ctypes.data, target.nbytes, pointer, target.nbytes,
+                    ACL_MEMCPY_DEVICE_TO_HOST,
+                ),
+                f"rt.memcpy from {t.spec.name!r}",
+            )  # fmt: skip
+            results[t.spec.name] = target
+        return results
+
+    def _check_input(self, t: _Tensor, array: np.ndarray, batch: int) -> None:
+        expected = list(t.dims)
+        if self.gears and expected and expected[0] < 0:
+            expected[0] = batch
+        if list(array.shape) != expected:
+            kind = "dynamic-batch" if self.gears else "static"
+            raise ValueError(
+                f"{self.path.name}: input {t.spec.name!r} has shape {list(array.shape)}, the "
+                f"{kind} model takes {[d if d >= 0 else 'batch' for d in t.dims]}"
+            )
+        if array.size * t.spec.dtype.itemsize > t.size:
+            raise ValueError(f"input {t.spec.name!r} of {array.nbytes} B exceeds {t.size}")
+
+    def describe(self) -> dict[str, Any]:
+        """Inputs, outputs, dtypes, formats and gears (``duomo inspect``)."""
+
+        def tensor(t: _Tensor) -> dict[str, Any]:
+            return {
+                "name": t.spec.name,
+                "dtype": t.spec.dtype.name,
+                "dims": list(t.dims),
+                "format": t.format,
+                "bytes": t.size,
+            }
+
+        return {
+            "inputs": [tensor(t) for t in self._inputs],
+            "outputs": [tensor(t) for t in self._outputs],
+            "dynamic_batch_gears": list(self.gears),
+            "memory": dict(self.memory),
+        }
+
+    # -- teardown ---------------------------------------------------------------------------
+    def close(self) -> None:
+        """Release everything this session created, in the documented order (idempotent)."""
+        rt = self._rt
+        if self._context:
+            _release(rt, rt.set_context(self._context), "rt.set_context")
+        for buffer in self._data_buffers:
+            _release(rt, rt.destroy_data_buffer(buffer), "destroy_data_buffer")
+        self._data_buffers = []
+        for dataset in (self._input_dataset, self._output_dataset):
+            if dataset:
+                _release(rt, rt.destroy_dataset(dataset), "mdl.destroy_dataset")
+        self._input_dataset = self._output_dataset = 0
+        if self._model_id:
+            _release(rt, rt.unload(self._model_id), "mdl.unload")
+            self._model_id = 0
+        if self._desc:
+            _release(rt, rt.destroy_desc(self._desc), "mdl.destroy_desc")
+            self._desc = 0
+        for pointer in self._pointers:
+            _release(rt, rt.free(pointer), "rt.free")
+        self._pointers = []
+        if self._stream:
+            _release(rt, rt.destroy_stream(self._stream), "rt.destroy_stream")
+            self._stream = 0
+        if self._context:
+            _release(rt, rt.destroy_context(self._context), "rt.destroy_context")
+            self._context = 0
+
+
+__all__ = ["AclBackend", "AclOptions", "AclSession", "atc_sidecar"]
