@@ -1,9 +1,11 @@
 """The ``duomo`` command line: thin commands that parse arguments and delegate.
 
 ``start`` / ``stop`` / ``status`` manage a supervisor; ``infer`` sends image files to a running
-supervisor (or, with ``-c CONFIG``, runs the model in-process without one); ``check`` validates a
-config without loading anything. Every command that talks to a supervisor takes ``--socket``
-(default: ``$DUOMO_SOCKET`` or the standard runtime dir), so several can run side by side.
+supervisor (or, with ``-c CONFIG``, runs the model in-process without one); ``check`` reports the
+environment (Ascend driver, CANN, pyACL, ORT providers) and validates a config without loading
+anything; ``inspect`` describes one model file. Every command that talks to a supervisor takes
+``--socket`` (default: ``$DUOMO_SOCKET`` or the standard runtime dir), so several can run side by
+side.
 Exit codes: 0 success, 1 a request or the supervisor failed, 2 invalid input (bad config,
 unknown model, bad arguments).
 """
@@ -38,17 +40,46 @@ def _load(path: Path) -> LoadedConfig | None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    loaded = _load(args.config)
-    if loaded is None:
+    """The environment report, then (with ``-c``) the configuration's validation."""
+    from supervisor.environment import format_report, probe
+
+    report = probe()
+    if args.json and args.config is None:
+        print(json.dumps(report, indent=2))
+        return EXIT_OK
+    print("environment:")
+    print(format_report(report))
+    if args.config is None:
+        return EXIT_OK
+    try:
+        loaded = load_config(args.config, unbuilt_om_ok=True)
+    except ConfigError as err:
+        print(err.render(), file=sys.stderr)
         print(f"{args.config}: invalid", file=sys.stderr)
         return EXIT_INVALID
     for name, model in loaded.models.items():
         files = ", ".join(f"{role}={path}" for role, path in model.files.items())
         print(
-            f"  {name}: task={model.config.task} instances={model.config.instances} "
-            f"max_batch={model.config.max_batch} files: {files}"
+            f"  {name}: task={model.config.task} backend={model.config.backend} "
+            f"instances={model.config.instances} max_batch={model.config.max_batch} "
+            f"files: {files}"
         )
+    for field, why in loaded.warnings:
+        print(f"  warning: {field}: {why}")
     print(f"{loaded.path}: OK ({len(loaded.models)} models)")
+    return EXIT_OK
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    """Inputs, outputs, dtypes, formats and gears of one model file."""
+    from supervisor.inspect_model import inspect_model
+
+    try:
+        info = inspect_model(args.model_file)
+    except (RuntimeError, ValueError, OSError) as err:
+        print(f"{args.model_file}: {err}", file=sys.stderr)
+        return EXIT_INVALID
+    print(json.dumps(info, indent=2))
     return EXIT_OK
 
 
@@ -221,9 +252,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-json", action="store_true", help="log JSON lines instead of text")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    check = sub.add_parser("check", help="validate a configuration without loading models")
-    check.add_argument("-c", "--config", type=Path, default=DEFAULT_CONFIG)
+    check = sub.add_parser(
+        "check", help="report the environment (Ascend, CANN, ORT) and validate a configuration"
+    )
+    check.add_argument("-c", "--config", type=Path, default=None, help="also validate this")
+    check.add_argument("--json", action="store_true", help="the environment report as JSON")
     check.set_defaults(func=cmd_check)
+
+    inspect = sub.add_parser("inspect", help="inputs, outputs, dtypes, formats, gears of a model")
+    inspect.add_argument("model_file", type=Path, help=".onnx, or .om (needs CANN)")
+    inspect.set_defaults(func=cmd_inspect)
 
     start = sub.add_parser("start", help="start a supervisor (in the background by default)")
     start.add_argument("-c", "--config", type=Path, default=DEFAULT_CONFIG)

@@ -27,6 +27,7 @@ from worker.executors import resolve_executor
 from worker.thread_budget import available_cores
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+UNBUILT_OM = "model file not built yet"
 
 
 class DeviceConfig(StrictModel):
@@ -90,6 +91,8 @@ class LoadedConfig:
     path: Path
     config: DuomoConfig
     models: dict[str, ResolvedModel]
+    # (field, reason) that do not stop a check: .om files not built yet (``unbuilt_om_ok``)
+    warnings: tuple[tuple[str, str], ...] = ()
 
 
 class ConfigError(Exception):
@@ -124,7 +127,10 @@ def _pydantic_problems(
     return problems
 
 
-def load_config(path: str | Path) -> LoadedConfig:
+def load_config(path: str | Path, unbuilt_om_ok: bool = False) -> LoadedConfig:
+    """``unbuilt_om_ok``: a missing ``.om`` of an ``acl`` model is a warning, not an error
+    (``duomo check`` on a machine where ATC has not run yet); starting always needs every file.
+    """
     path = Path(path).resolve()
     try:
         raw = yaml.safe_load(path.read_text("utf-8"))
@@ -146,9 +152,11 @@ def load_config(path: str | Path) -> LoadedConfig:
         raise ConfigError(path, _pydantic_problems(err)) from None
     models, problems = _resolve_models(path, config)
     problems.extend(_provider_problems(config))
+    unbuilt = [p for p in problems if p[1].startswith(UNBUILT_OM)] if unbuilt_om_ok else []
+    problems = [p for p in problems if p not in unbuilt]
     if problems:
         raise ConfigError(path, problems)
-    return LoadedConfig(path=path, config=config, models=models)
+    return LoadedConfig(path=path, config=config, models=models, warnings=tuple(unbuilt))
 
 
 def _resolve_models(
@@ -206,7 +214,10 @@ def _resolve_models(
             resolved = (root / file).resolve()
             if not resolved.is_file():
                 field = f"{where}.files.{role}" if key == "files" else f"{where}.file"
-                problems.append((field, f"model file not found: {resolved}"))
+                if model.backend == "acl" and resolved.suffix == ".om":
+                    problems.append((field, f"{UNBUILT_OM}: {resolved} (tools/atc_convert.py)"))
+                else:
+                    problems.append((field, f"model file not found: {resolved}"))
             files[role] = resolved
         models[model.name] = ResolvedModel(model, executor, params, files)
     return models, problems

@@ -270,3 +270,49 @@ def test_cann_provider_options_accept_only_the_keys_the_provider_does() -> None:
     with pytest.raises(ValueError, match="does not accept \\['do_copy_in_default_stream'\\]"):
         OrtOptions(provider_options={"CANNExecutionProvider": {"do_copy_in_default_stream": 1}})
     assert provider_options_for("CUDAExecutionProvider", {"device_id": 0}) == {"device_id": "0"}
+
+
+# -- the command line on this machine -------------------------------------------------------
+
+
+def test_check_reports_no_ascend_runtime_here(capsys: pytest.CaptureFixture[str]) -> None:
+    from supervisor.cli import main
+
+    assert main(["check"]) == 0
+    assert "no Ascend runtime" in capsys.readouterr().out
+    assert main(["check", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["acl"]["importable"] is False and "CPUExecutionProvider" in str(report)
+
+
+@pytest.mark.parametrize("name", ["ascend-310p.yaml", "ascend-910b.yaml"])
+def test_the_ascend_configs_validate(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from supervisor.cli import main
+    from tests.conftest import ROOT
+
+    assert main(["check", "-c", str(ROOT / "configs" / name)]) == 0
+    assert "not built yet" in capsys.readouterr().out  # no ATC here: the .om files are missing
+
+
+def test_inspect_onnx_and_om(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from supervisor.cli import main
+    from tests.conftest import ROOT
+
+    assert main(["inspect", str(ROOT / "models/classify/efficientnet_lite0.onnx")]) == 0
+    onnx = json.loads(capsys.readouterr().out)
+    assert onnx["inputs"] == [{"name": "input", "dtype": "float32", "dims": ["?", 3, 224, 224]}]
+    om = write_model(tmp_path / "affine.om", **AFFINE)
+    assert main(["inspect", str(om)]) == 2  # no CANN here
+    assert "needs the CANN runtime" in capsys.readouterr().err
+
+
+def test_inspect_om_with_a_runtime(
+    tmp_path: Path, fake: FakeAcl, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from supervisor.cli import main
+
+    assert main(["inspect", str(write_model(tmp_path / "affine.om", **AFFINE))]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["dynamic_batch_gears"] == [1, 2, 4, 8] and info["soc"] == "Ascend310P3"
+    assert [t["name"] for t in info["inputs"]] == ["x"]  # the gear input is the backend's
+    assert fake.leaks() == {}
