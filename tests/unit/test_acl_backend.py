@@ -316,3 +316,21 @@ def test_inspect_om_with_a_runtime(
     assert info["dynamic_batch_gears"] == [1, 2, 4, 8] and info["soc"] == "Ascend310P3"
     assert [t["name"] for t in info["inputs"]] == ["x"]  # the gear input is the backend's
     assert fake.leaks() == {}
+
+
+def test_the_smoke_kit_runs_end_to_end_on_the_fake(tmp_path: Path, fake: FakeAcl) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+    import ascend_smoke
+
+    models = [
+        write_model(tmp_path / "affine.om", **AFFINE),
+        write_model(tmp_path / "static.om", **STATIC),
+    ]
+    out = tmp_path / "report.json"
+    assert ascend_smoke.main([*map(str, models), "--seconds", "0.05", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    affine = report["models"][str(models[0])]
+    assert [g["batch"] for g in affine["gears_checked"]] == [1, 2, 4, 8]
+    assert set(affine["executes_per_s"]) == {"1", "2", "4"}
+    assert report["ok"] and "environment" in report and "all_models_executes_per_s" in report
+    assert fake.leaks() == {}
