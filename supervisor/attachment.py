@@ -4,8 +4,9 @@ Created by the reactor on ``attach``. ``submit`` runs on the reactor thread when
 notice arrives: it copies the slot header out of shared memory once, validates every field
 against the model's slot layout (the client may rewrite the header afterwards; only the copy is
 used), builds numpy views of the inputs and queues the request. Input descriptors byte-equal to
-the ones last accepted for that slot were validated then: their payload is reused as it is. ``_complete`` runs on the model's
-worker thread: it writes the result (or the error) into the slot and sends the "slot done" notice.
+the ones last accepted for that slot were validated then: their payload is reused as it is.
+``_complete`` runs on the model's worker thread: it writes the result (or the error) into the
+slot and sends the "slot done" notice.
 
 Invariants: a slot is in flight at most once; every accepted slot is answered exactly once (or
 dropped with its client); the segment is unmapped only when no request still reads it.
