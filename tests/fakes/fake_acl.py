@@ -126,6 +126,7 @@ class Model:
     gears: list[int]
     function: str
     running_on: int = 0  # the stream it executes on until that stream is synchronised
+    last_gear: int = 0  # the batch of its last execute, for get_cur_output_dims
     descs: set[int] = field(default_factory=set)
 
 
@@ -563,7 +564,7 @@ class _Mdl(_Namespace):
     def get_cur_output_dims(self, desc: int, index: int) -> tuple[dict[str, Any], int]:
         model = self._model(desc)
         t = model.outputs[index]
-        gear = getattr(model, "last_gear", 0) or self._max(desc)
+        gear = model.last_gear or self._max(desc)
         dims = [gear if d < 0 else d for d in t.dims]
         return {"name": t.name, "dimCount": len(dims), "dims": dims}, OK
 
@@ -689,7 +690,7 @@ class _Mdl(_Namespace):
                 raw = np.ascontiguousarray(result, dtype=t.dtype).tobytes()
                 region[offset : offset + len(raw)] = raw
             model.running_on = stream
-            model.last_gear = gear  # type: ignore[attr-defined]
+            model.last_gear = gear
             return OK
 
 

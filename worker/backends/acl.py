@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,7 +52,7 @@ from worker.backends.acl_runtime import (
     AclRuntime,
     load_runtime,
 )
-from worker.backends.base import Backend, HostBuffers, ModelSession, SessionSettings, TensorSpec
+from worker.backends.base import Backend, BufferedSession, SessionSettings, TensorSpec
 from worker.config_model import StrictModel
 
 log = structlog.get_logger("duomo.acl")
@@ -148,14 +148,13 @@ class _Tensor:
     format: str
 
 
-class AclSession(ModelSession):
+class AclSession(BufferedSession):
     def __init__(self, rt: AclRuntime, path: Path, device: int, soc_name: str) -> None:
+        super().__init__()
         self._rt = rt
         self.path = path
         self.device = device
         self.metadata: dict[str, str] = {"soc": soc_name}
-        self._in = HostBuffers()
-        self._out = HostBuffers()
         self._context = self._stream = self._model_id = self._desc = 0
         self._input_dataset = self._output_dataset = 0
         self._pointers: list[int] = []
@@ -275,16 +274,6 @@ class AclSession(ModelSession):
         return dataset, pointers
 
     # -- serving ----------------------------------------------------------------------------
-    def input_buffer(self, name: str, shape: Sequence[int]) -> np.ndarray:
-        return self._in.view(name, self.spec(name).dtype, shape)
-
-    @property
-    def buffer_bytes(self) -> int:
-        return self._in.nbytes + self._out.nbytes
-
-    @property
-    def buffer_growths(self) -> int:
-        return self._in.growths + self._out.growths
 
     @property
     def max_rows(self) -> int | None:

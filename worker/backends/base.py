@@ -122,6 +122,25 @@ class ModelSession(ABC):
         raise KeyError(f"{self.path.name} has no tensor named {name!r}")
 
 
+class BufferedSession(ModelSession):
+    """A session whose host-side inputs and outputs live in ``HostBuffers`` it reuses."""
+
+    def __init__(self) -> None:
+        self._in = HostBuffers()
+        self._out = HostBuffers()
+
+    def input_buffer(self, name: str, shape: Sequence[int]) -> np.ndarray:
+        return self._in.view(name, self.spec(name).dtype, shape)
+
+    @property
+    def buffer_bytes(self) -> int:
+        return self._in.nbytes + self._out.nbytes
+
+    @property
+    def buffer_growths(self) -> int:
+        return self._in.growths + self._out.growths
+
+
 class Backend(ABC):
     """A runtime initialised once per process."""
 

@@ -19,14 +19,14 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field, model_validator
 
-from worker.backends.base import Backend, HostBuffers, ModelSession, SessionSettings, TensorSpec
+from worker.backends.base import Backend, BufferedSession, SessionSettings, TensorSpec
 from worker.config_model import StrictModel
 
 _ORT_TYPES = {
@@ -114,10 +114,11 @@ def _spec(arg: Any) -> TensorSpec:
     return TensorSpec(name=arg.name, dtype=np.dtype(dtype), shape=shape)
 
 
-class OrtSession(ModelSession):
+class OrtSession(BufferedSession):
     def __init__(
         self, path: Path, session: Any, gate_threads: int, settings: SessionSettings
     ) -> None:
+        super().__init__()
         self.path = path
         self._session = session
         self._binding = session.io_binding()
@@ -127,8 +128,6 @@ class OrtSession(ModelSession):
         self.outputs = tuple(_spec(a) for a in session.get_outputs())
         self.metadata = dict(session.get_modelmeta().custom_metadata_map)
         self.providers = list(session.get_providers())
-        self._in = HostBuffers()
-        self._out = HostBuffers()
         self._output_shapes: OrderedDict[tuple[tuple[int, ...], ...], list[tuple[int, ...]]]
         self._output_shapes = OrderedDict()
         self._data_dependent = False
@@ -136,17 +135,6 @@ class OrtSession(ModelSession):
         # of a small model, and a slot or a reused buffer comes back at the same address
         self._bound_inputs: dict[str, _Bound] = {}
         self._bound_outputs: dict[str, _Bound] = {}
-
-    @property
-    def buffer_bytes(self) -> int:
-        return self._in.nbytes + self._out.nbytes
-
-    @property
-    def buffer_growths(self) -> int:
-        return self._in.growths + self._out.growths
-
-    def input_buffer(self, name: str, shape: Sequence[int]) -> np.ndarray:
-        return self._in.view(name, self.spec(name).dtype, shape)
 
     def expected_output_shapes(
         self, inputs: Mapping[str, np.ndarray]
