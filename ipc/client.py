@@ -99,7 +99,6 @@ class Client:
         self._poll = select.poll()
         self._poll.register(self._sock, select.POLLIN)
         self._poll.register(self._wake_r, select.POLLIN)
-        self._wake_fds: tuple[int, ...] = (self._wake_r, self._wake_w)
 
     def _handshake(self, key: bytes) -> None:
         reader = FrameReader()
@@ -187,9 +186,10 @@ class Client:
             handles = list(self._handles.values())
             self._handles.clear()
         with self._read_cond:
-            wake_fds, self._wake_fds = self._wake_fds, ()
+            wake_fds, self._wake_r, self._wake_w = (self._wake_r, self._wake_w), -1, -1
         for fd in wake_fds:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
         for handle in handles:
             handle._unmap()
 
@@ -291,7 +291,7 @@ class Client:
         with self._read_cond:
             if self._followers:
                 self._read_cond.notify_all()
-            if self._wake_fds and self._leading and self._leader != threading.get_ident():
+            if self._wake_w >= 0 and self._leading and self._leader != threading.get_ident():
                 with contextlib.suppress(BlockingIOError):
                     os.write(self._wake_w, b"\0")
 
