@@ -123,8 +123,10 @@ class Client:
             except OSError as err:
                 raise UnavailableError(f"lost the supervisor: {err}") from None
 
-    def request(self, op: str, **fields: Any) -> dict[str, Any]:
-        """Send one control message and wait for its reply; raises the typed error on failure."""
+    def request(self, op: str, timeout_s: float | None = None, **fields: Any) -> dict[str, Any]:
+        """Send one control message and wait for its reply (up to ``timeout_s``, default the
+        client's); raises the typed error on failure."""
+        wait_s = self.timeout_s if timeout_s is None else timeout_s
         request_id = next(self._ids)
         future: Future[dict[str, Any]] = Future()
         with self._lock:
@@ -133,9 +135,9 @@ class Client:
             self._pending[request_id] = future
         try:
             self._send(json_frame({"id": request_id, "op": op, **fields}))
-            self.wait_until(future.done, time.monotonic() + self.timeout_s)
+            self.wait_until(future.done, time.monotonic() + wait_s)
             if not future.done():
-                raise DeadlineExceededError(f"no reply to {op!r} within {self.timeout_s}s")
+                raise DeadlineExceededError(f"no reply to {op!r} within {wait_s}s")
             reply = future.result()
         finally:
             with self._lock:
@@ -164,15 +166,30 @@ class Client:
         return dict(self.request("status")["status"])
 
     def model(self, name: str, slots: int = 4) -> ModelHandle:
-        """Attach to ``name`` with ``slots`` slots: up to that many requests in flight."""
+        """Attach to ``name`` with ``slots`` slots: up to that many requests in flight.
+
+        A model declared ``preload: false`` is loaded by this call (it waits up to the
+        client's timeout for that)."""
+        ring_id, ring = self._attach(name, slots)
+        return ModelHandle(self, name, ring_id, ring)
+
+    def _attach(self, name: str, slots: int) -> tuple[int, SlotRing]:
+        """Map a new ring for ``name`` and tell the supervisor (the name is then unlinked)."""
         reply = self.request("attach", model=name, slots=slots)
         layout = RingLayout.from_dict(reply["layout"])
         ring = SlotRing.attach(reply["shm"], layout)
-        handle = ModelHandle(self, name, reply["ring"], ring)
+        try:
+            self.request("mapped", ring=reply["ring"])
+        except BaseException:
+            ring.close()
+            raise
+        return int(reply["ring"]), ring
+
+    def _register(self, handle: ModelHandle, old_ring: int | None = None) -> None:
         with self._lock:
+            if old_ring is not None:
+                self._handles.pop(old_ring, None)
             self._handles[handle.ring_id] = handle
-        self.request("mapped", ring=handle.ring_id)
-        return handle
 
     def close(self) -> None:
         """Disconnect; the supervisor frees this client's rings, and they are unmapped here."""

@@ -7,6 +7,7 @@ client raises the matching exception class, so callers catch by meaning, not by 
     ├── InvalidArgumentError      the request itself is wrong: bad image, shape, dtype, field
     ├── NotFoundError             no such model (or slot, or file)
     ├── UnavailableError          the model is not serving now (stopping, loading, failed)
+    │   └── ModelChangedError     a reload changed the model's inputs/outputs: attach again
     ├── ResourceExhaustedError    a bounded queue is full; retry later
     ├── DeadlineExceededError     the request's deadline passed before it could run
     └── InternalError             a bug or a backend failure; details are in the supervisor log
@@ -30,6 +31,7 @@ class ErrorCode(IntEnum):
     RESOURCE_EXHAUSTED = 4
     DEADLINE_EXCEEDED = 5
     INTERNAL = 6
+    MODEL_CHANGED = 7
 
 
 class DuomoError(Exception):
@@ -57,6 +59,12 @@ class UnavailableError(DuomoError):
     code = ErrorCode.UNAVAILABLE
 
 
+class ModelChangedError(UnavailableError):
+    """The model was reloaded with another slot layout; the client library re-attaches."""
+
+    code = ErrorCode.MODEL_CHANGED
+
+
 class ResourceExhaustedError(DuomoError):
     code = ErrorCode.RESOURCE_EXHAUSTED
 
@@ -78,6 +86,7 @@ _BY_CODE: dict[ErrorCode, type[DuomoError]] = {
         ResourceExhaustedError,
         DeadlineExceededError,
         InternalError,
+        ModelChangedError,
     )
 }
 

@@ -26,6 +26,7 @@ from ipc.errors import (
     DuomoError,
     ErrorCode,
     InvalidArgumentError,
+    ModelChangedError,
     UnavailableError,
     error_for,
 )
@@ -48,11 +49,24 @@ log = logging.getLogger("duomo.client")
 
 
 class ModelHandle:
-    """One attached model: a ring of slots in shared memory."""
+    """One attached model: a ring of slots in shared memory.
+
+    When a reload changes the model's inputs or outputs, requests answer MODEL_CHANGED
+    (``ModelChangedError``); the handle then re-attaches by itself as soon as all its slots are
+    back (the next ``slot()`` does it), and ``infer`` retries its request once on the new ring.
+    """
 
     def __init__(self, client: Client, name: str, ring_id: int, ring: SlotRing) -> None:
         self.client = client
         self.name = name
+        self._free_lock = threading.Lock()
+        self._reattach_lock = threading.Lock()
+        self._stale = False  # set by a MODEL_CHANGED answer: re-attach once the slots are back
+        self._seq = itertools.count(1)
+        self._bind(ring_id, ring)
+        client._register(self)
+
+    def _bind(self, ring_id: int, ring: SlotRing) -> None:
         self.ring_id = ring_id
         self.ring = ring
         self.layout = ring.layout
@@ -63,8 +77,6 @@ class ModelHandle:
         }
         self._slots = [Slot(self, i) for i in range(self.layout.slots)]
         self._free = list(range(self.layout.slots))
-        self._free_lock = threading.Lock()
-        self._seq = itertools.count(1)
 
     def slot(self, timeout_s: float | None = None) -> Slot:
         """A free slot (blocks until one is free); release it with ``with`` or ``release()``.
@@ -76,15 +88,44 @@ class ModelHandle:
         client = self.client
         while True:
             with self._free_lock:
-                if self._free:
+                if self._free and not self._stale:
                     slot = self._slots[self._free.pop()]
                     slot._take()
                     return slot
+                all_back = len(self._free) == len(self._slots)
+            if self._stale and all_back:
+                self._reattach()
+                continue
             if client._closed is not None:
                 raise UnavailableError("connection to the supervisor is closed")
             if deadline is not None and time.monotonic() >= deadline:
                 raise DeadlineExceededError(f"no free slot for {self.name!r} in {timeout_s}s")
-            client.wait_until(lambda: bool(self._free) or client._closed is not None, deadline)
+            client.wait_until(self._slot_or_reattach, deadline)
+
+    def _slot_or_reattach(self) -> bool:
+        if self.client._closed is not None:
+            return True
+        if self._stale:
+            return len(self._free) == len(self._slots)
+        return bool(self._free)
+
+    def _reattach(self) -> None:
+        """Swap the ring for one with the model's new layout (no slot of the old is held)."""
+        with self._reattach_lock:
+            if not self._stale:
+                return  # another thread did it
+            old_id, old_ring, old_slots = self.ring_id, self.ring, self._slots
+            with contextlib.suppress(DuomoError):
+                self.client.request("detach", ring=old_id)
+            ring_id, ring = self.client._attach(self.name, self.layout.slots)
+            for slot in old_slots:
+                slot._forget_views()
+            old_ring.close()
+            with self._free_lock:
+                self._bind(ring_id, ring)
+                self._stale = False
+            self.client._register(self, old_ring=old_id)
+            log.info("re-attached %r after its layout changed (ring %d)", self.name, ring_id)
 
     def _release(self, index: int) -> None:
         with self._free_lock:
@@ -92,11 +133,18 @@ class ModelHandle:
         self.client._wake_waiters()
 
     def infer(self, data: Any, timeout_s: float | None = None, priority: int = 0) -> Any:
-        """Run one request; the result dict (tensors are copied out of the slot)."""
-        with self.slot() as slot:
-            slot.write(data)
-            slot.submit(timeout_s=timeout_s, priority=priority)
-            return slot.wait(copy=True)
+        """Run one request; the result dict (tensors are copied out of the slot). A request
+        answered MODEL_CHANGED is sent again once, after the handle re-attached."""
+        for retry in (False, True):
+            try:
+                with self.slot() as slot:
+                    slot.write(data)
+                    slot.submit(timeout_s=timeout_s, priority=priority)
+                    return slot.wait(copy=True)
+            except ModelChangedError:
+                if retry:
+                    raise
+        raise AssertionError("unreachable")
 
     def infer_async(
         self, data: Any, timeout_s: float | None = None, priority: int = 0
@@ -324,14 +372,14 @@ class Slot:
                 raise UnavailableError(f"lost the supervisor: {self.handle.client._closed}")
             raise DeadlineExceededError(f"no answer from {self.handle.name!r} in time")
         if self._error is not None:
-            raise self._error
+            raise self._failed(self._error)
         seq, state, status, result_len, timings = unpack_done(self._header)
         area = self._output
         if seq != self._seq or state != SlotState.DONE:
             raise UnavailableError("the slot was not answered (stale or corrupt header)")
         used = min(result_len, len(area))
         if status != ErrorCode.OK:
-            raise error_for(status, bytes(area[:used]).decode("utf-8", "replace"))
+            raise self._failed(error_for(status, bytes(area[:used]).decode("utf-8", "replace")))
         self._timings = timings
         if self.handle.layout.result == "json":
             return json.loads(bytes(area[:used]))
@@ -340,6 +388,11 @@ class Slot:
         if result is None or not result.describes(area, used):
             result = self._result = read_tensors(area, len(names), used)
         return {n: (a.copy() if copy else a) for n, a in zip(names, result.views)}
+
+    def _failed(self, error: DuomoError) -> DuomoError:
+        if isinstance(error, ModelChangedError):
+            self.handle._stale = True  # the handle re-attaches once its slots are back
+        return error
 
     def release(self) -> None:
         """Give the slot back (once); if still in flight it returns when answered."""

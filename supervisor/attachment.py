@@ -30,8 +30,8 @@ from ipc.errors import (
     ErrorCode,
     InternalError,
     InvalidArgumentError,
+    ModelChangedError,
     ResourceExhaustedError,
-    UnavailableError,
 )
 from ipc.ring import RingLayout, SlotRing, write_tensors
 from ipc.wire import (
@@ -125,10 +125,10 @@ class Attachment:
                 raise InvalidArgumentError(f"timeout of {timeout_us} µs is out of range")
             model = self._lookup()
             if model is not self._model:  # a reload replaced the model
-                if model.slot_spec() != self.spec:
-                    raise UnavailableError(
+                if not model.layout_known or model.slot_spec() != self.spec:
+                    raise ModelChangedError(
                         f"model {self.model_name!r} was reloaded with another input/output "
-                        "layout; attach it again"
+                        "layout; attach it again (the client library does so by itself)"
                     )
                 self._model, self._payload_from_slot = model, model.payload_builder()
                 self._accepted = [None] * self.layout.slots

@@ -1,13 +1,13 @@
 """The ``duomo`` command line: thin commands that parse arguments and delegate.
 
-``start`` / ``stop`` / ``status`` manage a supervisor; ``infer`` sends image files to a running
-supervisor (or, with ``-c CONFIG``, runs the model in-process without one); ``check`` reports the
-environment (Ascend driver, CANN, pyACL, ORT providers) and validates a config without loading
-anything; ``inspect`` describes one model file. Every command that talks to a supervisor takes
-``--socket`` (default: ``$DUOMO_SOCKET`` or the standard runtime dir), so several can run side by
-side.
+``start`` / ``stop`` / ``status`` / ``reload`` / ``load`` / ``unload`` manage a supervisor;
+``infer`` sends image files to a running supervisor (or, with ``-c CONFIG``, runs the model
+in-process without one); ``check`` reports the environment (Ascend driver, CANN, pyACL, ORT
+providers) and validates a config without loading anything; ``inspect`` describes one model
+file. Every command that talks to a supervisor takes ``--socket`` (default: ``$DUOMO_SOCKET`` or
+the standard runtime dir), so several can run side by side.
 Exit codes: 0 success, 1 a request or the supervisor failed, 2 invalid input (bad config,
-unknown model, bad arguments).
+unknown model, bad arguments), 3 ``stop`` finished but its grace period cut accepted requests.
 """
 
 from __future__ import annotations
@@ -95,18 +95,63 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    from supervisor.daemon import wait_for_exit
+    from supervisor.daemon import EXIT_CUT, wait_for_exit
 
     try:
         with Client(args.socket, timeout_s=10) as client:
-            client.request("stop")
+            # answered once the queued work is finished or cut by the grace period
+            cut = int(client.request("stop", timeout_s=args.timeout, wait=True).get("cut", 0))
     except DuomoError as err:
         print(f"duomo stop: {err.message}", file=sys.stderr)
         return EXIT_FAILED
     if not wait_for_exit(args.socket, args.timeout):
         print(f"duomo stop: still running after {args.timeout:.0f}s", file=sys.stderr)
         return EXIT_FAILED
+    if cut:
+        print(f"duomo stopped ({args.socket}); the grace period cut {cut} request(s)")
+        return EXIT_CUT
     print(f"duomo stopped ({args.socket})")
+    return EXIT_OK
+
+
+def _control(args: argparse.Namespace, op: str, **fields: Any) -> dict[str, Any] | int:
+    """One lifecycle control message; the reply, or the exit code after printing why not."""
+    try:
+        with Client(args.socket, timeout_s=10) as client:
+            return client.request(op, timeout_s=args.timeout, **fields)
+    except DuomoError as err:
+        print(f"duomo {op}: {err.message}", file=sys.stderr)
+        invalid = err.code in (ErrorCode.NOT_FOUND, ErrorCode.INVALID_ARGUMENT)
+        return EXIT_INVALID if invalid else EXIT_FAILED
+
+
+def cmd_reload(args: argparse.Namespace) -> int:
+    reply = _control(args, "reload", model=args.model)
+    if isinstance(reply, int):
+        return reply
+    changes = [f"{k}: {', '.join(reply[k])}" for k in ("added", "removed", "replaced") if reply[k]]
+    print(f"duomo reloaded: {'; '.join(changes) or 'nothing changed'}")
+    return EXIT_OK
+
+
+def cmd_load(args: argparse.Namespace) -> int:
+    reply = _control(args, "load", model=args.model)
+    if isinstance(reply, int):
+        return reply
+    shown = reply["load"]
+    measured = shown["memory"]["measured"] if "memory" in shown else None
+    size = f", {measured['host_bytes'] / 2**20:.0f} MiB measured" if measured else ""
+    print(f"{args.model}: {shown['state']}{size}")
+    return EXIT_OK
+
+
+def cmd_unload(args: argparse.Namespace) -> int:
+    reply = _control(args, "unload", model=args.model)
+    if isinstance(reply, int):
+        return reply
+    cut = reply["unload"]["answered_unavailable"]
+    note = f" ({cut} queued request(s) answered UNAVAILABLE)" if cut else ""
+    print(f"{args.model}: UNLOADED{note}")
     return EXIT_OK
 
 
@@ -129,18 +174,32 @@ def render_status(status: dict[str, Any]) -> str:
     lines = [
         f"supervisor pid {status['pid']} on {status['socket']}, up {status['uptime_s']:.0f}s, "
         f"{rss_mb:.0f} MiB resident, thread budget {status['thread_budget']}",
-        f"{'model':<12} {'state':<8} {'inst':>4} {'queue':>5} {'busy':>4} {'ok':>7} {'errors':>6} "
-        f"{'p50 ms':>8} {'p99 ms':>8}  batches",
     ]
+    for device in status.get("devices", []):
+        budget = device["budget_bytes"]
+        limit = f" of {budget / 2**20:.0f} MiB budget" if budget else ""
+        lines.append(
+            f"device {device['id']} ({device['kind']}): {device['used_bytes'] / 2**20:.0f} MiB "
+            f"charged to loaded models{limit}"
+        )
+    lines.append(
+        f"{'model':<12} {'state':<14} {'inst':>4} {'queue':>5} {'busy':>4} {'ok':>7} "
+        f"{'errors':>6} {'p50 ms':>8} {'p99 ms':>8} {'MiB':>6} {'rst':>3}  batches"
+    )
     for name, m in status["models"].items():
         ok = m["outcomes"].get("ok", 0)
         total = m.get("latency", {}).get("total", {})
         batches = " ".join(f"{k}:{v}" for k, v in m["batch_sizes"].items()) or "-"
+        charged = (m.get("memory") or {}).get("charged_bytes")
+        size = f"{charged / 2**20:.0f}" if charged is not None else "-"
         lines.append(
-            f"{name:<12} {m['state']:<8} {m['instances']:>4} {m['queue_depth']:>5} "
+            f"{name:<12} {m['state']:<14} {m['instances']:>4} {m['queue_depth']:>5} "
             f"{m['in_flight']:>4} {ok:>7} {m['requests'] - ok:>6} "
-            f"{total.get('p50_ms', 0):>8.1f} {total.get('p99_ms', 0):>8.1f}  {batches}"
+            f"{total.get('p50_ms', 0):>8.1f} {total.get('p99_ms', 0):>8.1f} {size:>6} "
+            f"{m.get('restarts_in_window', 0):>3}  {batches}"
         )
+        if m.get("last_error") and m["state"] != "READY":
+            lines.append(f"  {name}: {m['last_error']}")
     for c in status["clients"]:
         rings = ", ".join(f"{r['model']}×{r['slots']}" for r in c["rings"]) or "no models"
         lines.append(f"client {c['id']} (pid {c['pid']}): {rings}")
@@ -275,6 +334,23 @@ def build_parser() -> argparse.ArgumentParser:
     _socket_arg(stop)
     stop.set_defaults(func=cmd_stop)
 
+    reload = sub.add_parser(
+        "reload", help="re-read the config and apply the difference (or rebuild one model)"
+    )
+    reload.add_argument("model", nargs="?", default=None, help="only this model")
+    _lifecycle_args(reload)
+    reload.set_defaults(func=cmd_reload)
+
+    load = sub.add_parser("load", help="load a declared model (measured, within its budgets)")
+    load.add_argument("model")
+    _lifecycle_args(load)
+    load.set_defaults(func=cmd_load)
+
+    unload = sub.add_parser("unload", help="unload a model and free its memory")
+    unload.add_argument("model")
+    _lifecycle_args(unload)
+    unload.set_defaults(func=cmd_unload)
+
     status = sub.add_parser("status", help="models, queues, latencies and clients")
     status.add_argument("--json", action="store_true")
     _socket_arg(status)
@@ -292,6 +368,11 @@ def build_parser() -> argparse.ArgumentParser:
     _socket_arg(infer)
     infer.set_defaults(func=cmd_infer)
     return parser
+
+
+def _lifecycle_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait")
+    _socket_arg(parser)
 
 
 def _socket_arg(parser: argparse.ArgumentParser) -> None:

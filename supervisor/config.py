@@ -24,6 +24,7 @@ from worker.backends.acl import AclOptions
 from worker.backends.ort_backend import OrtOptions
 from worker.config_model import StrictModel
 from worker.executors import resolve_executor
+from worker.health import HealthPolicy
 from worker.thread_budget import available_cores
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -33,6 +34,14 @@ UNBUILT_OM = "model file not built yet"
 class DeviceConfig(StrictModel):
     id: int = Field(default=0, ge=0)
     kind: Literal["cpu", "cuda", "ascend"] = "cpu"
+    # what the models on this device may use together (host memory on cpu, device memory on an
+    # accelerator); a load that does not fit evicts idle evictable models, else fails
+    memory_budget_mb: int | None = Field(default=None, ge=1)
+
+
+class WatchdogConfig(StrictModel):
+    enabled: bool = True
+    period_ms: float = Field(default=250, ge=10, le=60_000)
 
 
 class BackendsConfig(StrictModel):
@@ -54,6 +63,9 @@ class ModelConfig(StrictModel):
     priority: int = Field(default=0, ge=-1000, le=1000)
     priority_aging_per_s: float = Field(default=10.0, ge=0, le=1_000_000)
     memory_budget_mb: int | None = Field(default=None, ge=1)
+    preload: bool = True
+    evictable: bool = False
+    health: HealthPolicy = Field(default_factory=HealthPolicy)
     intra_op_threads: int | None = Field(default=None, ge=1, le=1024)
     params: dict[str, Any] = Field(default_factory=dict)
 
@@ -73,6 +85,8 @@ class DuomoConfig(StrictModel):
     model_root: Path | None = None
     devices: list[DeviceConfig] = Field(default_factory=lambda: [DeviceConfig()], min_length=1)
     backends: BackendsConfig = Field(default_factory=BackendsConfig)
+    watchdog: WatchdogConfig = Field(default_factory=WatchdogConfig)
+    shutdown_grace_s: float = Field(default=30.0, ge=0, le=3600)
     models: list[ModelConfig] = Field(min_length=1)
 
 

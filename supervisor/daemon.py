@@ -2,11 +2,11 @@
 
 Called by ``duomo start``. ``run_foreground`` owns the process: signal handlers (SIGTERM/SIGINT:
 graceful stop; SIGHUP: reload the config), the pid file, and the readiness line written to
-``--ready-fd`` ("READY" or "ERROR <reason>"). ``start_background`` launches the same command
-detached (its own session, output to ``<socket>.log``) and returns only once that line arrives,
-so ``duomo start`` exits 0 when every model is READY and non-zero with the reason otherwise.
-``stop`` asks a running supervisor to stop and waits until its process is gone.
-"""
+``--ready-fd`` ("READY" or "ERROR <reason>"). Its exit code: 0 after a clean stop, 3 (``EXIT_CUT``)
+when the grace period cut accepted requests, 1 when it could not start. ``start_background``
+launches the same command detached (its own session, output to ``<socket>.log``) and returns only
+once that line arrives, so ``duomo start`` exits 0 when every model is READY and non-zero with the
+reason otherwise. ``stop`` asks a running supervisor to stop and waits until its process is gone."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import structlog
 
 from ipc.errors import DuomoError
@@ -28,6 +29,7 @@ from supervisor.server import Supervisor
 
 log = structlog.get_logger("duomo.daemon")
 START_TIMEOUT_S = 600.0
+EXIT_CUT = 3  # stopped, but the grace period ran out: some accepted requests were cut
 
 
 def _report(ready_fd: int | None, line: str) -> None:
@@ -52,8 +54,8 @@ def run_foreground(loaded: LoadedConfig, socket_path: Path, ready_fd: int | None
         return 1
     _report(ready_fd, "READY")
     supervisor.serve_forever()
-    supervisor.shutdown()
-    return 0
+    cut = supervisor.shutdown()
+    return EXIT_CUT if cut else 0
 
 
 def start_background(config: Path, socket_path: Path, log_level: str) -> int:
@@ -108,7 +110,8 @@ def _read_line(fd: int, timeout_s: float) -> str:
 
 
 def wait_for_exit(socket_path: Path, timeout_s: float) -> bool:
-    """True once the supervisor whose pid file sits beside ``socket_path`` has exited."""
+    """True once the supervisor whose pid file sits beside ``socket_path`` has exited (a zombie
+    its parent has not reaped yet counts as exited)."""
     try:
         pid = int(pid_path(socket_path).read_text().strip())
     except (FileNotFoundError, ValueError):
@@ -116,10 +119,11 @@ def wait_for_exit(socket_path: Path, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
             return True
-        except PermissionError:
+        except psutil.AccessDenied:
             return False
         time.sleep(0.05)
     return False

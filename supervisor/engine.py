@@ -1,8 +1,12 @@
-"""The in-process engine: one backend init, one thread budget, one ``ServedModel`` per model.
+"""The engine: one backend init, one thread budget, and the registry of served models.
 
-Used by ``duomo infer`` and the benchmark today, and by the supervisor process as its core.
-``start`` loads every model in parallel (each instance on its own thread) and returns when all
-are ready; ``submit``/``infer`` reach a model by name; ``close`` stops models and backends.
+Used by ``duomo infer`` and the benchmark in-process, and by the supervisor process as its core.
+It owns the desired state (the config) and every lifecycle step across models, one at a time
+(``_lifecycle``): ``start`` loads the ``preload`` models; ``load`` / ``unload`` act on one model;
+``reload`` applies a new config's difference; loads on demand (``preload: false`` or evicted
+models a request is waiting for) run on a short-lived thread. Every load is measured
+(``supervisor.memory``) and held to the model's ``memory_budget_mb`` and its device's budget,
+evicting least-recently-used idle ``evictable`` models when it does not fit.
 
 Concurrency:
 
@@ -14,24 +18,29 @@ caller (any thread)    ``submit``/``infer``: validates the name,     ``Batcher.p
 model instance thread  load + warm-up, then batches: prepare →      ``Request.complete`` →
 (one per instance)     execute (holds the ``ComputeGate``) → post   the caller's callback /
                                                                    ``Future``
+lifecycle caller       ``start``/``load``/``unload``/``reload``,    ``_lifecycle`` lock; models'
+(control, on-demand)   measured, budgeted, one at a time            ``lifecycle`` locks
 =====================  ==========================================  ==========================
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 
 import structlog
 
-from ipc.errors import DuomoError, NotFoundError
-from supervisor.config import LoadedConfig
+from ipc.errors import DuomoError, NotFoundError, ResourceExhaustedError, UnavailableError
+from supervisor.config import LoadedConfig, ResolvedModel
+from supervisor.memory import Footprint, Resident, choose_victims, mb, resident_bytes, trim_heap
 from worker.backends import Backend, create_backend
 from worker.executors.image_ops import limit_opencv_threads
 from worker.request import Outcome
-from worker.served_model import ModelSpec, ServedModel
+from worker.served_model import SERVING, ModelSpec, ModelState, ServedModel
 from worker.thread_budget import (
     ComputeGate,
     InstanceDemand,
@@ -41,73 +50,258 @@ from worker.thread_budget import (
 )
 
 log = structlog.get_logger("duomo.engine")
+LOAD_TIMEOUT_S = 300.0
 
 
 class Engine:
     def __init__(self, loaded: LoadedConfig, only: Iterable[str] | None = None) -> None:
         self.loaded = loaded
         self._wanted = list(only) if only is not None else list(loaded.models)
+        self._only = only is not None  # ``duomo infer -c``: these models, loaded at once
         self.models: dict[str, ServedModel] = {}
         self._backends: dict[str, Backend] = {}
         self.plan = ThreadPlan(budget=1, threads_per_instance={}, instances={})
         self.gate = ComputeGate(1)
+        self._lifecycle = threading.RLock()
+        self._signatures: dict[str, tuple[Any, ...]] = {}  # name -> what its model was built from
+        self.footprints: dict[str, Footprint] = {}  # the largest measured, kept across unloads
+        self._measured: dict[str, Footprint] = {}  # the last measurement
+        self._demand_lock = threading.Lock()
+        self._demanded: set[str] = set()
+        self._closed = False
+
+    # -- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Load every model in parallel; return once all are ready, raise the first failure.
+        """Build every model and load the ones to preload; return once those are ready.
 
         Raises NotFoundError for a model name the config does not have, ValueError for a thread
-        plan that cannot hold, RuntimeError (naming the model) for a model that fails to load.
+        plan that cannot hold, RuntimeError (naming the model) for a model that fails to load,
+        ResourceExhaustedError for a load that does not fit its memory budget.
         """
-        self.plan = self._plan(self.loaded, self._wanted)
-        self.gate = ComputeGate(self.plan.budget)
-        limit_opencv_threads()
-        fresh = {name: self._build(name, self.loaded) for name in self._wanted}
-        self._start_all(fresh)
-        self.models.update(fresh)
+        with self._lifecycle:
+            self.plan = self._plan(self.loaded, self._wanted)
+            self.gate = ComputeGate(self.plan.budget)
+            limit_opencv_threads()
+            for name in self._wanted:
+                self.models[name] = self._build(name, self.loaded)
+            try:
+                for name in self._wanted:
+                    if self._only or self.loaded.models[name].config.preload:
+                        self._load(self.models[name])
+            except BaseException:
+                self.close(0.0)
+                raise
         log.info(
             "engine ready",
-            models=list(self.models),
+            models={n: m.state.value for n, m in self.models.items()},
             thread_budget=self.plan.budget,
             threads=self.plan.threads_per_instance,
         )
 
-    def reload(self, new: LoadedConfig) -> dict[str, list[str]]:
+    def load(self, name: str) -> dict[str, Any]:
+        """Load one declared model (from UNLOADED or FAILED); its status once it is READY.
+
+        UnavailableError with the reason if it cannot load, ResourceExhaustedError if it does
+        not fit its memory budgets.
+        """
+        with self._lifecycle:
+            model = self.model(name)
+            try:
+                self._load(model)
+            except (RuntimeError, ValueError) as err:
+                raise UnavailableError(str(err)) from None
+            return model.status()
+
+    def unload(self, name: str) -> dict[str, Any]:
+        """Unload one model and free its memory; it stays unloaded until ``load``."""
+        with self._lifecycle:
+            model = self.model(name)
+            cut = model.unload()
+            trim_heap()
+            return {"model": name, "answered_unavailable": cut}
+
+    def reload(self, new: LoadedConfig, only: str | None = None) -> dict[str, list[str]]:
         """Apply a new config: load added and changed models, swap them in, then stop the old.
 
-        A replaced model keeps serving until its replacement is ready; the old one then drains
-        its queue. On any load failure nothing changes and the error is raised. The thread budget
-        and the gate stay as they were at start (sessions cannot change their thread pools).
+        A replaced model keeps serving until its replacement is loaded and warmed up; the old
+        one then finishes what it had accepted. A removed model finishes its queue and answers
+        later requests NOT_FOUND. With ``only``, just that model is rebuilt (even if its entry
+        did not change: its file may have). On any failure nothing changes and the error is
+        raised. The thread budget and the gate stay as they were at start.
         """
-        names = list(new.models)
-        added = [n for n in names if n not in self.models]
-        removed = [n for n in self.models if n not in new.models]
-        changed = [
-            n
-            for n in names
-            if n in self.models
-            and (
-                new.models[n].config != self.loaded.models[n].config
-                or new.models[n].files != self.loaded.models[n].files
-            )
-        ]
-        plan = self._plan(new, names, budget=self.plan.budget)
-        previous_plan, self.plan = self.plan, plan
-        try:
-            fresh = {n: self._build(n, new) for n in added + changed}
-            self._start_all(fresh)
-        except BaseException:
-            self.plan = previous_plan
-            raise
-        old = [self.models[n] for n in changed + removed]
-        self.models.update(fresh)
-        for n in removed:
-            del self.models[n]
-        self.loaded, self._wanted = new, names
-        for model in old:
-            model.stop()
+        with self._lifecycle:
+            names = list(new.models)
+            if only is not None and only not in new.models and only not in self.models:
+                raise NotFoundError(f"no model named {only!r} in {new.path} or being served")
+            added = [n for n in names if n not in self.models]
+            removed = [n for n in self.models if n not in new.models]
+            changed = [
+                n
+                for n in names
+                if n in self.models
+                and (n == only or self._signature(new.models[n]) != self._signatures[n])
+            ]
+            if only is not None:
+                added, removed, changed = (
+                    [n for n in group if n == only] for group in (added, removed, changed)
+                )
+            plan = self._plan(new, names, budget=self.plan.budget)
+            previous_plan, self.plan = self.plan, plan
+            fresh: dict[str, ServedModel] = {}
+            try:
+                for name in added + changed:
+                    fresh[name] = model = self._build(name, new)
+                    old = self.models.get(name)
+                    old_loaded = old is not None and old.state in SERVING
+                    if old_loaded or (old is None and new.models[name].config.preload):
+                        self._load(model, new.models[name])
+            except BaseException:
+                self.plan = previous_plan
+                for model in fresh.values():
+                    model.stop(0.0)
+                raise
+            old_models = [self.models[n] for n in changed + removed]
+            self.models.update(fresh)
+            for name in removed:
+                del self.models[name]
+                self._signatures.pop(name, None)
+            if only is None:
+                self.loaded = new
+            else:  # the rest of the running config stays as it was
+                models = {n: r for n, r in self.loaded.models.items() if n != only}
+                if only in new.models:
+                    models[only] = new.models[only]
+                self.loaded = LoadedConfig(self.loaded.path, self.loaded.config, models)
+            self._wanted = list(self.models)
+        for model in old_models:
+            model.stop()  # finishes what it accepted (outside the lock: others may load)
+        trim_heap()
         summary = {"added": added, "removed": removed, "replaced": changed}
         log.info("engine reloaded", **summary)
         return summary
+
+    def _load(self, model: ServedModel, resolved: ResolvedModel | None = None) -> None:
+        """Load ``model`` measured and within budget, evicting idle models if needed
+        (``resolved``: its config entry, when it is not the running config's yet)."""
+        name = model.spec.name
+        if model.state in SERVING:
+            return
+        resolved = resolved or self._resolved(name)
+        kind = self._device_kind(resolved.config.device)
+        budget = self._model_budget(resolved)
+        expected = self.footprints.get(name)
+        need = expected.charged(kind) if expected else (budget or 0)
+        self._make_room(model, need, exclude={name})
+        trim_heap()
+        before = resident_bytes()
+        model.load(LOAD_TIMEOUT_S)
+        host = max(0, resident_bytes() - before)
+        footprint = Footprint(host, sum(s.device_bytes for s in model.sessions()))
+        self._measured[name] = footprint
+        largest = self.footprints.get(name)
+        self.footprints[name] = Footprint(
+            max(host, largest.host_bytes if largest else 0),
+            max(footprint.device_bytes, largest.device_bytes if largest else 0),
+        )
+        charged = footprint.charged(kind)
+        if budget is not None and charged > budget:
+            model.unload(f"above its memory budget ({mb(charged)} > {mb(budget)})")
+            trim_heap()
+            raise ResourceExhaustedError(
+                f"model {name!r} uses {mb(charged)} after warm-up, above its "
+                f"memory_budget_mb of {mb(budget)}"
+            )
+        try:
+            self._make_room(model, charged, exclude={name})
+        except ResourceExhaustedError:
+            model.unload("does not fit its device's memory budget")
+            trim_heap()
+            raise
+        log.info(
+            "model loaded", model=name, host_mb=round(host / 2**20, 1),
+            device_mb=round(footprint.device_bytes / 2**20, 1),
+        )  # fmt: skip
+
+    def _make_room(self, model: ServedModel, need: int, exclude: set[str]) -> None:
+        """Evict idle evictable models on ``model``'s device until its ``need`` bytes fit the
+        device's budget next to the others; ResourceExhaustedError if they cannot."""
+        device = model.spec.device
+        budget = self._device_budget(device)
+        if budget is None:
+            return
+        kind = self._device_kind(device)
+        for _attempt in range(3):  # a candidate may turn busy between the choice and the evict
+            loaded = {  # a model being replaced is still here, under its name
+                n: m
+                for n, m in self.models.items()
+                if m.spec.device == device
+                and m is not model
+                and (m.state in SERVING or m.state is ModelState.LOADING)
+            }
+            used = sum(self._charged(n, kind) for n in loaded)
+            over = used + need - budget
+            if over <= 0:
+                return
+            candidates = [
+                Resident(
+                    n,
+                    self._charged(n, kind),
+                    m.last_used_s,
+                    self._resolved(n).config.evictable,
+                    m.pending == 0,
+                )
+                for n, m in loaded.items()
+                if n not in exclude and m.state in SERVING
+            ]
+            victims = choose_victims(candidates, over)
+            if victims is None:
+                break
+            evicted = [v.name for v in victims if self.models[v.name].evict()]
+            trim_heap()
+            log.info("evicted to make room", model=model.spec.name, evicted=evicted)
+            if len(evicted) == len(victims):
+                return
+        busy = [c.name for c in candidates if c.evictable and not c.idle]
+        raise ResourceExhaustedError(
+            f"model {model.spec.name!r} needs {mb(need)} on device {device}, whose budget is "
+            f"{mb(budget)}: {sorted(loaded)} use {mb(used)}, and evicting idle evictable models "
+            f"cannot free the {mb(over)} missing" + (f" (busy now: {sorted(busy)})" if busy else "")
+        )
+
+    def _charged(self, name: str, kind: str) -> int:
+        found = self.footprints.get(name)
+        if found is not None:
+            return found.charged(kind)
+        resolved = self.loaded.models.get(name)
+        return (self._model_budget(resolved) if resolved else None) or 0
+
+    def _on_demand(self, model: ServedModel) -> None:
+        """A request waits for an unloaded model: load it on a short-lived thread (once)."""
+        name = model.spec.name
+        with self._demand_lock:
+            if name in self._demanded or self._closed:
+                return
+            self._demanded.add(name)
+
+        def load() -> None:
+            try:
+                with self._lifecycle:
+                    if self.models.get(name) is model and not self._closed:
+                        self._load(model)
+            except Exception as err:  # the waiting requests were answered with the reason
+                log.error("load on demand failed", model=name, error=str(err))
+                if model.state is ModelState.UNLOADED:
+                    model._fail_queued(f"model {name!r} could not be loaded: {err}")
+            finally:
+                with self._demand_lock:
+                    self._demanded.discard(name)
+                if model.pending and model.state is ModelState.UNLOADED and model.auto_load:
+                    self._on_demand(model)  # more arrived after the failure: try again
+
+        threading.Thread(target=load, name=f"duomo-load-{name}", daemon=True).start()
+
+    # -- building ---------------------------------------------------------------------------
 
     def _plan(
         self, loaded: LoadedConfig, names: list[str], budget: int | None = None
@@ -149,31 +343,44 @@ class Engine:
             priority_aging_per_s=cfg.priority_aging_per_s,
             intra_op_threads=self.plan.threads_per_instance.get(name, 1),
             device=cfg.device,
+            health=cfg.health,
         )
-        return ServedModel(spec, backend, self.gate)
+        self._signatures[name] = self._signature(resolved)
+        on_demand = None if self._only else self._on_demand
+        return ServedModel(spec, backend, self.gate, on_demand=on_demand)
 
     @staticmethod
-    def _start_all(models: dict[str, ServedModel]) -> None:
-        """Start models in parallel; if any fails, stop all of them and raise the first error."""
-        errors: list[BaseException] = []
-        lock = threading.Lock()
+    def _signature(resolved: ResolvedModel) -> tuple[Any, ...]:
+        """What a model was built from: its entry and its files' sizes and times."""
 
-        def load(model: ServedModel) -> None:
+        def stamp(path: Path) -> tuple[int, int]:
             try:
-                model.start()
-            except BaseException as err:
-                with lock:
-                    errors.append(err)
+                st = path.stat()
+            except OSError:
+                return (0, 0)
+            return (st.st_size, st.st_mtime_ns)
 
-        loaders = [threading.Thread(target=load, args=(m,)) for m in models.values()]
-        for t in loaders:
-            t.start()
-        for t in loaders:
-            t.join()
-        if errors:
-            for model in models.values():
-                model.stop()
-            raise errors[0]
+        files = tuple(sorted((role, str(p), stamp(p)) for role, p in resolved.files.items()))
+        return (resolved.config, files)
+
+    def _resolved(self, name: str) -> ResolvedModel:
+        return self.loaded.models[name]
+
+    def _device_kind(self, device: int) -> str:
+        return next((d.kind for d in self.loaded.config.devices if d.id == device), "cpu")
+
+    def _device_budget(self, device: int) -> int | None:
+        found = next((d for d in self.loaded.config.devices if d.id == device), None)
+        if found is None or found.memory_budget_mb is None:
+            return None
+        return found.memory_budget_mb * 2**20
+
+    @staticmethod
+    def _model_budget(resolved: ResolvedModel) -> int | None:
+        mb_ = resolved.config.memory_budget_mb
+        return None if mb_ is None else mb_ * 2**20
+
+    # -- requests ---------------------------------------------------------------------------
 
     def model(self, name: str) -> ServedModel:
         try:
@@ -207,17 +414,54 @@ class Engine:
         return self.submit(name, payload).result(timeout_s)
 
     def status(self) -> dict[str, Any]:
-        return {
-            "thread_budget": self.plan.budget,
-            "models": {name: m.status() for name, m in list(self.models.items())},
-        }
+        models = {}
+        for name, model in list(self.models.items()):
+            shown = model.status()
+            resolved = self.loaded.models.get(name)
+            largest, last = self.footprints.get(name), self._measured.get(name)
+            budget = self._model_budget(resolved) if resolved else None
+            shown["memory"] = {
+                "loaded": model.state not in (ModelState.UNLOADED, ModelState.STOPPED),
+                "measured": last.to_dict() if last else None,
+                "charged_bytes": (
+                    largest.charged(self._device_kind(model.spec.device)) if largest else None
+                ),
+                "budget_bytes": budget,
+            }
+            shown["preload"] = resolved.config.preload if resolved else None
+            shown["evictable"] = resolved.config.evictable if resolved else None
+            models[name] = shown
+        devices = []
+        for device in self.loaded.config.devices:
+            kind = device.kind
+            used = sum(
+                self._charged(n, kind)
+                for n, m in self.models.items()
+                if m.spec.device == device.id
+                and m.state not in (ModelState.UNLOADED, ModelState.STOPPED)
+            )
+            devices.append(
+                {
+                    "id": device.id,
+                    "kind": kind,
+                    "used_bytes": used,
+                    "budget_bytes": self._device_budget(device.id),
+                }
+            )
+        return {"thread_budget": self.plan.budget, "devices": devices, "models": models}
 
-    def close(self) -> None:
-        for model in self.models.values():
-            model.stop()
+    def close(self, grace_s: float = 30.0) -> int:
+        """Stop every model (finishing queued work within ``grace_s`` in all), release the
+        backends; returns how many requests were cut (answered UNAVAILABLE)."""
+        self._closed = True
+        deadline = time.monotonic() + grace_s
+        cut = 0
+        for model in list(self.models.values()):
+            cut += model.stop(max(0.0, deadline - time.monotonic()))
         for backend in self._backends.values():
             backend.close()
         self._backends.clear()
+        return cut
 
     def __enter__(self) -> Engine:
         self.start()

@@ -22,6 +22,7 @@ import socket
 import struct
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -84,6 +85,12 @@ class Connection:
                 with contextlib.suppress(OSError):
                     self.sock.shutdown(socket.SHUT_RDWR)  # the reactor sees EOF and drops it
 
+    def reply(self, message: dict[str, Any], reply: dict[str, Any]) -> None:
+        """Answer one control message (any thread): the reply carries the message's id."""
+        if "id" in message:
+            reply["id"] = message["id"]
+        self.send(json_frame(reply))
+
     def send_notice(self, ring: int, slot: int, seq: int) -> None:
         self.send(notice_frame(ring, slot, seq))
 
@@ -99,7 +106,8 @@ def _peer_pid(sock: socket.socket) -> int | None:
         return None
 
 
-Handler = Callable[[Connection, dict[str, Any]], dict[str, Any]]
+# the reply to a control message, or None when the handler has it sent later (``reply``)
+Handler = Callable[[Connection, dict[str, Any]], dict[str, Any] | None]
 
 
 class Reactor:
@@ -116,6 +124,13 @@ class Reactor:
         self._running = False
         self._stop_accepting = False
         self._next_housekeeping = 0.0
+        self._soon: deque[Callable[[], None]] = deque()
+
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the reactor thread (from any thread): what touches the connections'
+        state does so there only."""
+        self._soon.append(fn)
+        self._wake()
 
     @property
     def connections(self) -> list[Connection]:
@@ -183,6 +198,11 @@ class Reactor:
                     log.exception("reactor error")
                     if isinstance(key.data, Connection):
                         self._drop(key.data)
+            while self._soon:
+                try:
+                    self._soon.popleft()()
+                except Exception:
+                    log.exception("reactor callback error")
             now = time.monotonic()
             if now >= self._next_housekeeping:  # off the per-notice path
                 self._next_housekeeping = now + HOUSEKEEPING_S
@@ -247,9 +267,8 @@ class Reactor:
         elif kind is FrameKind.JSON:
             message = parse_json(payload)
             reply = self._handle(conn, message)
-            if "id" in message:
-                reply["id"] = message["id"]
-            conn.send(json_frame(reply))
+            if reply is not None:
+                conn.reply(message, reply)
         else:
             raise ProtocolError(f"unexpected {kind.name} frame")
 

@@ -1,18 +1,24 @@
 """The supervisor process: one engine, one control socket, one reactor, until told to stop.
 
 ``Supervisor.start`` makes the runtime directory private, refuses to start over a live
-supervisor, writes a fresh client key, loads every model (the single backend init) and starts
-listening. Control messages are answered by ``handle`` on the reactor thread; ``shutdown`` stops
-accepting, lets queued and in-flight work finish (within the models' grace period), releases the
-models, closes every connection and removes the socket and key files.
+supervisor, writes a fresh client key, loads the models to preload (the single backend init),
+starts the watchdog and starts listening. Control messages are answered by ``handle`` on the
+reactor thread; the slow ones (``reload``, ``load``, ``unload``, attaching a model that was never
+loaded) run on a short-lived thread and answer when done, so the reactor never waits for a model.
+``shutdown`` stops accepting, lets queued and in-flight work finish within ``shutdown_grace_s``,
+answers the rest UNAVAILABLE, releases the models, closes every connection and removes the
+socket and key files; it returns how many requests it had to cut (the exit code says so).
 
 Concurrency (see README for the whole table):
 
 ====================  ==============================================================
 thread                role
 ====================  ==============================================================
-main                  ``serve_forever``: waits for stop (control ``stop``, SIGTERM)
+main                  ``serve_forever``: waits for stop (control ``stop``, SIGTERM) and
+                      runs SIGHUP reloads
 reactor               sockets: accept, authenticate, control messages, slot notices
+control job (short)   one slow control message (reload, load, unload, attach-and-load)
+watchdog              health checks once a period; starts restart threads
 model instance (×N)   batches; writes results into slots and sends "slot done"
 ====================  ==============================================================
 """
@@ -24,18 +30,28 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import psutil
 import structlog
 
-from ipc.errors import DuomoError, InvalidArgumentError, NotFoundError, ResourceExhaustedError
+from ipc.errors import (
+    DuomoError,
+    InvalidArgumentError,
+    NotFoundError,
+    ResourceExhaustedError,
+    UnavailableError,
+    error_for,
+)
 from ipc.runtime_dir import ensure_private_dir, key_path, pid_path, write_key
 from supervisor.attachment import Attachment
 from supervisor.config import ConfigError, LoadedConfig, load_config
 from supervisor.engine import Engine
 from supervisor.reactor import Connection, Reactor
+from supervisor.watchdog import Watchdog
 
 log = structlog.get_logger("duomo.supervisor")
 MAX_SLOTS = 64
@@ -48,9 +64,11 @@ class Supervisor:
         self.socket_path = socket_path
         self.engine = Engine(loaded)
         self.reactor: Reactor | None = None
+        self.watchdog: Watchdog | None = None
         self._wake = threading.Event()
         self._stop_requested = False
         self._reload_requested = False
+        self._stop_waiters: list[tuple[Connection, dict[str, Any]]] = []
         self._created: dict[Path, int] = {}
         self._started_s = time.time()
 
@@ -61,6 +79,10 @@ class Supervisor:
         key = write_key(path)
         self._own(key_path(path))
         self.engine.start()
+        watchdog = self.loaded.config.watchdog
+        if watchdog.enabled:
+            self.watchdog = Watchdog(self.engine, watchdog.period_ms / 1e3)
+            self.watchdog.start()
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
@@ -87,7 +109,10 @@ class Supervisor:
                 return
             if self._reload_requested:
                 self._reload_requested = False
-                self._reload()
+                try:
+                    self.reload()
+                except DuomoError as err:
+                    log.error("reload failed; the running models are unchanged", error=err.message)
 
     def request_stop(self) -> None:
         """Safe from a signal handler or any thread."""
@@ -99,24 +124,37 @@ class Supervisor:
         self._reload_requested = True
         self._wake.set()
 
-    def _reload(self) -> None:
+    def reload(self, model: str | None = None) -> dict[str, Any]:
+        """Re-read the config file and apply the difference (or rebuild just ``model``).
+
+        Raises InvalidArgumentError for an invalid config, UnavailableError (with the reason)
+        when a replacement cannot be loaded, ResourceExhaustedError when it does not fit its
+        memory budget; in every case the running models are unchanged.
+        """
         try:
             new = load_config(self.loaded.path)
-            summary = self.engine.reload(new)
         except ConfigError as err:
-            log.error("reload rejected: invalid config", problems=err.render())
-            return
-        except (RuntimeError, ValueError, DuomoError) as err:
-            log.error("reload failed; the running models are unchanged", error=str(err))
-            return
-        self.loaded = new
+            raise InvalidArgumentError(f"config not reloaded:\n{err.render()}") from None
+        try:
+            summary = self.engine.reload(new, only=model)
+        except (RuntimeError, ValueError) as err:
+            raise UnavailableError(
+                f"reload failed, the running models are unchanged: {err}"
+            ) from None
+        self.loaded = self.engine.loaded
         log.info("config reloaded", **summary)
+        return dict(summary)
 
-    def shutdown(self) -> None:
-        """Stop accepting, finish queued work, release models, close clients, remove files."""
+    def shutdown(self) -> int:
+        """Stop accepting, finish queued work within the grace period, release the models,
+        close clients, remove files. Returns how many accepted requests had to be cut."""
         if self.reactor is not None:
             self.reactor.stop_accepting()
-        self.engine.close()
+        if self.watchdog is not None:
+            self.watchdog.stop()
+        cut = self.engine.close(self.loaded.config.shutdown_grace_s)
+        for conn, message in self._stop_waiters:
+            conn.reply(message, {"ok": True, "cut": cut})
         if self.reactor is not None:
             self.reactor.stop()
         for path, inode in self._created.items():
@@ -125,14 +163,16 @@ class Supervisor:
             with contextlib.suppress(FileNotFoundError):
                 if path.lstat().st_ino == inode:
                     path.unlink()
-        log.info("supervisor stopped")
+        log.info("supervisor stopped", requests_cut=cut)
+        return cut
 
     def _own(self, path: Path) -> None:
         self._created[path] = path.lstat().st_ino
 
     # -- control messages (reactor thread) ---------------------------------------------------
 
-    def handle(self, conn: Connection, message: dict[str, Any]) -> dict[str, Any]:
+    def handle(self, conn: Connection, message: dict[str, Any]) -> dict[str, Any] | None:
+        """The reply to one control message, or None when a job thread will send it."""
         op = message.get("op")
         try:
             if op == "models":
@@ -151,32 +191,67 @@ class Supervisor:
             if op == "status":
                 return {"ok": True, "status": self.status()}
             if op == "stop":
+                if message.get("wait"):  # answered once the queued work is done or cut
+                    self._stop_waiters.append((conn, message))
+                    self.request_stop()
+                    return None
                 self.request_stop()
                 return {"ok": True}
+            if op == "reload":
+                target = message.get("model")
+                if target is not None and not isinstance(target, str):
+                    raise InvalidArgumentError("'model' must be a string")
+                self._in_background(conn, message, lambda: self.reload(target))
+                return None
+            if op in ("load", "unload"):
+                name = message["model"]
+                self.engine.model(name)  # NotFoundError at once
+                act = self.engine.load if op == "load" else self.engine.unload
+                self._in_background(conn, message, lambda: {op: act(name)})
+                return None
             if op == "ping":
                 return {"ok": True}
             raise InvalidArgumentError(f"unknown control operation {op!r}")
         except DuomoError as err:
-            return {"ok": False, "code": int(err.code), "message": err.message}
+            return _error_reply(err)
         except (KeyError, TypeError, ValueError) as err:
             return {"ok": False, "code": 1, "message": f"malformed {op!r} message: {err!r}"}
 
+    def _in_background(
+        self, conn: Connection, message: dict[str, Any], job: Callable[[], dict[str, Any]]
+    ) -> None:
+        """Run a slow control job on its own thread; it sends the reply itself when done."""
+
+        def run() -> None:
+            try:
+                reply = {"ok": True, **job()}
+            except DuomoError as err:
+                reply = _error_reply(err)
+            except Exception as err:  # a bug must still answer, and never kill the process
+                log.exception("control job failed", op=message.get("op"))
+                reply = {"ok": False, "code": 6, "message": f"internal error: {err}"}
+            conn.reply(message, reply)
+
+        threading.Thread(target=run, name=f"duomo-{message.get('op')}", daemon=True).start()
+
     def _model_info(self, name: str) -> dict[str, Any]:
         model = self.engine.model(name)
-        spec = model.slot_spec()
-        return {
+        info: dict[str, Any] = {
             "name": name,
             "task": model.spec.task,
             "state": model.state.value,
             "max_batch": model.spec.max_batch,
-            "inputs": [
-                {"name": i.name, "dtype": i.dtype.name, "shape": list(i.shape)} for i in spec.inputs
-            ],
-            "result": spec.result,
-            "outputs": list(spec.outputs),
         }
+        if model.layout_known:  # else it loads when first attached
+            spec = model.slot_spec()
+            info["inputs"] = [
+                {"name": i.name, "dtype": i.dtype.name, "shape": list(i.shape)} for i in spec.inputs
+            ]
+            info["result"] = spec.result
+            info["outputs"] = list(spec.outputs)
+        return info
 
-    def _attach(self, conn: Connection, message: dict[str, Any]) -> dict[str, Any]:
+    def _attach(self, conn: Connection, message: dict[str, Any]) -> dict[str, Any] | None:
         name = message["model"]
         slots = message.get("slots", 4)
         if not isinstance(name, str):
@@ -187,7 +262,22 @@ class Supervisor:
             raise ResourceExhaustedError(
                 f"a client may attach at most {MAX_RINGS_PER_CLIENT} rings; close some first"
             )
-        self.engine.model(name)  # NotFoundError for an unknown model
+        model = self.engine.model(name)  # NotFoundError for an unknown model
+        if not model.layout_known:  # never loaded yet (preload: false): load it, then attach
+            assert self.reactor is not None
+            reactor = self.reactor
+
+            def load_then_attach() -> dict[str, Any]:
+                self.engine.load(name)
+                finished: Future[dict[str, Any]] = Future()
+                reactor.call_soon(lambda: finished.set_result(self.handle(conn, message) or {}))
+                reply = finished.result(60)
+                if not reply.get("ok"):
+                    raise error_for(reply["code"], reply["message"])
+                return {k: v for k, v in reply.items() if k != "ok"}
+
+            self._in_background(conn, message, load_then_attach)
+            return None
         ring_id = conn.next_ring_id()
         try:
             attachment = Attachment(
@@ -242,6 +332,10 @@ class Supervisor:
             **self.engine.status(),
             "clients": clients,
         }
+
+
+def _error_reply(err: DuomoError) -> dict[str, Any]:
+    return {"ok": False, "code": int(err.code), "message": err.message}
 
 
 def _refuse_live_supervisor(path: Path) -> None:

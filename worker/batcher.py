@@ -10,7 +10,11 @@ and every second a request waits raises its effective priority by ``aging_per_s`
 is delayed for a bounded time under sustained higher-priority load, never starved.
 Requests whose deadline has passed are handed back as ``expired`` and never run.
 ``next_batch`` always returns at least one request to run or expire, or ``None`` once the batcher
-is closed and empty.
+is closed and empty, or once the calling worker's generation has been retired.
+
+Workers belong to a generation: ``retire_workers`` ends the current one (its idle workers return
+at once, a busy one after its batch) while queued requests stay for the next generation. That is
+how an unload, a re-initialization or a reload lets go of workers without losing the queue.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ class Batcher:
         self._cond = threading.Condition(self._lock)
         self._filling = False
         self._closed = False
+        self.generation = 0  # workers started now serve this generation
 
     @property
     def depth(self) -> int:
@@ -81,6 +86,18 @@ class Batcher:
             self._closed = True
             self._cond.notify_all()
 
+    def retire_workers(self) -> int:
+        """End the current worker generation; returns the new one (for the next workers)."""
+        with self._lock:
+            self.generation += 1
+            self._cond.notify_all()
+            return self.generation
+
+    def reopen(self) -> None:
+        """Accept requests again after ``close`` (a model loaded again after an unload)."""
+        with self._lock:
+            self._closed = False
+
     def drain(self) -> list[Request]:
         """Remove and return everything still queued (for failing it on shutdown)."""
         with self._lock:
@@ -89,25 +106,32 @@ class Batcher:
             self._count = 0
             return sorted(taken, key=lambda r: (-r.priority, r.seq))
 
-    def next_batch(self) -> TakenBatch | None:
+    def next_batch(self, generation: int = 0) -> TakenBatch | None:
+        """The next batch for a worker of ``generation``; None when that worker should stop."""
         with self._lock:
-            while not self._count or self._filling:
-                if self._closed and not self._count:
+            while True:
+                while not self._count or self._filling:
+                    if (self._closed and not self._count) or generation != self.generation:
+                        return None
+                    self._cond.wait()
+                if generation != self.generation:
                     return None
-                self._cond.wait()
-            self._filling = True
-            try:
-                first = self._levels[self._best_level(self._clock())][0]
-                fill_until = first.enqueued_s + self.max_delay_s
-                while self._count < self.max_batch and not self._closed:
-                    remaining = fill_until - self._clock()
-                    if remaining <= 0:
-                        break
-                    self._cond.wait(remaining)
-                return self._take()
-            finally:
-                self._filling = False
-                self._cond.notify_all()
+                self._filling = True
+                try:
+                    first = self._levels[self._best_level(self._clock())][0]
+                    fill_until = first.enqueued_s + self.max_delay_s
+                    while self._count < self.max_batch and not self._closed:
+                        remaining = fill_until - self._clock()
+                        if remaining <= 0 or generation != self.generation or not self._count:
+                            break
+                        self._cond.wait(remaining)
+                    if generation != self.generation:
+                        return None  # retired while filling: the queue stays for the next
+                    if self._count:  # (a drain may have emptied it meanwhile)
+                        return self._take()
+                finally:
+                    self._filling = False
+                    self._cond.notify_all()
 
     def _best_level(self, now: float) -> int:
         """The priority level whose oldest request goes next.

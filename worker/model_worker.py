@@ -1,7 +1,10 @@
 """One model instance: a thread that loads its own sessions and serves batches from the batcher.
 
 Created and started by ``ServedModel``. Everything the executor owns (sessions, I/O buffers, and
-for ACL the context and stream) is created on this thread and used only by it.
+for ACL the context and stream) is created on this thread and used only by it. A worker serves
+one generation of its model's batcher: once that generation is retired (unload, re-initialization)
+it finishes its batch, closes its executor on its own thread and ends. ``busy_since`` and
+``current`` show the watchdog the batch in progress; a hung worker is abandoned, never joined.
 
 Per batch: expired requests are answered DEADLINE_EXCEEDED; each request is prepared alone (a bad
 one fails alone with its own error); the rest execute together. An exception from ``execute``
@@ -33,17 +36,25 @@ class ModelWorker:
         index: int,
         load: Callable[[], Executor],
         batcher: Batcher,
-        on_batch: Callable[[int], None],
+        on_batch: Callable[[ModelWorker, int, bool], None],
+        generation: int = 0,
     ) -> None:
         self.model = model
         self.index = index
+        self.generation = generation
         self._load = load
         self._batcher = batcher
-        self._on_batch = on_batch
+        self._on_batch = on_batch  # (worker, batch size, whether the model failed it)
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self.load_error: BaseException | None = None
         self.executor: Executor | None = None
+        self.busy_since: float | None = None  # monotonic start of the batch in progress
+        self.current: tuple[Request, ...] = ()  # that batch's requests
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
 
     def start(self) -> None:
         self._thread = threading.Thread(
@@ -66,7 +77,7 @@ class ModelWorker:
             started = time.perf_counter()
             executor = self._load()
             try:
-                executor.warmup()
+                executor.warmup()  # every batch size it will run: nothing is sized under load
             except BaseException:
                 executor.close()
                 raise
@@ -78,7 +89,9 @@ class ModelWorker:
             return
         self._ready.set()
         try:
-            while (taken := self._batcher.next_batch()) is not None:
+            while (taken := self._batcher.next_batch(self.generation)) is not None:
+                self.busy_since = time.monotonic()
+                self.current = (*taken.run, *taken.expired)
                 try:
                     self._serve(executor, taken)
                 except Exception:
@@ -88,7 +101,10 @@ class ModelWorker:
                     for request in (*taken.run, *taken.expired):
                         request.complete(error=failure)
                     log.exception("serving loop error", model=self.model)
+                finally:
+                    self.busy_since, self.current = None, ()
         finally:
+            self.executor = None
             executor.close()
 
     def _serve(self, executor: Executor, taken: TakenBatch) -> None:
@@ -115,36 +131,40 @@ class ModelWorker:
             request.timings.preprocess_s = time.perf_counter() - start
         if not live:
             return
+        failed = True
         try:
-            self._execute(executor, live, prepared)
+            failed = self._execute(executor, live, prepared)
         finally:
-            self._on_batch(len(live))  # after the answers went out: off their path
+            self._on_batch(self, len(live), failed)  # after the answers went out
 
-    def _execute(self, executor: Executor, live: list[Request], prepared: list[Any]) -> None:
+    def _execute(self, executor: Executor, live: list[Request], prepared: list[Any]) -> bool:
+        """Run the batch and answer it; True when the model failed it (what the watchdog counts:
+        an exception other than a request's own error, or output it cannot split)."""
         timer = StageTimer()
         try:
             results = executor.execute(prepared, timer)
         except DuomoError as err:
             self._finish(live, timer, error=err)
-            return
+            return isinstance(err, InternalError)
         except Exception:
             log.exception("batch failed", model=self.model, batch=len(live))
             self._finish(
                 live, timer, error=InternalError(f"model {self.model!r}: inference failed")
             )
-            return
-        if len(results) != len(live):
+            return True
+        if not isinstance(results, list) or len(results) != len(live):
             log.error(
                 "executor returned the wrong number of results",
                 model=self.model,
                 expected=len(live),
-                got=len(results),
+                got=len(results) if isinstance(results, list) else type(results).__name__,
             )
             self._finish(
                 live, timer, error=InternalError(f"model {self.model!r}: bad executor output")
             )
-            return
+            return True
         self._finish(live, timer, results=results)
+        return False
 
     def _finish(
         self,

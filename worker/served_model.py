@@ -1,39 +1,67 @@
-"""One configured model being served: its batcher, its instance threads and its statistics.
+"""One configured model being served: its state machine, batcher, instance threads and statistics.
 
-Created by the engine from a ``ModelSpec``; ``start`` loads every instance on its own thread (in
-parallel) and returns once all are ready, or raises with the first load error. ``submit`` queues a
-request and returns at once; the outcome arrives through the request's callback.
+Created by the engine from a ``ModelSpec`` and kept for as long as the config declares the model;
+its workers come and go. The engine calls the lifecycle methods (one at a time per model, under
+``lifecycle``): ``load`` starts every instance on its own thread and returns once all are
+warmed up; ``unload`` lets them go; ``reinitialize`` (from the watchdog) replaces them after
+failures or a hang; ``stop`` ends the model for good. ``submit`` queues a request from any thread
+and returns at once; the outcome arrives through the request's callback.
+
+States::
+
+    UNLOADED ─load→ LOADING ─→ READY ⇄ DEGRADED ─→ REINITIALIZING ─→ READY
+       ↑                         │                      └─(max_restarts)→ FAILED
+       └──────── UNLOADING ←─────┘ (unload, eviction)           stop → STOPPED
+
+What ``submit`` does in each state: READY, DEGRADED, LOADING queue the request. UNLOADED
+(``preload: false`` or evicted) queues it and asks the engine to load the model (``on_demand``);
+the request waits, bounded by its deadline — unless an operator unloaded the model, then it is
+UNAVAILABLE. REINITIALIZING queues or refuses by ``health.while_reinitializing``. FAILED,
+UNLOADING by an operator and STOPPED refuse with UNAVAILABLE and the reason. No accepted request
+is ever dropped: each is answered by a worker, by expiry, or with UNAVAILABLE when it is cut.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import structlog
 
 from ipc.errors import UnavailableError
 from worker.backends.base import Backend, ModelSession, SessionSettings
 from worker.batcher import Batcher
 from worker.config_model import StrictModel
 from worker.executors.base import Executor, SlotSpec
+from worker.health import HealthPolicy, RestartHistory
 from worker.model_worker import ModelWorker
 from worker.request import Outcome, Request
 from worker.stats import ModelStats
 from worker.thread_budget import ComputeGate
 
+log = structlog.get_logger("duomo.model")
+HISTORY = 16  # state changes kept for ``status``
+
 
 class ModelState(str, Enum):
-    NEW = "NEW"
+    UNLOADED = "UNLOADED"
     LOADING = "LOADING"
     READY = "READY"
-    STOPPING = "STOPPING"
+    DEGRADED = "DEGRADED"
+    REINITIALIZING = "REINITIALIZING"
+    FAILED = "FAILED"
+    UNLOADING = "UNLOADING"
     STOPPED = "STOPPED"
+
+
+SERVING = (ModelState.READY, ModelState.DEGRADED)
 
 
 @dataclass(frozen=True)
@@ -53,13 +81,21 @@ class ModelSpec:
     priority_aging_per_s: float = 0.0
     intra_op_threads: int = 1
     device: int = 0
+    health: HealthPolicy = field(default_factory=HealthPolicy)
 
 
 class ServedModel:
-    def __init__(self, spec: ModelSpec, backend: Backend, gate: ComputeGate | None) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        backend: Backend,
+        gate: ComputeGate | None,
+        on_demand: Callable[[ServedModel], None] | None = None,
+    ) -> None:
         self.spec = spec
         self._backend = backend
         self._gate = gate
+        self._on_demand = on_demand  # asks the engine to load this model for a waiting request
         self.stats = ModelStats()
         self.batcher = Batcher(
             spec.name,
@@ -69,9 +105,36 @@ class ServedModel:
             aging_per_s=spec.priority_aging_per_s,
         )
         self.workers: list[ModelWorker] = []
-        self.state = ModelState.NEW
+        self.abandoned: list[ModelWorker] = []  # hung workers let go of; they end on their own
+        self.state = ModelState.UNLOADED
+        self.lifecycle = threading.RLock()  # load / unload / reinitialize / stop: one at a time
+        self.auto_load = on_demand is not None  # False once an operator unloads the model
+        self.last_error: str | None = None
+        self.last_used_s = 0.0  # monotonic time of the last submit (LRU eviction)
+        self.consecutive_failures = 0
+        self.loads = 0  # successful loads (first, on demand, by an operator)
+        self.evictions = 0
+        self.restarts = RestartHistory(spec.health)
+        self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self._pending = 0  # accepted and not yet answered: queued + being processed
         self._pending_lock = threading.Lock()
+        self._slot_spec: SlotSpec | None = None  # kept across unloads: attached clients stay
+        self._payload_builder: Callable[[dict[str, np.ndarray], memoryview], Any] | None = None
+
+    # -- state ----------------------------------------------------------------------------
+
+    def set_state(self, state: ModelState, reason: str = "") -> None:
+        if state is self.state:
+            return
+        previous, self.state = self.state, state
+        self.history.append({"at": round(time.time(), 3), "state": state.value, "reason": reason})
+        level = "warning" if state in (ModelState.DEGRADED, ModelState.FAILED) else "info"
+        getattr(log, level)(
+            "model state", model=self.spec.name, state=state.value, was=previous.value,
+            reason=reason or None,
+        )  # fmt: skip
+
+    # -- loading ----------------------------------------------------------------------------
 
     def _load_executor(self) -> Executor:
         settings = SessionSettings(
@@ -92,26 +155,179 @@ class ServedModel:
                 session.close()
             raise
 
-    def start(self, timeout_s: float = 300.0) -> None:
-        self.state = ModelState.LOADING
-        self.workers = [
+    def _start_workers(self, timeout_s: float) -> None:
+        """Start a new generation of instances and wait until all are warmed up (or raise)."""
+        generation = self.batcher.retire_workers()
+        workers = [
             ModelWorker(
-                self.spec.name, i, self._load_executor, self.batcher, self.stats.record_batch
+                self.spec.name, i, self._load_executor, self.batcher, self._batch_done, generation
             )
             for i in range(self.spec.instances)
         ]
-        for worker in self.workers:
+        for worker in workers:
             worker.start()
         deadline = time.monotonic() + timeout_s
-        for worker in self.workers:
+        error: str | None = None
+        for worker in workers:
             if not worker.wait_ready(max(0.0, deadline - time.monotonic())):
-                self.stop()
-                raise RuntimeError(f"model {self.spec.name!r}: load timed out after {timeout_s}s")
-            if worker.load_error is not None:
-                self.stop()
-                err = worker.load_error
-                raise RuntimeError(f"model {self.spec.name!r} failed to load: {err}") from err
-        self.state = ModelState.READY
+                error = f"load timed out after {timeout_s:.0f}s"
+            elif worker.load_error is not None:
+                error = f"failed to load: {worker.load_error}"
+            if error is not None:
+                self.batcher.retire_workers()  # the loaded ones close their sessions and end
+                raise RuntimeError(f"model {self.spec.name!r} {error}") from worker.load_error
+        self.workers = workers
+        executor = next(w.executor for w in workers if w.executor is not None)
+        self._slot_spec = executor.slot_spec()
+        self._payload_builder = executor.payload_from_slot
+        self.consecutive_failures = 0
+        self.last_error = None
+
+    def load(self, timeout_s: float = 300.0) -> None:
+        """Load and warm up every instance; a model already serving is left as it is.
+
+        On failure the model returns to UNLOADED (FAILED if it had failed before), requests
+        that were waiting for it are answered UNAVAILABLE with the reason, and the error is
+        raised.
+        """
+        with self.lifecycle:
+            if self.state in SERVING:
+                return
+            if self.state is ModelState.STOPPED:
+                raise UnavailableError(f"model {self.spec.name!r} is stopped")
+            before = self.state
+            self.set_state(ModelState.LOADING)
+            self.batcher.reopen()
+            try:
+                self._start_workers(timeout_s)
+            except BaseException as err:
+                self.last_error = str(err)
+                after = ModelState.FAILED if before is ModelState.FAILED else ModelState.UNLOADED
+                self.set_state(after, self.last_error)
+                self._fail_queued(f"model {self.spec.name!r} could not be loaded: {err}")
+                raise
+            self.restarts.clear()
+            self.auto_load = self._on_demand is not None
+            self.loads += 1
+            self.set_state(ModelState.READY)
+
+    def unload(self, reason: str = "unloaded by the operator") -> int:
+        """Let go of every instance and its memory, answer the queue UNAVAILABLE and stay
+        unloaded until ``load``. Waits for batches in progress (a hung one is abandoned after
+        ``exec_timeout_ms``). Returns how many requests were answered UNAVAILABLE."""
+        with self.lifecycle:
+            if self.state in (ModelState.UNLOADED, ModelState.STOPPED):
+                self.auto_load = False
+                return 0
+            self.auto_load = False
+            self.set_state(ModelState.UNLOADING, reason)
+            cut = self._retire_workers()
+            cut += self._fail_queued(f"model {self.spec.name!r} was unloaded")
+            self.set_state(ModelState.UNLOADED, reason)
+            return cut
+
+    def evict(self) -> bool:
+        """Unload to make room, only if nothing is queued or in flight (atomically with
+        ``submit``) and no other lifecycle step is running; True if it was unloaded. A request
+        that arrives meanwhile waits and loads the model again."""
+        if not self.lifecycle.acquire(blocking=False):
+            return False
+        try:
+            with self._pending_lock:
+                if self._pending or self.state not in SERVING:
+                    return False
+                self.set_state(ModelState.UNLOADING, "evicted to make room")
+            self._retire_workers()
+            self.evictions += 1
+            self.set_state(ModelState.UNLOADED, "evicted to make room")
+            if self.pending and self.auto_load and self._on_demand is not None:
+                self._on_demand(self)  # requests arrived while it unloaded: load it again
+            return True
+        finally:
+            self.lifecycle.release()
+
+    def _retire_workers(self) -> int:
+        """End this generation of workers: idle ones at once, busy ones after their batch. One
+        whose batch has run past ``exec_timeout_ms`` is abandoned (a thread cannot be killed)
+        and its batch answered UNAVAILABLE. Returns how many requests that cut."""
+        timeout_s = self.spec.health.exec_timeout_ms / 1e3
+        self.batcher.retire_workers()
+        workers, self.workers = self.workers, []
+        cut = 0
+        for worker in workers:
+            started = worker.busy_since
+            patience = 0.0 if started is None else timeout_s - (time.monotonic() - started)
+            if worker.join(max(patience, 1.0)):  # an idle worker ends at once
+                continue
+            cut += self._abandon(worker, f"ran past exec_timeout_ms {timeout_s * 1e3:.0f}")
+        return cut
+
+    def _abandon(self, worker: ModelWorker, why: str) -> int:
+        error = UnavailableError(f"model {self.spec.name!r}: batch {why}")
+        cut = sum(1 for request in worker.current if request.complete(error=error))
+        self.abandoned = [w for w in self.abandoned if w.alive] + [worker]
+        log.warning("worker abandoned", model=self.spec.name, instance=worker.index, why=why)
+        return cut
+
+    def _fail_queued(self, why: str) -> int:
+        error = UnavailableError(why)
+        return sum(1 for request in self.batcher.drain() if request.complete(error=error))
+
+    # -- failures (watchdog) ------------------------------------------------------------------
+
+    def _batch_done(self, worker: ModelWorker, size: int, failed: bool) -> None:
+        """A worker finished a batch (its thread); a retired worker's batches no longer count."""
+        self.stats.record_batch(size)
+        if worker.generation != self.batcher.generation:
+            return
+        self.consecutive_failures = self.consecutive_failures + 1 if failed else 0
+
+    def longest_batch_s(self, now: float) -> float:
+        started = [w.busy_since for w in self.workers if w.busy_since is not None]
+        return now - min(started) if started else 0.0
+
+    def reinitialize(self, reason: str, stop: threading.Event) -> None:
+        """Replace every instance after failures or a hang (on a watchdog thread).
+
+        Backs off exponentially between attempts; FAILED once ``max_restarts`` restarts fall
+        within ``restart_window_s``. Queued requests wait or are answered UNAVAILABLE, as
+        ``health.while_reinitializing`` says; a hung worker's batch is answered at once.
+        """
+        policy = self.spec.health
+        with self.lifecycle:
+            if self.state not in SERVING:
+                return
+            self.set_state(ModelState.DEGRADED, reason)
+            self._retire_workers()  # a hung worker's batch is answered now
+            while not stop.is_set():
+                now = time.monotonic()
+                if self.restarts.exhausted(now):
+                    why = (
+                        f"{reason}; gave up after {policy.max_restarts} restarts within "
+                        f"{policy.restart_window_s:.0f}s"
+                    )
+                    self.last_error = why
+                    self.set_state(ModelState.FAILED, why)
+                    self._fail_queued(f"model {self.spec.name!r} failed: {why}")
+                    return
+                delay = self.restarts.next_delay_s(now)
+                self.restarts.record(now)
+                self.set_state(ModelState.REINITIALIZING, reason)
+                if policy.while_reinitializing == "fail":
+                    self._fail_queued(f"model {self.spec.name!r} is re-initializing: {reason}")
+                if stop.wait(delay):
+                    break
+                try:
+                    self._start_workers(timeout_s=300.0)
+                except Exception as err:
+                    reason = f"re-initialization failed: {err}"
+                    self.last_error = reason
+                    continue
+                self.set_state(ModelState.READY, "re-initialized")
+                return
+            self._fail_queued(f"model {self.spec.name!r} stopped while re-initializing")
+
+    # -- requests -----------------------------------------------------------------------------
 
     def submit(
         self,
@@ -121,13 +337,22 @@ class ServedModel:
         deadline_s: float | None = None,
         accepted: Callable[[Request], None] | None = None,
     ) -> Request:
-        """Queue one request; raises at once if the model is not ready or its queue is full.
+        """Queue one request; raises at once if the model refuses it or its queue is full.
 
         ``accepted`` sees the request before it is queued (a worker may answer it at once).
         """
-        if self.state is not ModelState.READY:
-            raise UnavailableError(f"model {self.spec.name!r} is {self.state.value.lower()}")
+        state = self.state
+        if state not in SERVING and state is not ModelState.LOADING:
+            waits = (
+                self.auto_load
+                if state in (ModelState.UNLOADED, ModelState.UNLOADING)
+                else state is ModelState.REINITIALIZING
+                and self.spec.health.while_reinitializing == "wait"
+            )
+            if not waits:
+                raise UnavailableError(self._refusal(state))
         start = time.monotonic()
+        self.last_used_s = start
 
         def done(outcome: Outcome) -> None:
             on_done(outcome)  # the caller first: bookkeeping is off the answer's path
@@ -152,7 +377,19 @@ class ServedModel:
             with self._pending_lock:
                 self._pending -= 1
             raise
+        if self.state is ModelState.UNLOADED and self.auto_load and self._on_demand is not None:
+            self._on_demand(self)  # read after queueing: an eviction cannot slip in between
         return request
+
+    def _refusal(self, state: ModelState) -> str:
+        name = self.spec.name
+        if state is ModelState.FAILED:
+            return f"model {name!r} failed ({self.last_error}); fix it, then: duomo load {name}"
+        if state in (ModelState.UNLOADED, ModelState.UNLOADING):
+            return f"model {name!r} is unloaded; load it with: duomo load {name}"
+        if state is ModelState.REINITIALIZING:
+            return f"model {name!r} is re-initializing ({self.last_error or 'after failures'})"
+        return f"model {name!r} is {state.value.lower()}"
 
     @property
     def pending(self) -> int:
@@ -160,39 +397,52 @@ class ServedModel:
         with self._pending_lock:
             return self._pending
 
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """Stop accepting, let the instances finish what is queued, then fail what is left."""
-        if self.state in (ModelState.STOPPED, ModelState.NEW):
-            self.state = ModelState.STOPPED
-            return
-        self.state = ModelState.STOPPING
-        self.batcher.close()
-        deadline = time.monotonic() + timeout_s
-        for worker in self.workers:
-            worker.join(max(0.0, deadline - time.monotonic()))
-        for request in self.batcher.drain():
-            request.complete(error=UnavailableError(f"model {self.spec.name!r} stopped"))
-        self.state = ModelState.STOPPED
+    def stop(self, timeout_s: float = 30.0) -> int:
+        """Stop for good: refuse new requests, let the instances finish the queue within
+        ``timeout_s``, then answer whatever is left UNAVAILABLE. Returns how many were cut."""
+        with self.lifecycle:
+            if self.state is ModelState.STOPPED:
+                return 0
+            self.set_state(ModelState.STOPPED)
+            self.batcher.close()
+            deadline = time.monotonic() + timeout_s
+            cut = 0
+            for worker in self.workers:
+                if not worker.join(max(0.0, deadline - time.monotonic())):
+                    cut += self._abandon(worker, f"cut by the {timeout_s:.0f}s stop grace period")
+            cut += self._fail_queued(f"model {self.spec.name!r} stopped")
+            self.workers = []
+            return cut
 
-    def _any_executor(self) -> Executor:
-        ready = next((w.executor for w in self.workers if w.executor is not None), None)
-        if ready is None:
-            raise UnavailableError(f"model {self.spec.name!r} has no loaded instance")
-        return ready
+    # -- what clients and status see ---------------------------------------------------------
+
+    @property
+    def layout_known(self) -> bool:
+        """Whether clients can attach without a load: the model has been loaded once."""
+        return self._slot_spec is not None
 
     def slot_spec(self) -> SlotSpec:
-        """How a request of this model is laid out in a shared-memory slot."""
-        return self._any_executor().slot_spec()
+        """How a request of this model is laid out in a shared-memory slot (known once the
+        model has been loaded; kept while it is unloaded)."""
+        if self._slot_spec is None:
+            raise UnavailableError(f"model {self.spec.name!r} has not been loaded yet")
+        return self._slot_spec
 
     def payload_builder(self) -> Callable[[dict[str, np.ndarray], memoryview], Any]:
         """The executor's ``payload_from_slot`` (pure; any instance's will do)."""
-        return self._any_executor().payload_from_slot
+        if self._payload_builder is None:
+            raise UnavailableError(f"model {self.spec.name!r} has not been loaded yet")
+        return self._payload_builder
 
-    def status(self) -> dict[str, Any]:
-        sessions = [
+    def sessions(self) -> list[ModelSession]:
+        return [
             s for w in self.workers if w.executor is not None for s in w.executor.sessions.values()
         ]
+
+    def status(self) -> dict[str, Any]:
+        sessions = self.sessions()
         depth = self.batcher.depth
+        now = time.monotonic()
         return {
             "state": self.state.value,
             "instances": self.spec.instances,
@@ -202,5 +452,13 @@ class ServedModel:
             "in_flight": max(0, self.pending - depth),
             "io_buffer_bytes": sum(s.buffer_bytes for s in sessions),
             "io_buffer_growths": sum(s.buffer_growths for s in sessions),
+            "consecutive_failures": self.consecutive_failures,
+            "restarts_in_window": self.restarts.count(now),
+            "loads": self.loads,
+            "evictions": self.evictions,
+            "abandoned_workers": sum(1 for w in self.abandoned if w.alive),
+            "last_error": self.last_error,
+            "idle_s": round(now - self.last_used_s, 1) if self.last_used_s else None,
+            "history": list(self.history),
             **self.stats.snapshot(),
         }

@@ -7,6 +7,7 @@ current behaviour and memory stays flat however long the server runs.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import Counter, deque
 from typing import Any
@@ -41,6 +42,13 @@ class ModelStats:
     def record_batch(self, size: int) -> None:
         with self._lock:
             self._batches[size] += 1
+
+    def recent_p99_ms(self, last: int = 256) -> float | None:
+        """End-to-end p99 of the last ``last`` successful requests (the watchdog's SLO check)."""
+        with self._lock:
+            start = max(0, len(self._samples) - last)
+            totals = [sample[4] for sample in itertools.islice(self._samples, start, None)]
+        return float(np.percentile(totals, 99)) * 1e3 if totals else None
 
     def snapshot(self) -> dict[str, Any]:
         """A JSON-ready view: counts, p50/p90/p99 per stage in ms, batch sizes."""

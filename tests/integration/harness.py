@@ -44,13 +44,41 @@ def short_socket_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="duomo-t-", dir="/tmp"))
 
 
-def write_config(folder: Path, models: list[str], extra: list[dict[str, object]] = ()) -> Path:  # type: ignore[assignment]
+def write_config(
+    folder: Path,
+    models: list[str],
+    extra: list[dict[str, object]] = (),  # type: ignore[assignment]
+    overrides: dict[str, dict[str, object]] | None = None,
+    **top: object,
+) -> Path:
+    """The demo config with only ``models`` (each updated by ``overrides[name]``), the
+    ``extra`` model entries after them, and top-level keys set from ``top``."""
     raw = yaml.safe_load(DEMO_CONFIG.read_text())
     raw["model_root"] = str(ROOT / "models")
-    raw["models"] = [m for m in raw["models"] if m["name"] in models] + list(extra)
+    chosen = [{**m, **(overrides or {}).get(m["name"], {})} for m in raw["models"]]
+    raw["models"] = [m for m in chosen if m["name"] in models] + list(extra)
+    raw.update(top)
     path = folder / "supervisor.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
+
+
+FAULTY_TASK = "tests.fakes.faulty_executor:FaultyExecutor"
+
+
+def faulty_model(name: str, max_batch: int = 4, **entry: object) -> dict[str, object]:
+    """A config entry for the test-only faulty executor (``params`` go in ``entry``)."""
+    return {"name": name, "task": FAULTY_TASK, "files": {}, "max_batch": max_batch, **entry}
+
+
+def duomo(
+    socket_path: Path, *args: str, timeout_s: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Run one ``duomo`` command against the supervisor at ``socket_path``."""
+    return subprocess.run(
+        [sys.executable, "-m", "supervisor.cli", *args, "--socket", str(socket_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=timeout_s,
+    )  # fmt: skip
 
 
 def affine_model(path: Path) -> Path:

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from ipc.client import Client, Slot
-from ipc.errors import InvalidArgumentError, NotFoundError, UnavailableError
+from ipc.errors import InvalidArgumentError, ModelChangedError, NotFoundError, UnavailableError
 from ipc.framing import FrameReader, answer, json_frame, notice_frame, recv_frame
 from ipc.wire import FRAME, FrameKind, SlotHeader, SlotState, TensorDesc, dtype_code, frame
 from tests.conftest import IMAGES, ROOT
@@ -467,7 +467,7 @@ def test_a_second_start_on_a_live_socket_leaves_the_first_alone(
     still_serving(hostile_target)
 
 
-def test_reload_that_changes_a_layout_asks_clients_to_attach_again(
+def test_reload_that_changes_a_layout_makes_clients_attach_again(
     tmp_path: Path, demo_config: object
 ) -> None:
     affine_model(tmp_path / "affine.onnx")
@@ -480,9 +480,23 @@ def test_reload_that_changes_a_layout_asks_clients_to_attach_again(
         write_config(tmp_path, ["classify"], extra=[{**raw, "max_batch": 2}])
         sup.process.send_signal(signal.SIGHUP)
         poll(lambda: status(sup)["models"]["affine"]["max_batch"] == 2)  # type: ignore[index]
-        with pytest.raises(UnavailableError, match="attach it again"):
-            before.infer(x)
-        assert client.model("affine").infer(x)["y"][0, 0] == 3.0  # a fresh attach works
+        old_ring = before.ring_id
+        with before.slot() as slot:  # zero-copy: the answer says what happened
+            slot.write(x)
+            slot.submit()
+            with pytest.raises(ModelChangedError, match="attach it again"):
+                slot.wait()
+        # the next request re-attaches by itself, with the new layout (2 rows fit, not 4)
+        assert before.infer(x)["y"][0, 0] == 3.0
+        assert before.ring_id != old_ring
+        with pytest.raises(InvalidArgumentError, match=r"exceeds the slot.s 32"):
+            before.infer(np.ones((3, 4), dtype=np.float32))
+        # infer() alone: the retry after MODEL_CHANGED is invisible to the caller
+        write_config(tmp_path, ["classify"], extra=[{**raw, "max_batch": 3}])
+        sup.process.send_signal(signal.SIGHUP)
+        poll(lambda: status(sup)["models"]["affine"]["max_batch"] == 3)  # type: ignore[index]
+        assert before.infer(x)["y"][0, 0] == 3.0  # answered MODEL_CHANGED, sent again
+        assert before.infer(np.ones((3, 4), dtype=np.float32))["y"].shape == (3, 4)
 
 
 def test_threads_sharing_one_slot_all_finish(hostile_target: SupervisorProcess) -> None:

@@ -156,3 +156,19 @@ def test_without_aging_priorities_are_strict() -> None:
     b.put(request("high", priority=1, at=now[0]))
     taken = b.next_batch()
     assert taken is not None and names(taken.run) == ["high"]
+
+
+def test_retired_workers_stop_and_the_queue_waits_for_the_next_generation() -> None:
+    b = Batcher("m", max_batch=2, max_delay_s=0.0, queue_size=10)
+    old = b.generation
+    returned: list[object] = []
+    idle = threading.Thread(target=lambda: returned.append(b.next_batch(old)))
+    idle.start()
+    time.sleep(0.05)  # the idle worker waits for work
+    new = b.retire_workers()
+    idle.join(5)
+    assert returned == [None] and new != old  # woken and told to stop
+    b.put(request("a"))
+    assert b.next_batch(old) is None  # a retired generation takes nothing
+    taken = b.next_batch(new)
+    assert taken is not None and names(taken.run) == ["a"]

@@ -64,7 +64,7 @@ def serve(executor: type[Executor], max_batch: int, instances: int = 1) -> Serve
         queue_size=100,
     )
     model = ServedModel(spec, OrtBackend(), gate=None)
-    model.start()
+    model.load()
     return model
 
 
@@ -150,10 +150,11 @@ def test_stop_fails_what_is_still_queued_after_the_grace_period(
     blocker = submit(model, "block")
     assert gated.entered.wait(10)
     queued = [submit(model, f"q{i}") for i in range(3)]
-    model.stop(timeout_s=0.1)  # the worker is stuck in the first batch: the queue is failed
+    cut = model.stop(timeout_s=0.1)  # the worker is stuck in the first batch: all is cut
     assert [f.result(10).code for f in queued] == [ErrorCode.UNAVAILABLE] * 3
-    gated.gate.set()
-    assert blocker.result(10).code is ErrorCode.OK  # the batch in progress still finishes
+    assert blocker.result(10).code is ErrorCode.UNAVAILABLE  # its batch, too, is answered
+    assert cut == 4
+    gated.gate.set()  # the abandoned batch ends later; its answer is not sent twice
 
 
 def test_two_instances_share_one_queue_and_never_split_a_forming_batch(

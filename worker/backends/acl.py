@@ -437,6 +437,11 @@ class AclSession(BufferedSession):
         if self._context:
             _release(rt, rt.destroy_context(self._context), "rt.destroy_context")
             self._context = 0
+        self._drop_buffers()
+
+    @property
+    def device_bytes(self) -> int:
+        return self.memory.get("measured_bytes", 0)
 
 
 __all__ = ["AclBackend", "AclOptions", "AclSession", "atc_sidecar"]

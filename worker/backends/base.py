@@ -115,6 +115,11 @@ class ModelSession(ABC):
         """Times a buffer had to be (re)allocated; after warm-up it grows only for new maxima."""
         return 0
 
+    @property
+    def device_bytes(self) -> int:
+        """Accelerator memory this session took when it loaded (0 for host-only runtimes)."""
+        return 0
+
     def spec(self, name: str) -> TensorSpec:
         for spec in (*self.inputs, *self.outputs):
             if spec.name == name:
@@ -135,6 +140,12 @@ class BufferedSession(ModelSession):
     @property
     def buffer_bytes(self) -> int:
         return self._in.nbytes + self._out.nbytes
+
+    def _drop_buffers(self) -> None:
+        """On close: the host buffers go with the session, even if something keeps the session
+        object itself (an executor referenced by a client's attachment)."""
+        self._in = HostBuffers()
+        self._out = HostBuffers()
 
     @property
     def buffer_growths(self) -> int:

@@ -237,6 +237,7 @@ class OrtSession(BufferedSession):
     def close(self) -> None:
         self._binding = None
         self._session = None
+        self._drop_buffers()
 
 
 class OrtBackend(Backend):

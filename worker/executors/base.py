@@ -116,7 +116,12 @@ class Executor(ABC):
         """Run one batch of prepared items; return one result (or a DuomoError) per item."""
 
     def warmup(self) -> None:  # noqa: B027 - optional hook
-        """Run once at the largest shapes so every buffer is sized at load, not under load."""
+        """Run once at every batch size (``warmup_sizes``) at the largest shapes, so every buffer
+        is sized and every batch shape has run at load, not under load."""
+
+    def warmup_sizes(self) -> range:
+        """Every batch size this instance will run, largest first (buffers are sized first)."""
+        return range(self.max_batch, 0, -1)
 
     def slot_spec(self) -> SlotSpec:
         """The slot layout for this task; vision tasks take one uint8 H×W×C image."""

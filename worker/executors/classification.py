@@ -99,4 +99,5 @@ class ClassificationExecutor(Executor):
 
     def warmup(self) -> None:
         blank = np.zeros((self.p.input_size, self.p.input_size, 3), dtype=np.uint8)
-        self.execute([blank] * self.max_batch, StageTimer())
+        for size in self.warmup_sizes():
+            self.execute([blank] * size, StageTimer())

@@ -141,4 +141,6 @@ class FaceDetectionExecutor(Executor):
 
     def warmup(self) -> None:
         blank = np.zeros((self.p.input_size, self.p.input_size, 3), dtype=np.uint8)
-        self.execute([self.prepare(blank)] * self.max_batch, StageTimer())
+        prepared = self.prepare(blank)
+        for size in self.warmup_sizes():
+            self.execute([prepared] * size, StageTimer())

@@ -228,7 +228,9 @@ class OcrExecutor(Executor):
 
     def warmup(self) -> None:
         blank = np.full((self.p.det_limit_side, self.p.det_limit_side, 3), 255, dtype=np.uint8)
-        self.execute([self.prepare(blank)] * self.max_batch, StageTimer())
+        prepared = self.prepare(blank)
+        for size in self.warmup_sizes():
+            self.execute([prepared] * size, StageTimer())
         line = TextLine(0, np.zeros((4, 2), np.float32), np.full((48, 320, 3), 255, np.uint8))
         if self.p.use_angle_cls:
             self._classify_angles([line] * self.p.cls_batch, StageTimer())

@@ -140,6 +140,17 @@ class RawExecutor(Executor):
             raise InvalidArgumentError(f"batch of {n} rows is outside 1..{self.max_batch}")
         return RawInput(tensors, n)
 
+    def warmup(self) -> None:
+        """Zeros at every row count, when the model fixes every dimension but the batch."""
+        specs = self.session.inputs
+        trailing = [s.shape[1:] if self.batchable else s.shape for s in specs]
+        if any(d is None for dims in trailing for d in dims):
+            return  # sizes only the requests know: the first ones size the buffers
+        for rows in self.warmup_sizes() if self.batchable else (1,):
+            lead = (rows,) if self.batchable else ()
+            tensors = {s.name: np.zeros((*lead, *t), s.dtype) for s, t in zip(specs, trailing)}
+            self.session.run(tensors)
+
     def execute(self, items: Sequence[RawInput], timer: StageTimer) -> list[Any]:
         if len(items) == 1 and items[0].output is not None:
             written = self._run_into_slot(items[0], timer)

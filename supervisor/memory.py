@@ -1,0 +1,87 @@
+"""Memory accounting: what a model costs once loaded, and which idle models to evict for room.
+
+Used by the engine around every load. On the CPU a model's footprint is the growth of this
+process's resident memory across its load and warm-up (sessions, ONNX Runtime's arena, I/O
+buffers); on an accelerator it is the device memory its sessions took (ACL: the ``get_mem_info``
+drop). The engine charges each model the largest footprint measured for it, so a reload that
+happens to reuse freed heap does not make it look free. After an unload the C heap is trimmed
+(``malloc_trim``), so freed model memory goes back to the system instead of staying resident.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import psutil
+
+MB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Footprint:
+    host_bytes: int  # resident-memory growth across load + warm-up
+    device_bytes: int  # accelerator memory the sessions took
+
+    def charged(self, device_kind: str) -> int:
+        """What counts against a budget: device memory on an accelerator, else host memory."""
+        return self.device_bytes if device_kind not in ("cpu", "cuda") else self.host_bytes
+
+    def to_dict(self) -> dict[str, int]:
+        return {"host_bytes": self.host_bytes, "device_bytes": self.device_bytes}
+
+
+@dataclass(frozen=True)
+class Resident:
+    """A loaded model as eviction sees it."""
+
+    name: str
+    bytes: int
+    last_used_s: float  # monotonic
+    evictable: bool
+    idle: bool  # nothing queued or in flight
+
+
+def resident_bytes() -> int:
+    return int(psutil.Process().memory_info().rss)
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+
+
+def trim_heap() -> None:
+    """Return freed C-heap memory to the system (glibc ``malloc_trim``; a no-op elsewhere)."""
+    libc = _libc()
+    trim = getattr(libc, "malloc_trim", None)
+    if trim is not None:
+        trim(0)
+
+
+def choose_victims(residents: Iterable[Resident], need_bytes: int) -> list[Resident] | None:
+    """The least recently used idle evictable models whose bytes together cover
+    ``need_bytes``, or None if all of them together do not."""
+    if need_bytes <= 0:
+        return []
+    victims: list[Resident] = []
+    freed = 0
+    for resident in sorted(residents, key=lambda r: r.last_used_s):
+        if not (resident.evictable and resident.idle):
+            continue
+        victims.append(resident)
+        freed += resident.bytes
+        if freed >= need_bytes:
+            return victims
+    return None
+
+
+def mb(nbytes: int) -> str:
+    return f"{nbytes / MB:.0f} MB"

@@ -1,0 +1,111 @@
+"""A test-only executor that misbehaves on cue: it raises, hangs or returns garbage.
+
+For the lifecycle tests and the soak tool only; no shipped config names it. A config uses it as
+
+    task: tests.fakes.faulty_executor:FaultyExecutor
+    files: {}                       # it loads no model file
+    params: {fault: raise, first_call: 5, fault_calls: 3, control_file: /tmp/x, ...}
+
+Requests are raw float32 ``x`` of shape N×4 (N ≤ max_batch); the answer is ``y = 2x + offset``,
+so a test can check every answer and tell models apart by ``offset``. ``fault`` applies from
+this instance's ``first_call``-th batch on, for ``fault_calls`` batches (0: for good); a
+``control_file``, when it exists, overrides ``fault`` on every batch with its content ("none",
+"raise", "hang", "garbage"), so a test can switch a running model's behaviour. A hang lasts
+while the control file still says "hang" (or ``hang_s``). ``work_ms`` is time spent per batch,
+``ballast_mb`` memory each loaded instance holds (touched, so it is resident).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field
+
+from ipc.errors import InvalidArgumentError
+from worker.backends.base import ModelSession
+from worker.config_model import StrictModel
+from worker.executors.base import Executor, SlotInput, SlotSpec, StageTimer
+
+Fault = Literal["none", "raise", "hang", "garbage"]
+FAULTS = ("none", "raise", "hang", "garbage")
+
+
+class FaultyParams(StrictModel):
+    fault: Fault = "none"
+    first_call: int = Field(default=1, ge=1)
+    fault_calls: int = Field(default=0, ge=0)
+    control_file: Path | None = None
+    hang_s: float = Field(default=3600.0, ge=0)
+    work_ms: float = Field(default=0.0, ge=0)
+    ballast_mb: int = Field(default=0, ge=0)
+    offset: float = 1.0
+
+
+class FaultyExecutor(Executor):
+    roles = ()
+    Params = FaultyParams
+
+    def __init__(
+        self, params: FaultyParams, sessions: Mapping[str, ModelSession], max_batch: int
+    ) -> None:
+        super().__init__(params, sessions, max_batch)
+        self.p = params
+        self.calls = 0
+        self._ballast: np.ndarray | None = None
+        if params.ballast_mb:
+            self._ballast = np.ones(params.ballast_mb << 17, dtype=np.float64)  # 8 B each
+
+    def slot_spec(self) -> SlotSpec:
+        x = SlotInput("x", np.dtype(np.float32), (None, 4), self.max_batch * 16)
+        return SlotSpec((x,), "tensors", self.max_batch * 16 + 256, ("y",), self.max_batch)
+
+    def payload_from_slot(self, tensors: dict[str, np.ndarray], output: memoryview) -> Any:
+        return tensors["x"]
+
+    def prepare(self, payload: Any) -> np.ndarray:
+        if isinstance(payload, dict):
+            payload = payload.get("x")
+        if not isinstance(payload, np.ndarray) or payload.dtype != np.float32:
+            raise InvalidArgumentError("x must be a float32 array")
+        if payload.ndim != 2 or payload.shape[1] != 4 or not 1 <= len(payload) <= self.max_batch:
+            raise InvalidArgumentError(f"x must be N×4 with N in 1..{self.max_batch}")
+        return payload
+
+    def _fault_now(self) -> str:
+        control = self.p.control_file
+        if control is not None:
+            try:
+                said = control.read_text().strip()
+            except OSError:
+                said = ""
+            if said in FAULTS:
+                return said
+        if self.calls < self.p.first_call:
+            return "none"
+        if self.p.fault_calls and self.calls >= self.p.first_call + self.p.fault_calls:
+            return "none"
+        return self.p.fault
+
+    def execute(self, items: Sequence[Any], timer: StageTimer) -> list[Any]:
+        self.calls += 1
+        fault = self._fault_now()
+        if fault == "raise":
+            raise RuntimeError(f"injected fault on call {self.calls}")
+        if fault == "hang":
+            until = time.monotonic() + self.p.hang_s
+            while time.monotonic() < until and self._fault_now() == "hang":
+                time.sleep(0.02)
+        if self.p.work_ms:
+            time.sleep(self.p.work_ms / 1e3)
+        if fault == "garbage":  # one result too many: the batch cannot be split back
+            return [None] * (len(items) + 1)
+        with timer.stage("infer"):
+            return [{"y": 2 * x + np.float32(self.p.offset)} for x in items]
+
+    def close(self) -> None:
+        self._ballast = None
+        super().close()
