@@ -115,6 +115,12 @@ _tracked: set[str] = set()
 _tracked_lock = threading.Lock()
 
 
+def start_tracker() -> None:
+    """Start the resource tracker now (a helper process and one pipe), not at the first
+    segment, so a long-running process's set of open fds is the same before and after."""
+    resource_tracker.ensure_running()
+
+
 def _track(name: str) -> None:
     with _tracked_lock:
         _tracked.add(name)

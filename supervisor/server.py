@@ -46,6 +46,7 @@ from ipc.errors import (
     UnavailableError,
     error_for,
 )
+from ipc.ring import start_tracker
 from ipc.runtime_dir import ensure_private_dir, key_path, pid_path, write_key
 from supervisor.attachment import Attachment
 from supervisor.config import ConfigError, LoadedConfig, load_config
@@ -78,6 +79,7 @@ class Supervisor:
         _refuse_live_supervisor(path)
         key = write_key(path)
         self._own(key_path(path))
+        start_tracker()
         self.engine.start()
         watchdog = self.loaded.config.watchdog
         if watchdog.enabled:

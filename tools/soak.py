@@ -6,15 +6,15 @@ supervisor's memory, shared-memory segments and file descriptors.
 
 A benchmark, not a test (timings vary with the machine). It starts its own supervisor (in the
 background, like ``duomo start``) on a temporary config: the demo's ocr, face and classify plus
-``flaky``, the test-only faulty executor (``tests/fakes``) raising on 5 calls of every 40, so the
-watchdog re-initializes it again and again. Producer processes (one per model, two for
-classify) check every answer against the fixture's known result. Every ``--reload-every``
-seconds the config flips classify's ``max_batch`` between 8 and 4 and ``duomo reload`` replaces
-it under load. Reported: requests sent, correct, wrong, typed errors by code, lost (sent and
-never answered: must be 0); resident memory after the warm-up and at the end (growth, must stay
-under 5%); shared-memory segments and the supervisor's open fds before the producers attached
-and after they left (must be equal); then resident memory before and after ``--cycles``
-load/unload cycles of ``--cycle-model``.
+``flaky``, the test-only faulty executor (``tests/fakes``): each instance raises from its 40th
+batch on, so the watchdog re-initializes it again and again. Producer processes (one per model, two
+for classify) check every answer against the fixture's known result. Every ``--reload-every``
+seconds the config flips classify's ``max_batch`` between 8 and 4 and ``duomo reload`` replaces it
+under load. Reported: requests sent, correct, wrong, typed errors by code, lost (sent and never
+answered: must be 0); resident memory after the warm-up and at the end (growth, must stay under
+5%); shared-memory segments and the supervisor's open fds before the producers attached and after
+they left (must be equal); then resident memory before and after ``--cycles`` load/unload cycles of
+``--cycle-model``.
 """
 
 from __future__ import annotations
@@ -105,8 +105,14 @@ def write_config(folder: Path, classify_batch: int) -> Path:
             "task": "tests.fakes.faulty_executor:FaultyExecutor",
             "files": {},
             "max_batch": 4,
-            "params": {"fault": "raise", "first_call": 40, "fault_calls": 5},
-            "health": {"max_consecutive_failures": 3, "backoff_ms": 200, "max_restarts": 1000},
+            "params": {"fault": "raise", "first_call": 40},  # until re-initialized
+            "health": {
+                "max_consecutive_failures": 3,
+                "backoff_ms": 200,
+                "backoff_max_ms": 3000,
+                "max_restarts": 1000,
+                "restart_window_s": 30,
+            },
         }
     )
     path = folder / "soak.yaml"

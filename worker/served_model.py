@@ -255,9 +255,9 @@ class ServedModel:
         workers, self.workers = self.workers, []
         cut = 0
         for worker in workers:
-            started = worker.busy_since
-            patience = 0.0 if started is None else timeout_s - (time.monotonic() - started)
-            if worker.join(max(patience, 1.0)):  # an idle worker ends at once
+            started = worker.busy_since  # an idle worker ends at once; a hung one gets no wait
+            patience = 1.0 if started is None else timeout_s - (time.monotonic() - started)
+            if worker.join(max(patience, 0.0)):
                 continue
             cut += self._abandon(worker, f"ran past exec_timeout_ms {timeout_s * 1e3:.0f}")
         return cut

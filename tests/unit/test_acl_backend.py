@@ -12,6 +12,7 @@ import json
 import re
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +180,44 @@ def test_a_failed_execute_fails_its_batch_and_the_next_one_serves(
         with pytest.raises(InternalError):
             engine.infer("affine", np.ones((1, 4), np.float32), timeout_s=10)
         assert engine.infer("affine", np.ones((1, 4), np.float32), timeout_s=10)["y"][0, 0] == 3
+    assert fake.leaks() == {}
+
+
+def test_unload_load_and_reinitialization_release_everything(tmp_path: Path, fake: FakeAcl) -> None:
+    """Device memory is measured and charged; an unloaded model holds nothing on the device; a
+    model whose executes keep failing is re-initialized by the watchdog and serves again."""
+    from supervisor.watchdog import Watchdog
+
+    write_model(tmp_path / "affine.om", **AFFINE)
+    health = {"max_consecutive_failures": 2, "backoff_ms": 0}
+    path = config(tmp_path, [raw_model("affine", "affine.om", max_batch=4, health=health)])
+    x = np.ones((1, 4), np.float32)
+    with Engine(load_config(path)) as engine:
+        memory = engine.status()["models"]["affine"]["memory"]
+        assert memory["measured"]["device_bytes"] > 0 and memory["loaded"]
+        for _ in range(3):
+            engine.unload("affine")
+            assert len(fake.models) == 0 and len(fake.memory) == 0  # nothing left on the card
+            engine.load("affine")
+            assert engine.infer("affine", x, timeout_s=10)["y"][0, 0] == 3.0
+        watchdog = Watchdog(engine, period_s=0.02)
+        watchdog.start()
+        try:
+            fake.fail_next_executes = 2
+            for _ in range(2):
+                with pytest.raises(InternalError):
+                    engine.infer("affine", x, timeout_s=10)
+            model = engine.model("affine")
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not any(
+                h["reason"] == "re-initialized" for h in model.history
+            ):
+                time.sleep(0.01)
+            assert model.state.value == "READY" and model.restarts.count(time.monotonic()) == 1
+            assert engine.infer("affine", x, timeout_s=10)["y"][0, 0] == 3.0
+        finally:
+            watchdog.stop()
+        assert len(fake.models) == 1  # the failed instance's model was unloaded
     assert fake.leaks() == {}
 
 
