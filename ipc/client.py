@@ -56,6 +56,7 @@ from ipc.wire import (
 __all__ = ["Client", "ModelHandle", "Slot"]
 _NOTICE_FRAME_BYTES = FRAME.size + NOTICE.size
 _NOTICE_PREFIX = FRAME.pack(NOTICE.size, FrameKind.NOTICE)
+ATTACH_TIMEOUT_S = 300.0  # the supervisor's own bound on loading a model
 
 
 class Client:
@@ -175,7 +176,10 @@ class Client:
 
     def _attach(self, name: str, slots: int) -> tuple[int, SlotRing]:
         """Map a new ring for ``name`` and tell the supervisor (the name is then unlinked)."""
-        reply = self.request("attach", model=name, slots=slots)
+        # attaching a model that is not loaded yet waits for its load
+        reply = self.request(
+            "attach", timeout_s=max(self.timeout_s, ATTACH_TIMEOUT_S), model=name, slots=slots
+        )
         layout = RingLayout.from_dict(reply["layout"])
         ring = SlotRing.attach(reply["shm"], layout)
         try:
@@ -185,11 +189,12 @@ class Client:
             raise
         return int(reply["ring"]), ring
 
-    def _register(self, handle: ModelHandle, old_ring: int | None = None) -> None:
+    def _register(self, handle: ModelHandle, ring_id: int, old_ring: int | None = None) -> None:
+        """Route ring ``ring_id``'s notices to ``handle`` (before any slot of it is submitted)."""
         with self._lock:
             if old_ring is not None:
                 self._handles.pop(old_ring, None)
-            self._handles[handle.ring_id] = handle
+            self._handles[ring_id] = handle
 
     def close(self) -> None:
         """Disconnect; the supervisor frees this client's rings, and they are unmapped here."""

@@ -63,8 +63,8 @@ class ModelHandle:
         self._reattach_lock = threading.Lock()
         self._stale = False  # set by a MODEL_CHANGED answer: re-attach once the slots are back
         self._seq = itertools.count(1)
+        client._register(self, ring_id)
         self._bind(ring_id, ring)
-        client._register(self)
 
     def _bind(self, ring_id: int, ring: SlotRing) -> None:
         self.ring_id = ring_id
@@ -121,10 +121,10 @@ class ModelHandle:
             for slot in old_slots:
                 slot._forget_views()
             old_ring.close()
+            self.client._register(self, ring_id, old_ring=old_id)  # before a slot can be taken
             with self._free_lock:
                 self._bind(ring_id, ring)
                 self._stale = False
-            self.client._register(self, old_ring=old_id)
             log.info("re-attached %r after its layout changed (ring %d)", self.name, ring_id)
 
     def _release(self, index: int) -> None:

@@ -106,6 +106,7 @@ class Engine:
         not fit its memory budgets.
         """
         with self._lifecycle:
+            self._refuse_if_closed()
             model = self.model(name)
             try:
                 self._load(model)
@@ -131,6 +132,7 @@ class Engine:
         raised. The thread budget and the gate stay as they were at start.
         """
         with self._lifecycle:
+            self._refuse_if_closed()
             names = list(new.models)
             if only is not None and only not in new.models and only not in self.models:
                 raise NotFoundError(f"no model named {only!r} in {new.path} or being served")
@@ -153,8 +155,14 @@ class Engine:
                 for name in added + changed:
                     fresh[name] = model = self._build(name, new)
                     old = self.models.get(name)
-                    old_loaded = old is not None and old.state in SERVING
-                    if old_loaded or (old is None and new.models[name].config.preload):
+                    if old is not None and not old.auto_load:
+                        model.auto_load = False  # an operator's unload still holds
+                    # load what serves now or has requests waiting, and what should have
+                    # loaded but has not (a fixed model)
+                    fresh_start = old is None or old.state is ModelState.FAILED
+                    if (old is not None and (old.state in SERVING or old.pending)) or (
+                        fresh_start and new.models[name].config.preload
+                    ):
                         self._load(model, new.models[name])
             except BaseException:
                 self.plan = previous_plan
@@ -174,8 +182,11 @@ class Engine:
                     models[only] = new.models[only]
                 self.loaded = LoadedConfig(self.loaded.path, self.loaded.config, models)
             self._wanted = list(self.models)
-        for model in old_models:
-            model.stop()  # finishes what it accepted (outside the lock: others may load)
+        for old in old_models:
+            replacement = self.models.get(old.spec.name)
+            if replacement is not None and old.state not in SERVING and old.pending:
+                _hand_over_queue(old, replacement)  # it has no workers to finish them itself
+            old.stop()  # finishes what it accepted (outside the lock: others may load)
         trim_heap()
         summary = {"added": added, "removed": removed, "replaced": changed}
         log.info("engine reloaded", **summary)
@@ -206,16 +217,14 @@ class Engine:
         )
         charged = footprint.charged(kind)
         if budget is not None and charged > budget:
-            model.unload(f"above its memory budget ({mb(charged)} > {mb(budget)})")
+            why = f"uses {mb(charged)} after warm-up, above its memory_budget_mb of {mb(budget)}"
+            model.fail(why)  # it would not fit on the next try either: an operator decides
             trim_heap()
-            raise ResourceExhaustedError(
-                f"model {name!r} uses {mb(charged)} after warm-up, above its "
-                f"memory_budget_mb of {mb(budget)}"
-            )
+            raise ResourceExhaustedError(f"model {name!r} {why}")
         try:
             self._make_room(model, charged, exclude={name})
         except ResourceExhaustedError:
-            model.unload("does not fit its device's memory budget")
+            model.unload("does not fit its device's memory budget", by_operator=False)
             trim_heap()
             raise
         log.info(
@@ -287,7 +296,7 @@ class Engine:
         def load() -> None:
             try:
                 with self._lifecycle:
-                    if self.models.get(name) is model and not self._closed:
+                    if self.models.get(name) is model and not self._closed and model.auto_load:
                         self._load(model)
             except Exception as err:  # the waiting requests were answered with the reason
                 log.error("load on demand failed", model=name, error=str(err))
@@ -300,6 +309,10 @@ class Engine:
                     self._on_demand(model)  # more arrived after the failure: try again
 
         threading.Thread(target=load, name=f"duomo-load-{name}", daemon=True).start()
+
+    def _refuse_if_closed(self) -> None:
+        if self._closed:
+            raise UnavailableError("the supervisor is shutting down")
 
     # -- building ---------------------------------------------------------------------------
 
@@ -452,11 +465,14 @@ class Engine:
 
     def close(self, grace_s: float = 30.0) -> int:
         """Stop every model (finishing queued work within ``grace_s`` in all), release the
-        backends; returns how many requests were cut (answered UNAVAILABLE)."""
-        self._closed = True
+        backends; returns how many requests were cut (answered UNAVAILABLE). A lifecycle step
+        in progress (a reload's load) finishes first; later ones are refused."""
         deadline = time.monotonic() + grace_s
+        with self._lifecycle:
+            self._closed = True
+            models = list(self.models.values())
         cut = 0
-        for model in list(self.models.values()):
+        for model in models:
             cut += model.stop(max(0.0, deadline - time.monotonic()))
         for backend in self._backends.values():
             backend.close()
@@ -469,3 +485,15 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _hand_over_queue(old: ServedModel, new: ServedModel) -> None:
+    """Requests waiting for an unloaded model that a reload replaced go to its replacement when
+    their payloads fit it (same slot layout); otherwise ``stop`` answers them UNAVAILABLE."""
+    if not (old.layout_known and new.layout_known and old.slot_spec() == new.slot_spec()):
+        return
+    for request in old.batcher.drain():
+        try:  # the old request's callback still answers its client and does its bookkeeping
+            new.submit(request.payload, request.on_done, request.priority, request.deadline_s)
+        except DuomoError as err:
+            request.complete(error=err)

@@ -253,7 +253,9 @@ class Supervisor:
             info["outputs"] = list(spec.outputs)
         return info
 
-    def _attach(self, conn: Connection, message: dict[str, Any]) -> dict[str, Any] | None:
+    def _attach(
+        self, conn: Connection, message: dict[str, Any], may_load: bool = True
+    ) -> dict[str, Any] | None:
         name = message["model"]
         slots = message.get("slots", 4)
         if not isinstance(name, str):
@@ -266,14 +268,26 @@ class Supervisor:
             )
         model = self.engine.model(name)  # NotFoundError for an unknown model
         if not model.layout_known:  # never loaded yet (preload: false): load it, then attach
+            if not may_load:
+                raise UnavailableError(f"model {name!r} was replaced while it loaded; attach again")
             assert self.reactor is not None
             reactor = self.reactor
 
             def load_then_attach() -> dict[str, Any]:
                 self.engine.load(name)
-                finished: Future[dict[str, Any]] = Future()
-                reactor.call_soon(lambda: finished.set_result(self.handle(conn, message) or {}))
-                reply = finished.result(60)
+                attached: Future[dict[str, Any]] = Future()
+
+                def attach() -> None:  # on the reactor thread, which owns the attachments
+                    if conn.closed:
+                        attached.set_result({"ok": False, "code": 3, "message": "client gone"})
+                        return
+                    try:
+                        attached.set_result(self._attach(conn, message, may_load=False) or {})
+                    except DuomoError as err:
+                        attached.set_result(_error_reply(err))
+
+                reactor.call_soon(attach)
+                reply = attached.result(60)
                 if not reply.get("ok"):
                     raise error_for(reply["code"], reply["message"])
                 return {k: v for k, v in reply.items() if k != "ok"}

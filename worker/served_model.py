@@ -204,6 +204,8 @@ class ServedModel:
                 self.last_error = str(err)
                 after = ModelState.FAILED if before is ModelState.FAILED else ModelState.UNLOADED
                 self.set_state(after, self.last_error)
+                if after is ModelState.FAILED or not self.auto_load:
+                    self.batcher.close()  # refused from now on, atomically with ``put``
                 self._fail_queued(f"model {self.spec.name!r} could not be loaded: {err}")
                 raise
             self.restarts.clear()
@@ -211,20 +213,33 @@ class ServedModel:
             self.loads += 1
             self.set_state(ModelState.READY)
 
-    def unload(self, reason: str = "unloaded by the operator") -> int:
-        """Let go of every instance and its memory, answer the queue UNAVAILABLE and stay
-        unloaded until ``load``. Waits for batches in progress (a hung one is abandoned after
-        ``exec_timeout_ms``). Returns how many requests were answered UNAVAILABLE."""
+    def unload(self, reason: str = "unloaded by the operator", by_operator: bool = True) -> int:
+        """Let go of every instance and its memory and answer the queue UNAVAILABLE. Waits for
+        batches in progress (a hung one is abandoned after ``exec_timeout_ms``). Unloaded by an
+        operator, it stays unloaded until ``load``; otherwise (a load undone for its budget)
+        the next request may load it again. Returns how many requests were answered."""
         with self.lifecycle:
-            if self.state in (ModelState.UNLOADED, ModelState.STOPPED):
-                self.auto_load = False
+            if self.state is ModelState.STOPPED:
                 return 0
-            self.auto_load = False
-            self.set_state(ModelState.UNLOADING, reason)
-            cut = self._retire_workers()
+            if by_operator:
+                self.auto_load = False
+                self.batcher.close()  # refused from now on, atomically with ``put``
+            cut = 0
+            if self.state is not ModelState.UNLOADED:
+                self.set_state(ModelState.UNLOADING, reason)
+                cut = self._retire_workers()
             cut += self._fail_queued(f"model {self.spec.name!r} was unloaded")
             self.set_state(ModelState.UNLOADED, reason)
             return cut
+
+    def fail(self, reason: str) -> None:
+        """FAILED until an operator loads or reloads it: instances retired, queue answered."""
+        with self.lifecycle:
+            self._retire_workers()
+            self.last_error = reason
+            self.set_state(ModelState.FAILED, reason)
+            self.batcher.close()
+            self._fail_queued(f"model {self.spec.name!r} failed: {reason}")
 
     def evict(self) -> bool:
         """Unload to make room, only if nothing is queued or in flight (atomically with
@@ -291,7 +306,9 @@ class ServedModel:
 
         Backs off exponentially between attempts; FAILED once ``max_restarts`` restarts fall
         within ``restart_window_s``. Queued requests wait or are answered UNAVAILABLE, as
-        ``health.while_reinitializing`` says; a hung worker's batch is answered at once.
+        ``health.while_reinitializing`` says; a hung worker's batch is answered at once. The
+        lifecycle lock is not held during the backoff: an operator's unload, load or reload
+        meanwhile takes over, and this restart then steps aside.
         """
         policy = self.spec.health
         with self.lifecycle:
@@ -299,24 +316,27 @@ class ServedModel:
                 return
             self.set_state(ModelState.DEGRADED, reason)
             self._retire_workers()  # a hung worker's batch is answered now
-            while not stop.is_set():
+        while True:
+            with self.lifecycle:
+                if self.state not in (ModelState.DEGRADED, ModelState.REINITIALIZING):
+                    return  # an operator (or shutdown) took over
                 now = time.monotonic()
                 if self.restarts.exhausted(now):
-                    why = (
+                    self.fail(
                         f"{reason}; gave up after {policy.max_restarts} restarts within "
                         f"{policy.restart_window_s:.0f}s"
                     )
-                    self.last_error = why
-                    self.set_state(ModelState.FAILED, why)
-                    self._fail_queued(f"model {self.spec.name!r} failed: {why}")
                     return
                 delay = self.restarts.next_delay_s(now)
                 self.restarts.record(now)
                 self.set_state(ModelState.REINITIALIZING, reason)
                 if policy.while_reinitializing == "fail":
                     self._fail_queued(f"model {self.spec.name!r} is re-initializing: {reason}")
-                if stop.wait(delay):
-                    break
+            if stop.wait(delay):
+                return  # shutting down: ``stop`` answers the queue
+            with self.lifecycle:
+                if self.state is not ModelState.REINITIALIZING or stop.is_set():
+                    return
                 try:
                     self._start_workers(timeout_s=300.0)
                 except Exception as err:
@@ -325,7 +345,6 @@ class ServedModel:
                     continue
                 self.set_state(ModelState.READY, "re-initialized")
                 return
-            self._fail_queued(f"model {self.spec.name!r} stopped while re-initializing")
 
     # -- requests -----------------------------------------------------------------------------
 

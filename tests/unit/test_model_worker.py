@@ -12,7 +12,7 @@ import pytest
 from ipc.errors import DuomoError, ErrorCode, InvalidArgumentError
 from worker.backends.ort_backend import OrtBackend
 from worker.executors.base import Executor, NoParams, StageTimer
-from worker.request import Outcome
+from worker.request import Outcome, Request
 from worker.served_model import ModelSpec, ServedModel
 
 
@@ -207,3 +207,25 @@ def test_a_broken_callback_does_not_stop_the_batch(gated: type[GatedExecutor]) -
         assert submit(model, "c").result(10).result == "done:c"
     finally:
         model.stop()
+
+
+def test_an_operator_unload_answers_requests_waiting_for_a_load(
+    gated: type[GatedExecutor],
+) -> None:
+    """A request for an unloaded model waits for its load; an operator's unload meanwhile
+    answers it, and from then on requests are refused at once (never queued and stranded)."""
+    wanted: list[str] = []
+    spec = ModelSpec(name="m", task="test", executor=gated, params=NoParams(), files={})
+    model = ServedModel(spec, OrtBackend(), gate=None, on_demand=lambda m: wanted.append("load"))
+    waiting = submit(model, "r1")
+    assert wanted == ["load"] and model.pending == 1
+    assert model.unload() == 1
+    assert waiting.result(10).code is ErrorCode.UNAVAILABLE
+    with pytest.raises(DuomoError, match="duomo load m"):
+        model.submit("r2", lambda _o: None)
+    with pytest.raises(DuomoError):  # even a caller that read the state before the unload
+        model.batcher.put(Request(payload="r3", on_done=lambda _o: None))
+    model.load()
+    gated.gate.set()
+    assert submit(model, "r4").result(10).result == "done:r4"
+    model.stop()
