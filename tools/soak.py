@@ -203,8 +203,8 @@ def soak(socket: str, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
         },
         "reloads": reloads,
         "flaky": {
-            "restarts_in_window": flaky["restarts_in_window"],
-            "state_changes_kept": len(flaky["history"]),
+            "reinitializations": flaky["reinitializations"],
+            "state": flaky["state"],
             "outcomes": flaky["outcomes"],
         },
         "rss_after_warmup_bytes": rss_warm,
@@ -253,7 +253,6 @@ def main() -> int:
     config = write_config(folder, 8)
     if start_background(config, socket, "warning") != 0:
         return 1
-    pid = int((folder / "duomo.sock.pid").read_text())
     report: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
         "cpus": psutil.cpu_count(),
@@ -265,12 +264,11 @@ def main() -> int:
     finally:
         with Client(socket, timeout_s=30) as client:
             report["stop_cut"] = client.request("stop", timeout_s=300, wait=True).get("cut")
-        wait_for_exit(socket, 120)
-        report["supervisor_exited"] = not psutil.pid_exists(pid)
+        report["supervisor_exited"] = wait_for_exit(socket, 120)
         args.out.write_text(json.dumps(report, indent=2))
     s = report["soak"]
     print(json.dumps({k: s[k] for k in ("models", "total", "rss_growth_pct")}, indent=2))
-    print(f"reloads: {len(s['reloads'])}, flaky restarts in window: {s['flaky']}")
+    print(f"reloads: {len(s['reloads'])}; the failing model: {s['flaky']}")
     print(
         f"fds {s['before_producers']['open_fds']} -> {s['after_producers']['open_fds']}, "
         f"shm {len(s['before_producers']['shm'])} -> {len(s['after_producers']['shm'])}"

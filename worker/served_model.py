@@ -114,6 +114,7 @@ class ServedModel:
         self.consecutive_failures = 0
         self.loads = 0  # successful loads (first, on demand, by an operator)
         self.evictions = 0
+        self.reinitializations = 0  # since start (``restarts`` only keeps the window)
         self.restarts = RestartHistory(spec.health)
         self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self._pending = 0  # accepted and not yet answered: queued + being processed
@@ -343,6 +344,7 @@ class ServedModel:
                     reason = f"re-initialization failed: {err}"
                     self.last_error = reason
                     continue
+                self.reinitializations += 1
                 self.set_state(ModelState.READY, "re-initialized")
                 return
 
@@ -475,6 +477,7 @@ class ServedModel:
             "restarts_in_window": self.restarts.count(now),
             "loads": self.loads,
             "evictions": self.evictions,
+            "reinitializations": self.reinitializations,
             "abandoned_workers": sum(1 for w in self.abandoned if w.alive),
             "last_error": self.last_error,
             "idle_s": round(now - self.last_used_s, 1) if self.last_used_s else None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -12,8 +13,9 @@ import pytest
 from ipc.errors import DuomoError, ErrorCode, InvalidArgumentError
 from worker.backends.ort_backend import OrtBackend
 from worker.executors.base import Executor, NoParams, StageTimer
+from worker.health import HealthPolicy
 from worker.request import Outcome, Request
-from worker.served_model import ModelSpec, ServedModel
+from worker.served_model import ModelSpec, ModelState, ServedModel
 
 
 class GatedExecutor(Executor):
@@ -228,4 +230,33 @@ def test_an_operator_unload_answers_requests_waiting_for_a_load(
     model.load()
     gated.gate.set()
     assert submit(model, "r4").result(10).result == "done:r4"
+    model.stop()
+
+
+@pytest.mark.parametrize("policy", ["wait", "fail"])
+def test_requests_during_a_reinitialization_wait_or_fail_as_configured(
+    gated: type[GatedExecutor], policy: str
+) -> None:
+    gated.gate.set()
+    health = HealthPolicy(backoff_ms=300, while_reinitializing=policy)  # type: ignore[arg-type]
+    spec = ModelSpec(
+        name="m", task="test", executor=gated, params=NoParams(), files={}, health=health
+    )
+    model = ServedModel(spec, OrtBackend(), gate=None)
+    model.load()
+    restart = threading.Thread(target=model.reinitialize, args=("test", threading.Event()))
+    restart.start()
+    deadline = time.monotonic() + 5
+    while model.state is not ModelState.REINITIALIZING and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert model.state is ModelState.REINITIALIZING
+    if policy == "wait":
+        waiting = submit(model, "during")
+        assert waiting.result(10).result == "done:during"  # served by the new instance
+    else:
+        with pytest.raises(DuomoError, match="re-initializing"):
+            model.submit("during", lambda _o: None)
+    restart.join(10)
+    assert model.state is ModelState.READY
+    assert submit(model, "after").result(10).result == "done:after"
     model.stop()
