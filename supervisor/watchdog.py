@@ -9,6 +9,9 @@ queue depth, recent p99) and applies ``worker.health.assess``:
   READY — or FAILED after ``max_restarts``). One model's restart never delays the checks of
   the others, and the checks never wait for a model that is busy with a lifecycle step.
 - OVERLOADED: DEGRADED while it lasts, READY again once it clears.
+
+A model with no instance to run its queue (loading on demand, re-initializing) has its queued
+requests' deadlines enforced here: those past theirs are answered DEADLINE_EXCEEDED.
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ class Watchdog:
         for model in list(self.engine.models.values()):
             if model.state in SERVING and id(model) not in self._restarting:
                 self._check_model(model, now)
+            elif model.state is not ModelState.STOPPED and model.batcher.depth:
+                model.expire_waiting(now)  # no instance runs them now: deadlines still hold
 
     def _check_model(self, model: ServedModel, now: float) -> None:
         policy = model.spec.health

@@ -98,6 +98,23 @@ class Batcher:
         with self._lock:
             self._closed = False
 
+    def take_expired(self, now: float) -> list[Request]:
+        """Remove and return the queued requests whose deadline has passed (for a model that
+        has no worker to expire them: one waiting for its load or re-initialization)."""
+        with self._lock:
+            expired: list[Request] = []
+            for priority in list(self._levels):
+                level = self._levels[priority]
+                kept = deque(r for r in level if not r.expired(now))
+                if len(kept) != len(level):
+                    expired.extend(r for r in level if r.expired(now))
+                    if kept:
+                        self._levels[priority] = kept
+                    else:
+                        del self._levels[priority]
+            self._count -= len(expired)
+            return expired
+
     def drain(self) -> list[Request]:
         """Remove and return everything still queued (for failing it on shutdown)."""
         with self._lock:

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import structlog
 
-from ipc.errors import UnavailableError
+from ipc.errors import DeadlineExceededError, UnavailableError
 from worker.backends.base import Backend, ModelSession, SessionSettings
 from worker.batcher import Batcher
 from worker.config_model import StrictModel
@@ -288,6 +288,13 @@ class ServedModel:
     def _fail_queued(self, why: str) -> int:
         error = UnavailableError(why)
         return sum(1 for request in self.batcher.drain() if request.complete(error=error))
+
+    def expire_waiting(self, now: float) -> int:
+        """Answer DEADLINE_EXCEEDED the queued requests whose deadline passed while the model
+        had no instance to run them (loading, unloaded, re-initializing); the watchdog calls
+        this, so a request waiting for a load is bounded by its deadline."""
+        error = DeadlineExceededError(f"model {self.spec.name!r} was not ready before the deadline")
+        return sum(1 for r in self.batcher.take_expired(now) if r.complete(error=error))
 
     # -- failures (watchdog) ------------------------------------------------------------------
 

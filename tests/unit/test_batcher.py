@@ -172,3 +172,15 @@ def test_retired_workers_stop_and_the_queue_waits_for_the_next_generation() -> N
     assert b.next_batch(old) is None  # a retired generation takes nothing
     taken = b.next_batch(new)
     assert taken is not None and names(taken.run) == ["a"]
+
+
+def test_expired_requests_are_taken_out_while_no_worker_runs() -> None:
+    b = Batcher("m", max_batch=4, max_delay_s=0.0, queue_size=10)
+    now = time.monotonic()
+    for name, deadline in (("a", now + 60), ("b", None), ("c", now - 2)):
+        b.put(request(name, deadline_s=deadline))
+    b.put(request("d", priority=3, deadline_s=now - 1))
+    assert sorted(names(b.take_expired(now))) == ["c", "d"]
+    assert b.depth == 2
+    taken = b.next_batch()
+    assert taken is not None and names(taken.run) == ["a", "b"]
