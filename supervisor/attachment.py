@@ -9,7 +9,10 @@ the ones last accepted for that slot were validated then: their payload is reuse
 slot and sends the "slot done" notice.
 
 Invariants: a slot is in flight at most once; every accepted slot is answered exactly once (or
-dropped with its client); the segment is unmapped only when no request still reads it.
+dropped with its client); the segment is unmapped only when no request still reads it. A slot
+whose batch the watchdog abandoned is answered at once but stays reserved until that batch's
+thread really ends (it may still read the input and write outputs in place): a resubmit of it
+meanwhile is UNAVAILABLE.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from ipc.errors import (
     InvalidArgumentError,
     ModelChangedError,
     ResourceExhaustedError,
+    UnavailableError,
 )
 from ipc.ring import RingLayout, SlotRing, write_tensors
 from ipc.wire import (
@@ -110,6 +114,12 @@ class Attachment:
             if self._closing:
                 return
             if slot in self._in_flight:
+                held = self._in_flight[slot]
+                if held is not None and held.abandoned:
+                    raise UnavailableError(
+                        f"slot {slot} is still held by a batch the watchdog abandoned (it may "
+                        "still write into it); use another slot"
+                    )
                 raise InvalidArgumentError(f"slot {slot} is already in flight")
             self._in_flight[slot] = None
         try:
@@ -218,12 +228,27 @@ class Attachment:
                     self._outputs[slot][: len(message)] = message
                     pack_done(self._headers[slot], seq, ErrorCode.INTERNAL, len(message), _ZERO)
         with self._lock:
-            # forgotten before the notice: the client may resubmit the slot the moment it hears
-            self._in_flight.pop(slot, None)
+            # forgotten before the notice: the client may resubmit the slot the moment it hears;
+            # a slot whose batch was abandoned stays reserved until that batch really ends
+            request = self._in_flight.get(slot)
+            if not (
+                outcome.abandoned
+                and request is not None
+                and request.hold_until_batch_over(lambda: self._release_held(slot))
+            ):
+                self._in_flight.pop(slot, None)
             finished = self._closing and not self._in_flight
         if not closing:
             self._send_notice(self.ring_id, slot, seq)
             self.answered += 1
+        if finished:
+            self._unmap()
+
+    def _release_held(self, slot: int) -> None:
+        """The abandoned batch that held ``slot`` has ended (on that batch's thread)."""
+        with self._lock:
+            self._in_flight.pop(slot, None)
+            finished = self._closing and not self._in_flight
         if finished:
             self._unmap()
 

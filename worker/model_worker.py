@@ -51,6 +51,7 @@ class ModelWorker:
         self.executor: Executor | None = None
         self.busy_since: float | None = None  # monotonic start of the batch in progress
         self.current: tuple[Request, ...] = ()  # that batch's requests
+        self.abandoned = False  # let go of by its model; its batch was answered for it
 
     @property
     def alive(self) -> bool:
@@ -91,7 +92,7 @@ class ModelWorker:
         try:
             while (taken := self._batcher.next_batch(self.generation)) is not None:
                 self.busy_since = time.monotonic()
-                self.current = (*taken.run, *taken.expired)
+                self.current = batch = (*taken.run, *taken.expired)
                 try:
                     self._serve(executor, taken)
                 except Exception:
@@ -103,6 +104,9 @@ class ModelWorker:
                     log.exception("serving loop error", model=self.model)
                 finally:
                     self.busy_since, self.current = None, ()
+                    if self.abandoned:  # whatever was held back for this batch is free now
+                        for request in batch:
+                            request.batch_over()
         finally:
             self.executor = None
             executor.close()

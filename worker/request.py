@@ -42,6 +42,7 @@ class Outcome:
     error: DuomoError | None = None
     timings: StageTimings = field(default_factory=StageTimings)
     batch_size: int = 0
+    abandoned: bool = False  # answered while its batch still runs on an abandoned worker
 
     @property
     def code(self) -> ErrorCode:
@@ -60,7 +61,10 @@ class Request:
     seq: int = field(default_factory=lambda: next(_sequence))
     timings: StageTimings = field(default_factory=StageTimings)
     cancelled: bool = False  # set when nobody will read the answer (the client went away)
+    abandoned: bool = False  # answered by the watchdog while its batch still runs
     _done: bool = field(default=False, repr=False)
+    _batch_over: bool = field(default=False, repr=False)
+    _on_batch_over: Callable[[], None] | None = field(default=None, repr=False)
 
     def expired(self, now_s: float) -> bool:
         return self.deadline_s is not None and now_s >= self.deadline_s
@@ -73,7 +77,7 @@ class Request:
             if self._done:
                 return False
             self._done = True
-        outcome = Outcome(result=result, error=error, timings=self.timings, batch_size=batch_size)
+        outcome = Outcome(result, error, self.timings, batch_size, self.abandoned)
         try:
             self.on_done(outcome)
         except Exception:
@@ -83,3 +87,20 @@ class Request:
         # and the segment can only be unmapped when no view is left.
         self.payload = None
         return True
+
+    def hold_until_batch_over(self, release: Callable[[], None]) -> bool:
+        """For an abandoned request: call ``release`` once its batch has really ended (its
+        thread may still read the input and write outputs in place); False if it already has."""
+        with _COMPLETION_LOCK:
+            if self._batch_over:
+                return False
+            self._on_batch_over = release
+            return True
+
+    def batch_over(self) -> None:
+        """The abandoned batch this request was in has ended: release what was held for it."""
+        with _COMPLETION_LOCK:
+            self._batch_over = True
+            release, self._on_batch_over = self._on_batch_over, None
+        if release is not None:
+            release()

@@ -279,8 +279,13 @@ class ServedModel:
         return cut
 
     def _abandon(self, worker: ModelWorker, why: str) -> int:
+        """Answer a stuck worker's batch now; its slots stay reserved until the batch ends."""
         error = UnavailableError(f"model {self.spec.name!r}: batch {why}")
-        cut = sum(1 for request in worker.current if request.complete(error=error))
+        worker.abandoned = True  # first: from now on the worker reports its batch's end
+        batch = worker.current
+        for request in batch:
+            request.abandoned = True
+        cut = sum(1 for request in batch if request.complete(error=error))
         self.abandoned = [w for w in self.abandoned if w.alive] + [worker]
         log.warning("worker abandoned", model=self.spec.name, instance=worker.index, why=why)
         return cut

@@ -248,22 +248,30 @@ def test_a_hung_model_is_degraded_answered_and_replaced(tmp_path: Path) -> None:
     config = write_config(tmp_path, ["classify"], extra=[stuck], watchdog=FAST_WATCHDOG)
     with running_supervisor(config) as sup, Client(sup.socket, timeout_s=30) as client:
         handle = client.model("stuck", slots=4)
+        slots = [handle.slot() for _ in range(4)]
         started = time.time()
-        futures = [handle.infer_async(X) for _ in range(4)]  # one runs (and hangs), 3 queue
-        codes = []
-        for future in futures:
-            with pytest.raises(UnavailableError) as info:
-                future.result(10)
-            codes.append(info.value.code.name)
-        assert codes == ["UNAVAILABLE"] * 4
+        for slot in slots:  # the first runs (and hangs), three queue behind it
+            slot.write(X)
+            slot.submit()
+        for slot in slots:
+            with pytest.raises(UnavailableError):
+                slot.wait(timeout_s=10)
         shown = models_status(sup)["stuck"]
         degraded = next(h for h in shown["history"] if h["state"] == "DEGRADED")
         assert "exec_timeout_ms" in degraded["reason"]
         assert degraded["at"] - started <= 0.5 + 0.1 + 0.4  # exec_timeout + a period + slack
+        hung = slots[0]  # its abandoned batch may still write into it: the slot stays reserved
+        hung.submit()
+        with pytest.raises(UnavailableError, match="still held"):
+            hung.wait(timeout_s=10)
         control.write_text("none")
-        poll(lambda: state_of(sup, "stuck") == "READY")
-        assert handle.infer(X, timeout_s=10)["y"][0, 0] == 3.0  # the replacement serves
         poll(lambda: models_status(sup)["stuck"]["abandoned_workers"] == 0)  # the hung one ended
+        poll(lambda: state_of(sup, "stuck") == "READY")
+        hung.submit()
+        assert hung.wait(timeout_s=10)["y"][0, 0] == 3.0  # released, served by the replacement
+        for slot in slots:
+            slot.release()
+        assert handle.infer(X, timeout_s=10)["y"][0, 0] == 3.0
         assert client.model("classify").infer(np.zeros((8, 8, 3), np.uint8))["top"]
 
 
