@@ -12,10 +12,14 @@ device→host writes to it. A model is a JSON descriptor standing in for an ``.o
      "dynamic_batch": [1, 2, 4],          # gears; adds the ascend_mbatch_shape_data input
      "function": "affine"}                # what "execute" computes (FUNCTIONS below)
 
+or, for a dynamic image size (``atc --dynamic_image_size``), ``"dynamic_hw": [[h, w], ...]`` with
+-1 at H and W (never together with ``dynamic_batch``, which ATC refuses too).
+
 It enforces the rules that break on hardware: a second ``init`` (100002); a call on a thread with
 no current context (107002); a stream or model used from another context (107003 / 107004); the
 same model on two streams at once; a dynamic model executed without a gear set, or with a batch
-that is not a gear; a dataset whose buffer count or sizes do not match the model (100017);
+or an H×W that is not a gear (or set through the other kind's call); ``get_dynamic_hw`` with an
+index other than -1; a dataset whose buffer count or sizes do not match the model (100017);
 releases out of the documented order; and it counts leaks (``leaks()``). ``fail_next_executes``
 makes the next N executes fail with 507011; ``rebind_default_context`` makes every synchronise
 leave the thread in the device's default context, as ORT-CANN's per-run ``set_device`` does.
@@ -112,9 +116,13 @@ class Tensor:
     format: str
     dims: list[int]
 
-    def size(self, batch: int) -> int:
-        dims = [batch if d < 0 else d for d in self.dims]
-        return math.prod(dims) * self.dtype.itemsize
+    def shape(self, gear: tuple[int, ...]) -> list[int]:
+        """Dims with the gear's values in place of the -1s, in order (batch: (n,); HW: (h, w))."""
+        values = iter(gear)
+        return [next(values, 1) if d < 0 else d for d in self.dims]
+
+    def size(self, gear: tuple[int, ...]) -> int:
+        return math.prod(self.shape(gear)) * self.dtype.itemsize
 
 
 @dataclass
@@ -123,17 +131,18 @@ class Model:
     context: int
     inputs: list[Tensor]  # the dynamic input last, as ATC adds it
     outputs: list[Tensor]
-    gears: list[int]
+    gears: list[tuple[int, ...]]  # (batch,) gears, or (h, w) gears
     function: str
+    hw: bool = False  # dynamic image size (ATC --dynamic_image_size) rather than batch
     running_on: int = 0  # the stream it executes on until that stream is synchronised
-    last_gear: int = 0  # the batch of its last execute, for get_cur_output_dims
+    last_gear: tuple[int, ...] = ()  # the gear of its last execute, for get_cur_output_dims
     descs: set[int] = field(default_factory=set)
 
 
 @dataclass
 class Dataset:
     buffers: list[int] = field(default_factory=list)
-    gear: int = 0  # set by set_dynamic_batch_size
+    gear: tuple[int, ...] = ()  # set by set_dynamic_batch_size / set_dynamic_hw_size
 
 
 class FakeAcl:
@@ -472,14 +481,17 @@ class _Mdl(_Namespace):
                     for t in items
                 ]
 
-            gears = sorted(data.get("dynamic_batch", []))
+            batches, sizes = data.get("dynamic_batch", []), data.get("dynamic_hw", [])
+            if batches and sizes:  # ATC refuses both in one model
+                return 0, f.error(INVALID_FILE, "dynamic batch and dynamic HW in one model")
+            gears = [(b,) for b in sorted(batches)] or [tuple(hw) for hw in sizes]
             inputs = tensors(data["inputs"])
             if gears:
                 inputs.append(Tensor(DYNAMIC_NAME, np.dtype("int64"), "ND", [len(inputs) + 1]))
             model_id = f.handle()
             f.models[model_id] = Model(
                 path, f.current_context, inputs, tensors(data["outputs"]), gears,
-                data.get("function", "identity"),
+                data.get("function", "identity"), hw=bool(sizes),
             )  # fmt: skip
             f.used += WEIGHT_BYTES
             return model_id, OK
@@ -537,8 +549,9 @@ class _Mdl(_Namespace):
     def get_num_outputs(self, desc: int) -> int:
         return len(self._model(desc).outputs)
 
-    def _max(self, desc: int) -> int:
-        return max(self._model(desc).gears, default=1)
+    def _max(self, desc: int) -> tuple[int, ...]:
+        """The gear buffers are sized for: the largest batch, or the largest H×W."""
+        return max(self._model(desc).gears, key=math.prod, default=())
 
     @_contract("mdl.get_input_size_by_index")
     def get_input_size_by_index(self, desc: int, index: int) -> int:
@@ -564,8 +577,7 @@ class _Mdl(_Namespace):
     def get_cur_output_dims(self, desc: int, index: int) -> tuple[dict[str, Any], int]:
         model = self._model(desc)
         t = model.outputs[index]
-        gear = model.last_gear or self._max(desc)
-        dims = [gear if d < 0 else d for d in t.dims]
+        dims = t.shape(model.last_gear or self._max(desc))
         return {"name": t.name, "dimCount": len(dims), "dims": dims}, OK
 
     @_contract("mdl.get_input_data_type")
@@ -601,23 +613,42 @@ class _Mdl(_Namespace):
 
     @_contract("mdl.get_dynamic_batch")
     def get_dynamic_batch(self, desc: int) -> tuple[dict[str, Any], int]:
-        gears = self._model(desc).gears
-        return {"batchCount": len(gears), "batch": list(gears)}, OK
+        model = self._model(desc)
+        batches = [] if model.hw else [g[0] for g in model.gears]
+        return {"batchCount": len(batches), "batch": batches}, OK
+
+    @_contract("mdl.get_dynamic_hw")
+    def get_dynamic_hw(self, desc: int, index: int) -> tuple[dict[str, Any], int]:
+        if index != -1:  # reserved: the documentation says to pass -1
+            return {}, self.fake.error(INVALID_PARAM, "get_dynamic_hw: index must be -1")
+        model = self._model(desc)
+        sizes = [list(g) for g in model.gears] if model.hw else []
+        return {"hwCount": len(sizes), "hw": sizes}, OK
+
+    @_contract("mdl.set_dynamic_hw_size")
+    def set_dynamic_hw_size(self, model_id: int, dataset: int, index: int, h: int, w: int) -> int:
+        return self._set_gear("set_dynamic_hw_size", model_id, dataset, index, (h, w), hw=True)
 
     @_contract("mdl.set_dynamic_batch_size")
     def set_dynamic_batch_size(self, model_id: int, dataset: int, index: int, batch: int) -> int:
+        return self._set_gear("set_dynamic_batch_size", model_id, dataset, index, (batch,), False)
+
+    def _set_gear(
+        self, call: str, model_id: int, dataset: int, index: int, gear: tuple[int, ...], hw: bool
+    ) -> int:
         f = self.fake
         with f.lock:
             model = f.models.get(model_id)
             if model is None or dataset not in f.datasets:
-                return f.error(INVALID_PARAM, "set_dynamic_batch_size: unknown model or dataset")
-            if not model.gears:
-                return f.error(ERRORS["ACL_ERROR_MODEL_NOT_DYNAMIC"], "the model is static")
+                return f.error(INVALID_PARAM, f"{call}: unknown model or dataset")
+            if not model.gears or model.hw != hw:
+                kind = "dynamic-HW" if model.hw else "dynamic-batch" if model.gears else "static"
+                return f.error(ERRORS["ACL_ERROR_MODEL_NOT_DYNAMIC"], f"{call}: model is {kind}")
             if index != len(model.inputs) - 1 or model.inputs[index].name != DYNAMIC_NAME:
                 return f.error(INVALID_PARAM, f"input {index} is not {DYNAMIC_NAME}")
-            if batch not in model.gears:
-                return f.error(INVALID_PARAM, f"batch {batch} is not a gear {model.gears}")
-            f.datasets[dataset].gear = batch
+            if gear not in model.gears:
+                return f.error(INVALID_PARAM, f"{call}: {gear} is not a gear {model.gears}")
+            f.datasets[dataset].gear = gear
             return OK
 
     @_contract("mdl.create_dataset")
@@ -663,10 +694,10 @@ class _Mdl(_Namespace):
             in_ds, out_ds = f.datasets.get(inputs), f.datasets.get(outputs)
             if in_ds is None or out_ds is None:
                 return f.error(INVALID_PARAM, "unknown dataset")
-            gear = in_ds.gear if model.gears else 1
+            gear = in_ds.gear if model.gears else ()
             if model.gears and not gear:
-                return f.error(INVALID_PARAM, "dynamic model executed without a batch gear")
-            full = max(model.gears, default=1)
+                return f.error(INVALID_PARAM, "dynamic model executed without a gear set")
+            full = max(model.gears, key=math.prod, default=())
             for ds, tensors in ((in_ds, model.inputs), (out_ds, model.outputs)):
                 sizes = [f.buffers[b][1] for b in ds.buffers]
                 if sizes != [t.size(full) for t in tensors]:
@@ -680,9 +711,8 @@ class _Mdl(_Namespace):
                     continue
                 pointer, _ = f.buffers[buffer]
                 region, offset = f.region(pointer, t.size(gear))  # type: ignore[misc]
-                dims = [gear if d < 0 else d for d in t.dims]
                 data = bytes(region[offset : offset + t.size(gear)])
-                arrays.append(np.frombuffer(data, dtype=t.dtype).reshape(dims))
+                arrays.append(np.frombuffer(data, dtype=t.dtype).reshape(t.shape(gear)))
             results = FUNCTIONS[model.function](arrays)
             for buffer, t, result in zip(out_ds.buffers, model.outputs, results):
                 pointer, _ = f.buffers[buffer]

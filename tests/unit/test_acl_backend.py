@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import yaml
 
-from ipc.errors import InternalError
+from ipc.errors import InternalError, InvalidArgumentError
 from supervisor.config import ConfigError, load_config
 from supervisor.engine import Engine
 from tests.fakes import fake_acl
@@ -155,6 +155,58 @@ def test_models_instances_and_gear_padding(tmp_path: Path, fake: FakeAcl) -> Non
     assert fake.calls.count("init") == 1 and fake.calls.count("rt.set_device") == 1
     assert fake.leaks() == {}  # every create/malloc released, device reset, finalised
     assert fake.calls[-2:] == ["rt.reset_device", "finalize"]
+
+
+IMAGE_GEARS = {
+    "inputs": [{"name": "x", "dtype": "float32", "format": "NCHW", "dims": [1, 3, -1, -1]}],
+    "outputs": [{"name": "y", "dtype": "float32", "format": "NCHW", "dims": [1, 3, -1, -1]}],
+    "dynamic_hw": [[32, 32], [32, 64], [64, 64]],
+    "function": "affine",
+}
+
+
+def test_image_size_gears(tmp_path: Path, fake: FakeAcl) -> None:
+    """An .om built with --dynamic_image_size serves exactly its H×W gears (set per run with
+    set_dynamic_hw_size) and refuses other sizes with the list of gears."""
+    write_model(tmp_path / "hw.om", **IMAGE_GEARS)
+    path = config(tmp_path, [raw_model("hw", "hw.om")])
+    with Engine(load_config(path)) as engine:
+        for h, w in ((32, 64), (64, 64), (32, 32), (32, 64)):
+            x = np.random.default_rng(h + w).random((1, 3, h, w), dtype=np.float32)
+            np.testing.assert_allclose(engine.infer("hw", x, timeout_s=10)["y"], 2 * x + 1)
+        with pytest.raises(InvalidArgumentError, match="takes only"):
+            engine.infer("hw", np.zeros((1, 3, 40, 40), np.float32), timeout_s=10)
+        described = engine.model("hw").sessions()[0].describe()  # type: ignore[attr-defined]
+        assert described["dynamic_hw_gears"] == [[32, 32], [32, 64], [64, 64]]
+    assert fake.calls.count("mdl.set_dynamic_hw_size") == 4  # one per run, warm-up has none
+    assert "mdl.set_dynamic_batch_size" not in fake.calls
+    assert fake.leaks() == {}
+
+
+def test_the_fake_keeps_batch_and_image_size_gears_apart(tmp_path: Path) -> None:
+    acl = FakeAcl()
+    acl.init()
+    acl.rt.set_device(0)
+    context, _ = acl.rt.create_context(0)
+    model, _ = acl.mdl.load_from_file(str(write_model(tmp_path / "hw.om", **IMAGE_GEARS)))
+    desc = acl.mdl.create_desc()
+    acl.mdl.get_desc(desc, model)
+    assert acl.mdl.get_dynamic_hw(desc, 0)[1] == fake_acl.INVALID_PARAM  # the index is -1
+    assert acl.mdl.get_dynamic_hw(desc, -1)[0]["hw"] == IMAGE_GEARS["dynamic_hw"]
+    assert acl.mdl.get_dynamic_batch(desc)[0]["batchCount"] == 0
+    dataset = acl.mdl.create_dataset()
+    assert acl.mdl.set_dynamic_batch_size(model, dataset, 1, 1) != 0  # not a batch model
+    assert acl.mdl.set_dynamic_hw_size(model, dataset, 1, 40, 40) != 0  # not a gear
+    assert acl.mdl.set_dynamic_hw_size(model, dataset, 1, 32, 64) == 0
+    both = {**IMAGE_GEARS, "dynamic_batch": [1, 2]}
+    assert acl.mdl.load_from_file(str(write_model(tmp_path / "both.om", **both)))[1] != 0
+    acl.mdl.destroy_dataset(dataset)
+    acl.mdl.unload(model)
+    acl.mdl.destroy_desc(desc)
+    acl.rt.destroy_context(context)
+    acl.rt.reset_device(0)
+    acl.finalize()
+    assert acl.leaks() == {}
 
 
 def test_every_call_runs_in_the_instance_context(tmp_path: Path, fake: FakeAcl) -> None:

@@ -16,11 +16,13 @@ both datasets built once, including the ``ascend_mbatch_shape_data`` input ATC a
 dynamic-batch model. Device memory: ``query_size`` before the load and the ``get_mem_info``
 drop across it are kept in ``memory``.
 
-Per run: host→device ``memcpy`` straight from the caller's arrays (a shared-memory slot's views
-or the session's host buffers), ``set_dynamic_batch_size`` to the smallest gear that holds the
-batch (padding rows are never copied back), ``execute_async`` + ``synchronize_stream`` (the GIL is
-free while the device works; the synchronous ``execute`` would hold it and stall every model),
-then device→host copies of only the real rows of each output (``get_cur_output_dims``).
+Per run: host→device ``memcpy`` straight from the caller's arrays (a shared-memory slot's views or
+the session's host buffers), ``set_dynamic_batch_size`` to the smallest gear that holds the batch
+(padding rows are never copied back) or, for a model built with ``--dynamic_image_size``,
+``set_dynamic_hw_size`` to the inputs' H×W (which must be one of its gears: ``hw_gears``),
+``execute_async`` + ``synchronize_stream`` (the GIL is free while the device works; the synchronous
+``execute`` would hold it and stall every model), then device→host copies of only the real rows of
+each output (``get_cur_output_dims``).
 
 Close releases in the documented order: data buffers and datasets, model, description, device
 buffers, stream, context.
@@ -212,11 +214,23 @@ class AclSession(BufferedSession):
         index, ret = rt.get_input_index_by_name(desc, ACL_DYNAMIC_TENSOR_NAME)
         self._dynamic_index = index if ret == ACL_SUCCESS else None
         gears: list[int] = []
+        sizes: list[tuple[int, int]] = []
         if self._dynamic_index is not None:
             info, ret = rt.get_dynamic_batch(desc)
             rt.check(ret, "mdl.get_dynamic_batch")
             gears = sorted(int(b) for b in info.get("batch", [])[: int(info.get("batchCount", 0))])
+            if not gears:
+                info, ret = rt.get_dynamic_hw(desc)
+                rt.check(ret, "mdl.get_dynamic_hw")
+                listed = info.get("hw", [])[: int(info.get("hwCount", 0))]
+                sizes = sorted((int(h), int(w)) for h, w in listed)
+            if not gears and not sizes:
+                raise RuntimeError(
+                    f"{self.path.name} has dynamic dims (atc --dynamic_dims), which this backend "
+                    "does not serve; rebuild it with --dynamic_batch_size or --dynamic_image_size"
+                )
         self.gears = tuple(gears)
+        self._hw = tuple(sizes)
         self._input_sizes = [rt.get_input_size_by_index(desc, i) for i in range(count)]
         self._inputs = [
             self._tensor(
@@ -276,6 +290,27 @@ class AclSession(BufferedSession):
     # -- serving ----------------------------------------------------------------------------
 
     @property
+    def hw_gears(self) -> tuple[tuple[int, int], ...]:
+        return self._hw
+
+    def _hw_of(self, inputs: Mapping[str, np.ndarray]) -> tuple[int, int]:
+        """The H×W the inputs have at their dynamic dimensions; it must be one of the gears
+        (the executor pads or scales to one: the model cannot take any other size)."""
+        for t in self._inputs:
+            dynamic = [i for i, d in enumerate(t.dims) if d < 0]
+            array = inputs.get(t.spec.name)
+            if len(dynamic) == 2 and array is not None and array.ndim == len(t.dims):
+                hw = (int(array.shape[dynamic[0]]), int(array.shape[dynamic[1]]))
+                if hw not in self._hw:
+                    raise ValueError(
+                        f"{self.path.name}: input {t.spec.name!r} is {hw[0]}×{hw[1]}, not one of "
+                        f"the model's image-size gears {[list(g) for g in self._hw]}; pad or "
+                        "scale to one, or add it with atc --dynamic_image_size"
+                    )
+                return hw
+        raise ValueError(f"{self.path.name}: no input carries the dynamic H×W")
+
+    @property
     def max_rows(self) -> int | None:
         if self.gears:
             return self.gears[-1]
@@ -320,11 +355,12 @@ class AclSession(BufferedSession):
         rt.check(rt.set_context(self._context), "rt.set_context")
         batch = self._rows(inputs)
         gear = self.gear_for(batch) if self.gears else None
+        hw = self._hw_of(inputs) if self._hw else None
         for t, pointer in zip(self._inputs, self._data_input_pointers):
             array = inputs.get(t.spec.name)
             if array is None:
                 raise ValueError(f"missing input {t.spec.name!r} for {self.path.name}")
-            self._check_input(t, array, batch)
+            self._check_input(t, array, batch, hw)
             if array.dtype != t.spec.dtype or not array.flags.c_contiguous:
                 array = np.ascontiguousarray(array, dtype=t.spec.dtype)
             rt.check(
@@ -340,6 +376,14 @@ class AclSession(BufferedSession):
                     self._model_id, self._input_dataset, self._dynamic_index, gear
                 ),
                 f"mdl.set_dynamic_batch_size({gear})",
+            )
+        elif hw is not None:
+            assert self._dynamic_index is not None
+            rt.check(
+                rt.set_dynamic_hw_size(
+                    self._model_id, self._input_dataset, self._dynamic_index, *hw
+                ),
+                f"mdl.set_dynamic_hw_size({hw[0]}, {hw[1]})",
             )
         rt.check(
             rt.execute_async(
@@ -377,15 +421,20 @@ class AclSession(BufferedSession):
             results[t.spec.name] = target
         return results
 
-    def _check_input(self, t: _Tensor, array: np.ndarray, batch: int) -> None:
+    def _check_input(
+        self, t: _Tensor, array: np.ndarray, batch: int, hw: tuple[int, int] | None
+    ) -> None:
         expected = list(t.dims)
         if self.gears and expected and expected[0] < 0:
             expected[0] = batch
+        if hw is not None:
+            values = iter(hw)
+            expected = [next(values, d) if d < 0 else d for d in expected]
         if list(array.shape) != expected:
-            kind = "dynamic-batch" if self.gears else "static"
+            kind = "dynamic-batch" if self.gears else "dynamic-HW" if hw else "static"
             raise ValueError(
                 f"{self.path.name}: input {t.spec.name!r} has shape {list(array.shape)}, the "
-                f"{kind} model takes {[d if d >= 0 else 'batch' for d in t.dims]}"
+                f"{kind} model takes {[d if d >= 0 else '?' for d in t.dims]}"
             )
         if array.size * t.spec.dtype.itemsize > t.size:
             raise ValueError(f"input {t.spec.name!r} of {array.nbytes} B exceeds {t.size}")
@@ -406,6 +455,7 @@ class AclSession(BufferedSession):
             "inputs": [tensor(t) for t in self._inputs],
             "outputs": [tensor(t) for t in self._outputs],
             "dynamic_batch_gears": list(self.gears),
+            "dynamic_hw_gears": [list(g) for g in self._hw],
             "memory": dict(self.memory),
         }
 

@@ -248,6 +248,14 @@ class AclRuntime:
     def set_dynamic_batch_size(self, model_id: int, dataset: int, index: int, batch: int) -> int:
         return int(self._acl.mdl.set_dynamic_batch_size(model_id, dataset, index, batch))
 
+    def get_dynamic_hw(self, desc: int) -> tuple[dict[str, Any], int]:
+        """``{"hwCount": n, "hw": [[h, w], ...]}``; the index argument is reserved: -1."""
+        info, ret = self._acl.mdl.get_dynamic_hw(desc, -1)
+        return info, int(ret)
+
+    def set_dynamic_hw_size(self, model_id: int, dataset: int, index: int, h: int, w: int) -> int:
+        return int(self._acl.mdl.set_dynamic_hw_size(model_id, dataset, index, h, w))
+
     def execute_async(self, model_id: int, inputs: int, outputs: int, stream: int) -> int:
         """Only enqueues (keeps the GIL briefly); ``synchronize_stream`` waits without it."""
         return int(self._acl.mdl.execute_async(model_id, inputs, outputs, stream))

@@ -120,6 +120,11 @@ class ModelSession(ABC):
         """Accelerator memory this session took when it loaded (0 for host-only runtimes)."""
         return 0
 
+    @property
+    def hw_gears(self) -> tuple[tuple[int, int], ...]:
+        """The image sizes (H, W) a compiled model takes, when only those; () when any."""
+        return ()
+
     def spec(self, name: str) -> TensorSpec:
         for spec in (*self.inputs, *self.outputs):
             if spec.name == name:

@@ -88,6 +88,7 @@ class RawExecutor(Executor):
         # The supervisor already checked every input against this model's slot layout (names,
         # dtypes, ranks, fixed dimensions, rows ≤ max_batch); what is left is that the inputs
         # agree on their rows.
+        self._check_image_size(tensors)
         if not self.batchable:
             return RawInput(tensors, 1, output)
         slot_rows = {array.shape[0] for array in tensors.values()}
@@ -135,10 +136,28 @@ class RawExecutor(Executor):
             rows.add(array.shape[0] if self.batchable else 1)
         if len(rows) != 1:
             raise InvalidArgumentError(f"inputs disagree on the batch dimension: {sorted(rows)}")
+        self._check_image_size(tensors)
         n = rows.pop()
         if not 1 <= n <= self.max_batch:
             raise InvalidArgumentError(f"batch of {n} rows is outside 1..{self.max_batch}")
         return RawInput(tensors, n)
+
+    def _check_image_size(self, tensors: dict[str, np.ndarray]) -> None:
+        """A model compiled for a few image sizes (ACL ``--dynamic_image_size``) takes only
+        those: the input whose H and W are open must come at one of them."""
+        gears = self.session.hw_gears
+        if not gears:
+            return
+        for spec in self.session.inputs:
+            open_dims = [i for i, d in enumerate(spec.shape) if d is None]
+            if len(open_dims) == 2 and spec.name in tensors:
+                shape = tensors[spec.name].shape
+                hw = (shape[open_dims[0]], shape[open_dims[1]])
+                if hw not in gears:
+                    raise InvalidArgumentError(
+                        f"input {spec.name!r} is {hw[0]}×{hw[1]}; this model takes only "
+                        f"{[f'{h}×{w}' for h, w in gears]}"
+                    )
 
     def warmup(self) -> None:
         """Zeros at every row count, when the model fixes every dimension but the batch."""
