@@ -37,11 +37,11 @@ from worker.backends.base import SessionSettings
 TOLERANCE = 2e-2  # fp16 on the AI cores against fp32 on the CPU
 
 
-def _random_inputs(session: AclSession, batch: int, seed: int) -> dict[str, np.ndarray]:
+def _random_inputs(session: AclSession, gear: tuple[int, ...], seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     inputs = {}
     for spec in session.inputs:
-        shape = [batch if d is None else d for d in spec.shape]
+        shape = session.shape_at(spec, gear)
         if spec.dtype.kind == "f":
             inputs[spec.name] = rng.random(shape, dtype=np.float32).astype(spec.dtype)
         else:
@@ -59,11 +59,11 @@ def _compare(om: Path, session: AclSession) -> list[dict[str, Any]]:
     )
     results = []
     try:
-        for gear in session.gears or (session.max_rows or 1,):
-            inputs = _random_inputs(session, gear, gear)
+        for gear in session.every_gear():
+            inputs = _random_inputs(session, gear, sum(gear))
             got = {k: v.copy() for k, v in session.run(inputs).items()}
             entry: dict[str, Any] = {
-                "batch": gear,
+                "gear": list(gear),
                 "shapes": {k: list(v.shape) for k, v in got.items()},
             }
             if cpu is not None:
@@ -91,7 +91,7 @@ def _throughput(backend: AclBackend, models: list[Path], streams: int, seconds: 
     def worker(om: Path) -> None:
         session = backend.open(om, SessionSettings(1))
         try:
-            inputs = _random_inputs(session, session.gears[-1] if session.gears else 1, 0)
+            inputs = _random_inputs(session, session.every_gear()[-1], 0)
             start_at.wait()
             end, done = time.perf_counter() + seconds, 0
             while time.perf_counter() < end:

@@ -10,12 +10,14 @@ Run on a machine with the CANN toolkit (``atc`` on PATH, ``set_env.sh`` sourced)
 
 ``--dry-run`` prints the commands without running them (it works without CANN).
 
-What is built: EfficientNet-Lite0 with batch gears 1,2,4,8 at 224×224 and CenterFace with batch
-gears 1,2,4 at 640×640, both ``--precision_mode=allow_fp32_to_fp16`` (fp16 on the AI cores where
-an operator supports it, fp32 elsewhere). Static shapes and batch gears only: the ACL backend does
-not yet drive dynamic image-size gears, which PP-OCR's variable detector and recogniser inputs
-need, so OCR stays on ONNX Runtime in the Ascend configs. No AIPP: the executors already produce
-the models' float NCHW input, so host pre-processing is the same on every backend.
+What is built, all ``--precision_mode=allow_fp32_to_fp16`` (fp16 on the AI cores where an operator
+supports it, fp32 elsewhere): EfficientNet-Lite0 with batch gears 1,2,4,8 at 224×224; CenterFace
+with batch gears 1,2,4 at 640×640; PP-OCR's detector at one image with image-size gears H, W in
+{736, 1024, 1312, 1600, 2016} (25 gears; the executor pads each image to the smallest that holds
+it); the angle classifier static at 6×48×192; the recogniser at 6 lines with widths 320..2560 in
+steps of 32 (71 gears: a line is padded exactly as on ONNX Runtime, so the text is the same). No
+AIPP: the executors already produce the models' float NCHW input, so host pre-processing is the
+same on every backend.
 """
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ class Conversion:
     name: str  # output file stem
     onnx: str  # relative to models/
     input_name: str
-    shape: str  # NCHW with -1 for the batch where gears apply
-    gears: tuple[int, ...]
+    shape: str  # NCHW with -1 for the batch (batch gears) or for H and W (image-size gears)
+    gears: tuple[int, ...] = ()  # --dynamic_batch_size
+    image_sizes: tuple[tuple[int, int], ...] = ()  # --dynamic_image_size
 
     def command(self, models: Path, out: Path, soc: str) -> list[str]:
         cmd = [
@@ -55,13 +58,23 @@ class Conversion:
         ]
         if self.gears:
             cmd.append(f"--dynamic_batch_size={','.join(map(str, self.gears))}")
+        if self.image_sizes:
+            sizes = ";".join(f"{h},{w}" for h, w in self.image_sizes)
+            cmd.append(f"--dynamic_image_size={sizes}")
         return cmd
 
 
+OCR_DET_SIDES = (736, 1024, 1312, 1600, 2016)  # det_limit_side .. det_max_side
 CONVERSIONS = (
     Conversion("efficientnet_lite0", "classify/efficientnet_lite0.onnx", "input", "-1,3,224,224",
                (1, 2, 4, 8)),
     Conversion("centerface", "face/centerface_dyn.onnx", "input.1", "-1,3,640,640", (1, 2, 4)),
+    Conversion("PP-OCRv6_det_small", "ocr/PP-OCRv6_det_small.onnx", "x", "1,3,-1,-1",
+               image_sizes=tuple((h, w) for h in OCR_DET_SIDES for w in OCR_DET_SIDES)),
+    Conversion("ch_ppocr_mobile_v2.0_cls", "ocr/ch_ppocr_mobile_v2.0_cls_mobile.onnx", "x",
+               "6,3,48,192"),
+    Conversion("PP-OCRv6_rec_small", "ocr/PP-OCRv6_rec_small.onnx", "x", "6,3,-1,-1",
+               image_sizes=tuple((48, w) for w in range(320, 2561, 32))),
 )  # fmt: skip
 
 
@@ -97,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         sidecar.write_text(json.dumps({
             "soc_version": args.soc, "command": cmd, "onnx": str(source),
             "onnx_sha256": _sha256(source), "dynamic_batch": list(conversion.gears),
+            "dynamic_image_size": [list(hw) for hw in conversion.image_sizes],
         }, indent=2))  # fmt: skip
     return 0
 

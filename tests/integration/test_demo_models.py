@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -11,8 +12,12 @@ import pytest
 from PIL import Image, ImageDraw, ImageFont
 
 from ipc.errors import InvalidArgumentError
+from supervisor.config import LoadedConfig
 from supervisor.engine import Engine
 from tests.conftest import demo_variant, fixture_image
+from worker.backends.base import ModelSession, SessionSettings, TensorSpec
+from worker.backends.ort_backend import OrtBackend
+from worker.executors.base import StageTimer
 from worker.request import Outcome
 from worker.thread_budget import available_cores
 
@@ -147,3 +152,73 @@ def test_thread_budget_of_the_demo_config(demo_engine: Engine) -> None:
         f.result(60)
     # two models computed at the same moment: the budget is used, not serialised
     assert demo_engine.gate.high_water == min(cores, plan.total_threads)
+
+
+class CompiledShapes(ModelSession):
+    """An ONNX Runtime session held to what a compiled ``.om`` accepts: only these H×W gears and
+    one fixed batch. It fails any run outside them, so the OCR executor must pad to fit."""
+
+    def __init__(
+        self, inner: ModelSession, gears: tuple[tuple[int, int], ...] = (), rows: int | None = None
+    ) -> None:
+        self.inner, self._gears, self._rows = inner, gears, rows
+        first = inner.inputs[0]
+        shape = (rows, *first.shape[1:]) if rows else first.shape
+        self.inputs = (TensorSpec(first.name, first.dtype, shape), *inner.inputs[1:])
+        self.outputs, self.metadata, self.path = inner.outputs, inner.metadata, inner.path
+        self.runs: list[tuple[int, ...]] = []
+
+    @property
+    def hw_gears(self) -> tuple[tuple[int, int], ...]:
+        return self._gears
+
+    def input_buffer(self, name: str, shape: Sequence[int]) -> np.ndarray:
+        return self.inner.input_buffer(name, shape)
+
+    def run(
+        self, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray] | None = None
+    ) -> dict[str, np.ndarray]:
+        shape = next(iter(inputs.values())).shape
+        assert self._rows is None or shape[0] == self._rows, shape
+        assert not self._gears or tuple(shape[2:]) in self._gears, shape
+        self.runs.append(tuple(shape))
+        return self.inner.run(inputs, outputs)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+SIDES = (736, 1024, 1600)  # tools/atc_convert.py builds these and 1312, 2016
+DET_GEARS = tuple((h, w) for h in SIDES for w in SIDES)
+REC_GEARS = tuple((48, w) for w in range(320, 2561, 32))  # as tools/atc_convert.py builds them
+
+
+def test_ocr_pads_to_what_compiled_models_take(demo_config: LoadedConfig) -> None:
+    """The Ascend shapes (detector H×W gears, recogniser width gears with a fixed batch of 6, a
+    static classifier batch of 6) read the same text as the unconstrained ONNX sessions."""
+    model = demo_config.models["ocr"]
+    backend = OrtBackend(demo_config.config.backends.onnxruntime)
+    settings = SessionSettings(intra_op_threads=1)
+    plain = {role: backend.open(path, settings) for role, path in model.files.items()}
+    compiled = {
+        "det": CompiledShapes(backend.open(model.files["det"], settings), DET_GEARS, rows=1),
+        "cls": CompiledShapes(backend.open(model.files["cls"], settings), rows=6),
+        "rec": CompiledShapes(backend.open(model.files["rec"], settings), REC_GEARS, rows=6),
+    }
+    params = model.params
+    reference = model.executor(params, plain, 1)
+    geared = model.executor(params, compiled, 1)
+    geared.warmup()  # every gear runs once
+    assert {s[2:] for s in compiled["det"].runs} >= set(DET_GEARS)
+    for image in (fixture_image("page.png"), rendered_text(OCR_LINES)):  # text with a truth
+        want = reference.execute([reference.prepare(image)], StageTimer())[0]["lines"]
+        got = geared.execute([geared.prepare(image)], StageTimer())[0]["lines"]
+        assert [line["text"] for line in got] == [line["text"] for line in want]
+        for a, b in zip(got, want):
+            assert np.allclose(a["box"], b["box"], atol=3.0)
+    tall = np.concatenate([rendered_text(OCR_LINES)] * 8)  # taller than any gear: scaled down
+    got = geared.execute([geared.prepare(tall)], StageTimer())[0]["lines"]
+    assert compiled["det"].runs[-1] == (1, 3, 1600, 736)
+    assert [line["text"] for line in got] == OCR_LINES * 8
+    reference.close()
+    geared.close()

@@ -416,12 +416,15 @@ def test_the_smoke_kit_runs_end_to_end_on_the_fake(tmp_path: Path, fake: FakeAcl
     models = [
         write_model(tmp_path / "affine.om", **AFFINE),
         write_model(tmp_path / "static.om", **STATIC),
+        write_model(tmp_path / "hw.om", **IMAGE_GEARS),
     ]
     out = tmp_path / "report.json"
     assert ascend_smoke.main([*map(str, models), "--seconds", "0.05", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     affine = report["models"][str(models[0])]
-    assert [g["batch"] for g in affine["gears_checked"]] == [1, 2, 4, 8]
+    assert [g["gear"] for g in affine["gears_checked"]] == [[1], [2], [4], [8]]
+    hw = report["models"][str(models[2])]
+    assert [g["gear"] for g in hw["gears_checked"]] == IMAGE_GEARS["dynamic_hw"]
     assert set(affine["executes_per_s"]) == {"1", "2", "4"}
     assert report["ok"] and "environment" in report and "all_models_executes_per_s" in report
     assert fake.leaks() == {}

@@ -293,6 +293,17 @@ class AclSession(BufferedSession):
     def hw_gears(self) -> tuple[tuple[int, int], ...]:
         return self._hw
 
+    def every_gear(self) -> list[tuple[int, ...]]:
+        """Each gear as the values of the inputs' open dimensions, in order: ``(batch,)`` for
+        batch gears, ``(h, w)`` for image-size gears, ``()`` once for a static model."""
+        return [(g,) for g in self.gears] or list(self._hw) or [()]
+
+    @staticmethod
+    def shape_at(spec: TensorSpec, gear: tuple[int, ...]) -> tuple[int, ...]:
+        """``spec``'s shape with the gear's values in its open dimensions."""
+        values = iter(gear)
+        return tuple(next(values, 1) if d is None else d for d in spec.shape)
+
     def _hw_of(self, inputs: Mapping[str, np.ndarray]) -> tuple[int, int]:
         """The H×W the inputs have at their dynamic dimensions; it must be one of the gears
         (the executor pads or scales to one: the model cannot take any other size)."""

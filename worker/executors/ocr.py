@@ -13,6 +13,13 @@ Batching never changes a result: images of the same detector size share a detect
 of one camera do); text lines of all images are then classified (fixed 48×192 input) and
 recognised together, grouped by a padded width that depends only on each line's own aspect
 ratio, in batches of up to ``cls_batch`` / ``rec_batch``.
+
+Compiled models (Ascend ``.om``) take only the shapes they were built for, and the executor
+follows what its sessions say: a detector with image-size gears (``hw_gears``) gets each image
+resized as usual and then padded (zeros after normalisation, bottom and right) to the smallest
+gear that holds it — or scaled down to fit the largest — and only the image's own region of the
+probability map is read back; a recogniser with gears pads each line to the smallest gear width
+that holds its natural width; a model with a fixed batch gets its batches padded with empty rows.
 """
 
 from __future__ import annotations
@@ -57,10 +64,12 @@ class OcrParams(StrictModel):
 
 @dataclass(frozen=True)
 class OcrInput:
-    """One image as BGR (PP-OCR's training order) and its detector-sized copy."""
+    """One image as BGR (PP-OCR's training order), its detector-sized copy, and the detector
+    input (H, W) it is padded to (its own size unless the detector takes only some sizes)."""
 
     bgr: np.ndarray
     resized: np.ndarray
+    canvas: tuple[int, int]
 
 
 @dataclass
@@ -74,6 +83,29 @@ class TextLine:
 
 def _round32(x: float) -> int:
     return max(32, int(round(x / 32) * 32))
+
+
+def _fixed_rows(session: ModelSession) -> int | None:
+    """The batch a compiled model always runs with (its first dimension is fixed), if any."""
+    first = session.inputs[0].shape[0] if session.inputs[0].shape else None
+    return first if isinstance(first, int) and first > 0 else None
+
+
+def _fit_gear(rh: int, rw: int, gears: Sequence[tuple[int, int]]) -> tuple[int, int, int, int]:
+    """(content h, content w, canvas h, canvas w): the smallest gear that holds rh×rw, or the
+    gear that keeps the most of it, with the content scaled down (to multiples of 32) to fit."""
+    holding = [g for g in gears if g[0] >= rh and g[1] >= rw]
+    if holding:
+        gh, gw = min(holding, key=lambda g: (g[0] * g[1], g))
+        return rh, rw, gh, gw
+    gh, gw = max(gears, key=lambda g: (min(g[0] / rh, g[1] / rw), -g[0] * g[1]))
+    scale = min(gh / rh, gw / rw)
+    return (
+        max(32, min(gh, int(rh * scale) // 32 * 32)),
+        max(32, min(gw, int(rw * scale) // 32 * 32)),
+        gh,
+        gw,
+    )
 
 
 class OcrExecutor(Executor):
@@ -100,6 +132,22 @@ class OcrExecutor(Executor):
             max_candidates=params.det_max_candidates,
             use_dilation=params.det_use_dilation,
         )
+        # what compiled models dictate (nothing, for ONNX Runtime sessions)
+        self._det_gears = self.det.hw_gears
+        self._rec_widths = sorted(w for h, w in self.rec.hw_gears if h == params.rec_height)
+        if self.rec.hw_gears and not self._rec_widths:
+            raise ValueError(
+                f"{self.rec.path.name}: no image-size gear has the height rec_height "
+                f"{params.rec_height} ({[list(g) for g in self.rec.hw_gears]})"
+            )
+        self._rows = {role: _fixed_rows(sessions[role]) for role in self.roles}
+        for role, batch in (("cls", params.cls_batch), ("rec", params.rec_batch)):
+            fixed = self._rows[role]
+            if fixed is not None and batch > fixed:
+                raise ValueError(
+                    f"{role}_batch {batch} is above the {fixed} rows "
+                    f"{sessions[role].path.name} runs with; lower {role}_batch"
+                )
 
     def prepare(self, payload: Any) -> OcrInput:
         bgr = np.ascontiguousarray(as_rgb_image(payload)[:, :, ::-1])
@@ -109,7 +157,11 @@ class OcrExecutor(Executor):
             ratio = self.p.det_max_side / max(h, w)
         rw = min(_round32(w * ratio), self.p.det_max_side)
         rh = min(_round32(h * ratio), self.p.det_max_side)
-        return OcrInput(bgr=bgr, resized=resize(bgr, rw, rh))
+        canvas = (rh, rw)
+        if self._det_gears:
+            rh, rw, *gear = _fit_gear(rh, rw, self._det_gears)
+            canvas = (gear[0], gear[1])
+        return OcrInput(bgr=bgr, resized=resize(bgr, rw, rh), canvas=canvas)
 
     def execute(self, items: Sequence[OcrInput], timer: StageTimer) -> list[Any]:
         lines: list[TextLine] = []
@@ -137,7 +189,7 @@ class OcrExecutor(Executor):
         """Indices grouped by detector input size: only equal sizes share a detector run."""
         groups: dict[tuple[int, ...], list[int]] = {}
         for i, item in enumerate(items):
-            groups.setdefault(item.resized.shape, []).append(i)
+            groups.setdefault((*item.canvas, *item.resized.shape), []).append(i)
         return list(groups.values())
 
     def _detect(
@@ -145,8 +197,12 @@ class OcrExecutor(Executor):
     ) -> list[TextLine]:
         det_in = self.det.inputs[0].name
         rh, rw = group[0].resized.shape[:2]
+        ch, cw = group[0].canvas
+        rows = self._rows["det"] or len(group)
         with timer.stage("preprocess"):
-            batch = self.det.input_buffer(det_in, (len(group), 3, rh, rw))
+            batch = self.det.input_buffer(det_in, (rows, 3, ch, cw))
+            if (ch, cw) != (rh, rw) or rows != len(group):
+                batch.fill(0.0)  # the padding: zero after normalisation
             for row, item in zip(batch, group):
                 normalize_into(row, item.resized, _SCALE, _OFFSET)
         with timer.stage("infer"):
@@ -155,7 +211,7 @@ class OcrExecutor(Executor):
             lines: list[TextLine] = []
             for k, (index, item) in enumerate(zip(indices, group)):
                 h, w = item.bgr.shape[:2]
-                boxes, _ = detect_boxes(prob[k, 0], w, h, self.db)
+                boxes, _ = detect_boxes(prob[k, 0, :rh, :rw], w, h, self.db)
                 lines.extend(TextLine(index, b, crop_text_line(item.bgr, b)) for b in boxes)
             return lines
 
@@ -169,7 +225,8 @@ class OcrExecutor(Executor):
         """Each crop resized to the line height keeping its aspect, left-aligned, zero-padded."""
         height = self.p.rec_height if session is self.rec else _CLS_SHAPE[0]
         name = session.inputs[0].name
-        batch = session.input_buffer(name, (len(group), 3, height, width))
+        rows = _fixed_rows(session) or len(group)
+        batch = session.input_buffer(name, (rows, 3, height, width))
         batch.fill(0.0)
         for row, line in zip(batch, group):
             h, w = line.crop.shape[:2]
@@ -194,8 +251,10 @@ class OcrExecutor(Executor):
         Depending on nothing else makes a line's result independent of what it is batched with.
         """
         natural = math.ceil(self.p.rec_height * crop.shape[1] / crop.shape[0])
-        width = max(self.p.rec_min_width, -(-natural // 32) * 32)
-        return min(width, self.p.rec_max_width)
+        width = min(max(self.p.rec_min_width, -(-natural // 32) * 32), self.p.rec_max_width)
+        if self._rec_widths:  # a compiled recogniser: the smallest gear that holds it
+            width = next((g for g in self._rec_widths if g >= width), self._rec_widths[-1])
+        return width
 
     def _recognize(self, lines: list[TextLine], timer: StageTimer) -> None:
         by_width: dict[int, list[TextLine]] = {}
@@ -227,11 +286,19 @@ class OcrExecutor(Executor):
         return text, score
 
     def warmup(self) -> None:
+        """Every batch size at the usual detector size, then every detector and recogniser
+        gear of a compiled model once."""
         blank = np.full((self.p.det_limit_side, self.p.det_limit_side, 3), 255, dtype=np.uint8)
         prepared = self.prepare(blank)
         for size in self.warmup_sizes():
             self.execute([prepared] * size, StageTimer())
+        for gh, gw in self._det_gears:
+            canvas = np.full((gh, gw, 3), 255, dtype=np.uint8)
+            self._detect([OcrInput(canvas, canvas, (gh, gw))], [0], StageTimer())
         line = TextLine(0, np.zeros((4, 2), np.float32), np.full((48, 320, 3), 255, np.uint8))
         if self.p.use_angle_cls:
             self._classify_angles([line] * self.p.cls_batch, StageTimer())
         self._recognize([line] * self.p.rec_batch, StageTimer())
+        for width in self._rec_widths:
+            crop = np.full((self.p.rec_height, width, 3), 255, dtype=np.uint8)
+            self._recognize([TextLine(0, line.box, crop)], StageTimer())
