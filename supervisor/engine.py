@@ -38,6 +38,7 @@ from ipc.errors import DuomoError, NotFoundError, ResourceExhaustedError, Unavai
 from supervisor.config import LoadedConfig, ResolvedModel
 from supervisor.memory import Footprint, Resident, choose_victims, mb, resident_bytes, trim_heap
 from worker.backends import Backend, create_backend
+from worker.backends.base import NotEnoughDeviceMemory
 from worker.executors.image_ops import limit_opencv_threads
 from worker.request import Outcome
 from worker.served_model import SERVING, ModelSpec, ModelState, ServedModel
@@ -206,7 +207,19 @@ class Engine:
         self._make_room(model, need, exclude={name})
         trim_heap()
         before = resident_bytes()
-        model.load(LOAD_TIMEOUT_S)
+        try:
+            self._load_within_room(model, kind, budget)
+        except RuntimeError as err:
+            short = err.__cause__
+            if not isinstance(short, NotEnoughDeviceMemory):
+                raise
+            if budget is not None and short.needed > budget:
+                raise ResourceExhaustedError(
+                    f"model {name!r} needs {mb(short.needed)} of device memory (query_size), "
+                    f"above its memory_budget_mb of {mb(budget)}"
+                ) from None
+            self._make_room(model, short.needed, exclude={name})  # evict, then once more
+            self._load_within_room(model, kind, budget)
         host = max(0, resident_bytes() - before)
         footprint = Footprint(host, sum(s.device_bytes for s in model.sessions()))
         self._measured[name] = footprint
@@ -232,6 +245,31 @@ class Engine:
             device_mb=round(footprint.device_bytes / 2**20, 1),
         )  # fmt: skip
 
+    def _load_within_room(self, model: ServedModel, kind: str, budget: int | None) -> None:
+        """Load, telling an accelerator's sessions how much device memory the budgets leave
+        (the ACL backend compares it with ``query_size`` before it allocates anything)."""
+        room: int | None = None
+        if kind not in ("cpu", "cuda"):
+            rooms = [budget] if budget is not None else []
+            device_budget = self._device_budget(model.spec.device)
+            if device_budget is not None:
+                rooms.append(device_budget - sum(self._loaded_on(model).values()))
+            room = max(0, min(rooms)) if rooms else None
+        model.device_room_bytes = room
+        model.load(LOAD_TIMEOUT_S)
+
+    def _loaded_on(self, model: ServedModel) -> dict[str, int]:
+        """Bytes charged to each other model loaded on ``model``'s device (a model being
+        replaced is still here, under its name)."""
+        kind = self._device_kind(model.spec.device)
+        return {
+            n: self._charged(n, kind)
+            for n, m in self.models.items()
+            if m.spec.device == model.spec.device
+            and m is not model
+            and (m.state in SERVING or m.state is ModelState.LOADING)
+        }
+
     def _make_room(self, model: ServedModel, need: int, exclude: set[str]) -> None:
         """Evict idle evictable models on ``model``'s device until its ``need`` bytes fit the
         device's budget next to the others; ResourceExhaustedError if they cannot."""
@@ -241,14 +279,9 @@ class Engine:
             return
         kind = self._device_kind(device)
         for _attempt in range(3):  # a candidate may turn busy between the choice and the evict
-            loaded = {  # a model being replaced is still here, under its name
-                n: m
-                for n, m in self.models.items()
-                if m.spec.device == device
-                and m is not model
-                and (m.state in SERVING or m.state is ModelState.LOADING)
-            }
-            used = sum(self._charged(n, kind) for n in loaded)
+            charged = self._loaded_on(model)
+            loaded = {n: self.models[n] for n in charged}
+            used = sum(charged.values())
             over = used + need - budget
             if over <= 0:
                 return

@@ -84,4 +84,5 @@ def choose_victims(residents: Iterable[Resident], need_bytes: int) -> list[Resid
 
 
 def mb(nbytes: int) -> str:
-    return f"{nbytes / MB:.0f} MB"
+    """Megabytes for a message: one decimal below 10 MB, where rounding would hide the gap."""
+    return f"{nbytes / MB:.1f} MB" if abs(nbytes) < 10 * MB else f"{nbytes / MB:.0f} MB"

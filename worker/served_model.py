@@ -119,6 +119,7 @@ class ServedModel:
         self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self._pending = 0  # accepted and not yet answered: queued + being processed
         self._pending_lock = threading.Lock()
+        self.device_room_bytes: int | None = None  # set by the engine before a load (budgets)
         self._slot_spec: SlotSpec | None = None  # kept across unloads: attached clients stay
         self._payload_builder: Callable[[dict[str, np.ndarray], memoryview], Any] | None = None
 
@@ -139,7 +140,10 @@ class ServedModel:
 
     def _load_executor(self) -> Executor:
         settings = SessionSettings(
-            intra_op_threads=self.spec.intra_op_threads, gate=self._gate, device=self.spec.device
+            intra_op_threads=self.spec.intra_op_threads,
+            gate=self._gate,
+            device=self.spec.device,
+            device_room_bytes=self.device_room_bytes,
         )
         sessions: dict[str, ModelSession] = {}
         try:

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import yaml
 
-from ipc.errors import InternalError, InvalidArgumentError
+from ipc.errors import InternalError, InvalidArgumentError, ResourceExhaustedError
 from supervisor.config import ConfigError, load_config
 from supervisor.engine import Engine
 from tests.fakes import fake_acl
@@ -270,6 +270,39 @@ def test_unload_load_and_reinitialization_release_everything(tmp_path: Path, fak
         finally:
             watchdog.stop()
         assert len(fake.models) == 1  # the failed instance's model was unloaded
+    assert fake.leaks() == {}
+
+
+def test_device_budgets_use_query_size_before_anything_is_allocated(
+    tmp_path: Path, fake: FakeAcl
+) -> None:
+    """A load whose query_size does not fit its budgets is refused before load_from_file; one
+    that fits only after an eviction evicts the least recently used idle model first."""
+    write_model(tmp_path / "affine.om", **AFFINE)
+    models = [
+        raw_model(name, "affine.om", max_batch=4, evictable=True, preload=name != "c")
+        for name in ("a", "b", "c")
+    ]
+    models.append(raw_model("tiny", "affine.om", preload=False, memory_budget_mb=1))
+    path = tmp_path / "budget.yaml"
+    device = {"id": 0, "kind": "ascend", "memory_budget_mb": 3}  # two 1.1 MB models fit
+    path.write_text(yaml.safe_dump({"devices": [device], "models": models}))
+    x = np.ones((1, 4), np.float32)
+    with Engine(load_config(path)) as engine:
+        loads_before = fake.calls.count("mdl.load_from_file")
+        with pytest.raises(ResourceExhaustedError, match="query_size"):
+            engine.load("tiny")  # 1 MB of weights + 64 KB of work is above 1 MB
+        assert fake.calls.count("mdl.load_from_file") == loads_before  # nothing was loaded
+        engine.infer("b", x, timeout_s=10)  # a is now the least recently used
+        assert engine.infer("c", x, timeout_s=10)["y"][0, 0] == 3.0  # loaded on demand
+        deadline = time.monotonic() + 10  # its first answer may come before the load is booked
+        while "c" not in engine.footprints and time.monotonic() < deadline:
+            time.sleep(0.01)
+        states = {n: engine.model(n).state.value for n in ("a", "b", "c")}
+        assert states == {"a": "UNLOADED", "b": "READY", "c": "READY"}
+        assert engine.model("a").evictions == 1
+        used = engine.status()["devices"][0]["used_bytes"]
+        assert 2 << 20 < used <= 3 << 20
     assert fake.leaks() == {}
 
 

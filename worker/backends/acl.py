@@ -54,7 +54,13 @@ from worker.backends.acl_runtime import (
     AclRuntime,
     load_runtime,
 )
-from worker.backends.base import Backend, BufferedSession, SessionSettings, TensorSpec
+from worker.backends.base import (
+    Backend,
+    BufferedSession,
+    NotEnoughDeviceMemory,
+    SessionSettings,
+    TensorSpec,
+)
 from worker.config_model import StrictModel
 
 log = structlog.get_logger("duomo.acl")
@@ -112,7 +118,7 @@ class AclBackend(Backend):
         rt = self._runtime_for(settings.device)
         if self.options.check_soc:
             _check_soc(path, self.soc_name)
-        return AclSession(rt, path, settings.device, self.soc_name)
+        return AclSession(rt, path, settings.device, self.soc_name, settings.device_room_bytes)
 
     def close(self) -> None:
         with self._lock:
@@ -151,9 +157,12 @@ class _Tensor:
 
 
 class AclSession(BufferedSession):
-    def __init__(self, rt: AclRuntime, path: Path, device: int, soc_name: str) -> None:
+    def __init__(
+        self, rt: AclRuntime, path: Path, device: int, soc_name: str, room: int | None = None
+    ) -> None:
         super().__init__()
         self._rt = rt
+        self._room = room  # device memory the budgets leave for it (checked with query_size)
         self.path = path
         self.device = device
         self.metadata: dict[str, str] = {"soc": soc_name}
@@ -183,6 +192,8 @@ class AclSession(BufferedSession):
         free_before = self._free_device_bytes()
         work, weight, ret = rt.query_size(str(self.path))
         rt.check(ret, f"mdl.query_size({self.path.name})")
+        if self._room is not None and work + weight > self._room:
+            raise NotEnoughDeviceMemory(self.path, work + weight, self._room)
         model_id, ret = rt.load_from_file(str(self.path))
         if ret != ACL_SUCCESS:
             hint = ""

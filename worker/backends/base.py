@@ -38,6 +38,20 @@ class SessionSettings:
     intra_op_threads: int
     gate: ComputeGate | None = None
     device: int = 0  # the accelerator the model runs on (ACL; ORT's provider options decide)
+    device_room_bytes: int | None = None  # device memory the model may still take (budgets)
+
+
+class NotEnoughDeviceMemory(RuntimeError):
+    """A model's own size estimate (ACL ``query_size``) does not fit the room its budgets leave;
+    raised before anything is allocated, so the engine can make room and try again."""
+
+    def __init__(self, path: Path, needed: int, room: int) -> None:
+        super().__init__(
+            f"{path.name} needs {needed / 2**20:.2f} MB of device memory (query_size: work + "
+            f"weights), and its budgets leave {room / 2**20:.2f} MB"
+        )
+        self.needed = needed
+        self.room = room
 
 
 class HostBuffers:
