@@ -139,8 +139,8 @@ def cmd_load(args: argparse.Namespace) -> int:
     if isinstance(reply, int):
         return reply
     shown = reply["load"]
-    measured = shown["memory"]["measured"] if "memory" in shown else None
-    size = f", {measured['host_bytes'] / 2**20:.0f} MiB measured" if measured else ""
+    charged = shown["memory"]["charged_bytes"]
+    size = f", {charged / 2**20:.0f} MiB charged to its budget" if charged is not None else ""
     print(f"{args.model}: {shown['state']}{size}")
     return EXIT_OK
 

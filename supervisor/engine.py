@@ -113,7 +113,7 @@ class Engine:
                 self._load(model)
             except (RuntimeError, ValueError) as err:
                 raise UnavailableError(str(err)) from None
-            return model.status()
+            return self._model_status(name, model)
 
     def unload(self, name: str) -> dict[str, Any]:
         """Unload one model and free its memory; it stays unloaded until ``load``."""
@@ -265,9 +265,7 @@ class Engine:
         return {
             n: self._charged(n, kind)
             for n, m in self.models.items()
-            if m.spec.device == model.spec.device
-            and m is not model
-            and (m.state in SERVING or m.state is ModelState.LOADING)
+            if m.spec.device == model.spec.device and m is not model and m.holds_memory
         }
 
     def _make_room(self, model: ServedModel, need: int, exclude: set[str]) -> None:
@@ -459,32 +457,32 @@ class Engine:
     def infer(self, name: str, payload: Any, timeout_s: float | None = None) -> Any:
         return self.submit(name, payload).result(timeout_s)
 
+    def _model_status(self, name: str, model: ServedModel) -> dict[str, Any]:
+        """The model's own status with its memory against its budget and its config flags."""
+        shown = model.status()
+        resolved = self.loaded.models.get(name)
+        largest, last = self.footprints.get(name), self._measured.get(name)
+        shown["memory"] = {
+            "loaded": model.holds_memory,
+            "measured": last.to_dict() if last else None,
+            "charged_bytes": (
+                largest.charged(self._device_kind(model.spec.device)) if largest else None
+            ),
+            "budget_bytes": self._model_budget(resolved) if resolved else None,
+        }
+        shown["preload"] = resolved.config.preload if resolved else None
+        shown["evictable"] = resolved.config.evictable if resolved else None
+        return shown
+
     def status(self) -> dict[str, Any]:
-        models = {}
-        for name, model in list(self.models.items()):
-            shown = model.status()
-            resolved = self.loaded.models.get(name)
-            largest, last = self.footprints.get(name), self._measured.get(name)
-            budget = self._model_budget(resolved) if resolved else None
-            shown["memory"] = {
-                "loaded": model.state not in (ModelState.UNLOADED, ModelState.STOPPED),
-                "measured": last.to_dict() if last else None,
-                "charged_bytes": (
-                    largest.charged(self._device_kind(model.spec.device)) if largest else None
-                ),
-                "budget_bytes": budget,
-            }
-            shown["preload"] = resolved.config.preload if resolved else None
-            shown["evictable"] = resolved.config.evictable if resolved else None
-            models[name] = shown
+        models = {name: self._model_status(name, m) for name, m in list(self.models.items())}
         devices = []
         for device in self.loaded.config.devices:
             kind = device.kind
             used = sum(
                 self._charged(n, kind)
                 for n, m in self.models.items()
-                if m.spec.device == device.id
-                and m.state not in (ModelState.UNLOADED, ModelState.STOPPED)
+                if m.spec.device == device.id and m.holds_memory
             )
             devices.append(
                 {

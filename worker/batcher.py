@@ -103,15 +103,14 @@ class Batcher:
         has no worker to expire them: one waiting for its load or re-initialization)."""
         with self._lock:
             expired: list[Request] = []
-            for priority in list(self._levels):
-                level = self._levels[priority]
-                kept = deque(r for r in level if not r.expired(now))
-                if len(kept) != len(level):
-                    expired.extend(r for r in level if r.expired(now))
-                    if kept:
-                        self._levels[priority] = kept
-                    else:
-                        del self._levels[priority]
+            for priority, level in list(self._levels.items()):
+                kept: deque[Request] = deque()
+                for request in level:
+                    (expired if request.expired(now) else kept).append(request)
+                if not kept:
+                    del self._levels[priority]
+                elif len(kept) != len(level):
+                    self._levels[priority] = kept
             self._count -= len(expired)
             return expired
 

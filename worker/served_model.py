@@ -454,6 +454,15 @@ class ServedModel:
     # -- what clients and status see ---------------------------------------------------------
 
     @property
+    def holds_memory(self) -> bool:
+        """Whether instances are (being) loaded, so budgets charge this model's footprint."""
+        return self.state in SERVING or self.state in (
+            ModelState.LOADING,
+            ModelState.REINITIALIZING,
+            ModelState.UNLOADING,
+        )
+
+    @property
     def layout_known(self) -> bool:
         """Whether clients can attach without a load: the model has been loaded once."""
         return self._slot_spec is not None

@@ -223,9 +223,10 @@ class OcrExecutor(Executor):
         self, session: ModelSession, group: list[TextLine], width: int, max_width: int
     ) -> np.ndarray:
         """Each crop resized to the line height keeping its aspect, left-aligned, zero-padded."""
-        height = self.p.rec_height if session is self.rec else _CLS_SHAPE[0]
+        role = "rec" if session is self.rec else "cls"
+        height = self.p.rec_height if role == "rec" else _CLS_SHAPE[0]
         name = session.inputs[0].name
-        rows = _fixed_rows(session) or len(group)
+        rows = self._rows[role] or len(group)
         batch = session.input_buffer(name, (rows, 3, height, width))
         batch.fill(0.0)
         for row, line in zip(batch, group):
