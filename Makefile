@@ -3,6 +3,7 @@
 #                 config, feed it frames from a producer in another process, show its status,
 #                 stop it
 #   make test   - install, fetch the models, lint, type-check and run the whole test suite
+#   make bench  - the benchmark of README "Benchmarks" (installs Triton and Mosec into .bench/)
 # Everything lives in .venv; the models in models/ (both ignored by git).
 
 PYTHON ?= python3
@@ -12,12 +13,12 @@ STAMP  := $(VENV)/.installed
 IMAGES := tests/fixtures/images
 SOCKET ?= /tmp/duomo-demo-$(shell id -u)/duomo.sock
 
-.PHONY: demo test models lint clean
+.PHONY: demo test models lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[prepare,test,dev]'
+	$(BIN)/python -m pip install --quiet -e '.[prepare,test,dev,bench]'
 	touch $(STAMP)
 
 models: $(STAMP)
@@ -38,6 +39,9 @@ lint: $(STAMP)
 
 test: models lint
 	$(BIN)/python -m pytest -q
+
+bench: models
+	$(BIN)/duomo bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) models .pytest_cache .mypy_cache .ruff_cache

@@ -367,6 +367,14 @@ def build_parser() -> argparse.ArgumentParser:
     infer.add_argument("--timeout", type=float, default=60.0, help="seconds per image")
     _socket_arg(infer)
     infer.set_defaults(func=cmd_infer)
+
+    from tools.bench.run import add_arguments, bench  # the benchmark lives with the tools
+
+    bench_parser = sub.add_parser(
+        "bench", help="Duomo vs the engine limit, one process per model, Triton and Mosec"
+    )
+    add_arguments(bench_parser)
+    bench_parser.set_defaults(func=bench)
     return parser
 
 

@@ -25,6 +25,7 @@ import structlog
 from ipc.errors import DuomoError
 from ipc.runtime_dir import ensure_private_dir, log_path, pid_path
 from supervisor.config import LoadedConfig
+from supervisor.memory import tune_heap
 from supervisor.server import Supervisor
 
 log = structlog.get_logger("duomo.daemon")
@@ -41,6 +42,7 @@ def _report(ready_fd: int | None, line: str) -> None:
 
 
 def run_foreground(loaded: LoadedConfig, socket_path: Path, ready_fd: int | None = None) -> int:
+    tune_heap()  # before any thread of the supervisor starts
     supervisor = Supervisor(loaded, socket_path)
     signal.signal(signal.SIGTERM, lambda *_: supervisor.request_stop())
     signal.signal(signal.SIGINT, lambda *_: supervisor.request_stop())

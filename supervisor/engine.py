@@ -81,7 +81,7 @@ class Engine:
         ResourceExhaustedError for a load that does not fit its memory budget.
         """
         with self._lifecycle:
-            self.plan = self._plan(self.loaded, self._wanted)
+            self.plan = plan_for(self.loaded, self._wanted)
             self.gate = ComputeGate(self.plan.budget)
             limit_opencv_threads()
             for name in self._wanted:
@@ -149,7 +149,7 @@ class Engine:
                 added, removed, changed = (
                     [n for n in group if n == only] for group in (added, removed, changed)
                 )
-            plan = self._plan(new, names, budget=self.plan.budget)
+            plan = plan_for(new, names, budget=self.plan.budget)
             previous_plan, self.plan = self.plan, plan
             fresh: dict[str, ServedModel] = {}
             try:
@@ -347,25 +347,6 @@ class Engine:
 
     # -- building ---------------------------------------------------------------------------
 
-    def _plan(
-        self, loaded: LoadedConfig, names: list[str], budget: int | None = None
-    ) -> ThreadPlan:
-        for name in names:
-            if name not in loaded.models:
-                raise NotFoundError(
-                    f"no model named {name!r} in {loaded.path} (have: {sorted(loaded.models)})"
-                )
-        if budget is None:
-            budget = loaded.config.backends.onnxruntime.thread_budget or available_cores()
-        demands = [  # CPU threads are planned for the models that compute on the CPU's cores
-            InstanceDemand(
-                n, loaded.models[n].config.instances, loaded.models[n].config.intra_op_threads
-            )
-            for n in names
-            if loaded.models[n].config.backend == "onnxruntime"
-        ]
-        return plan_threads(demands, budget)
-
     def _build(self, name: str, loaded: LoadedConfig) -> ServedModel:
         resolved = loaded.models[name]
         cfg = resolved.config
@@ -528,3 +509,24 @@ def _hand_over_queue(old: ServedModel, new: ServedModel) -> None:
             new.submit(request.payload, request.on_done, request.priority, request.deadline_s)
         except DuomoError as err:
             request.complete(error=err)
+
+
+def plan_for(loaded: LoadedConfig, names: list[str], budget: int | None = None) -> ThreadPlan:
+    """The thread plan for ``names`` of ``loaded``: the config's ``thread_budget`` (else the
+    cores this process may use) split over the instances of the models that compute on the CPU.
+    Used by the engine at start and on reload, and by the benchmark's in-process modes."""
+    for name in names:
+        if name not in loaded.models:
+            raise NotFoundError(
+                f"no model named {name!r} in {loaded.path} (have: {sorted(loaded.models)})"
+            )
+    if budget is None:
+        budget = loaded.config.backends.onnxruntime.thread_budget or available_cores()
+    demands = [  # CPU threads are planned for the models that compute on the CPU's cores
+        InstanceDemand(
+            n, loaded.models[n].config.instances, loaded.models[n].config.intra_op_threads
+        )
+        for n in names
+        if loaded.models[n].config.backend == "onnxruntime"
+    ]
+    return plan_threads(demands, budget)

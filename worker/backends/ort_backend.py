@@ -47,6 +47,8 @@ _SHAPE_MEMO_SIZE = 256
 _Bound = tuple["weakref.ref[np.ndarray]", tuple[int, tuple[int, ...]]]
 _init_lock = threading.Lock()
 _logger_quieted = False
+_shared_arena_registered = False
+_CPU = "CPUExecutionProvider"
 
 
 # The only keys onnxruntime-cann 1.24 accepts; any other key makes the provider fail to start and
@@ -104,6 +106,9 @@ class OrtOptions(StrictModel):
     graph_optimization: Literal["disable", "basic", "extended", "all"] = "all"
     allow_spinning: bool = False
     enable_cpu_mem_arena: bool = True
+    # one CPU arena for every session of the process (ORT's environment allocator) instead of
+    # one per session, grown by what a run asks for rather than to the next power of two
+    shared_cpu_arena: bool = True
 
 
 def _spec(arg: Any) -> TensorSpec:
@@ -268,6 +273,9 @@ class OrtBackend(Backend):
             _OPT_LEVELS[opts.graph_optimization]
         )
         so.enable_cpu_mem_arena = opts.enable_cpu_mem_arena
+        if opts.shared_cpu_arena and opts.enable_cpu_mem_arena and providers[0] == _CPU:
+            _register_shared_cpu_arena(ort)
+            so.add_session_config_entry("session.use_env_allocators", "1")
         so.log_severity_level = 3
         so.add_session_config_entry(
             "session.intra_op.allow_spinning", "1" if opts.allow_spinning else "0"
@@ -284,6 +292,20 @@ class OrtBackend(Backend):
                 f"{path.name}: asked for {providers[0]} but onnxruntime runs it on {in_use}"
             )
         return OrtSession(path, session, settings.intra_op_threads, settings)
+
+
+def _register_shared_cpu_arena(ort: Any) -> None:
+    """Register the process's one CPU arena with ONNX Runtime's environment (once)."""
+    global _shared_arena_registered
+    with _init_lock:
+        if _shared_arena_registered:
+            return
+        info = ort.OrtMemoryInfo(
+            "Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT
+        )
+        # max_mem 0: no cap; extend strategy 1: kSameAsRequested; defaults for the rest
+        ort.create_and_register_allocator(info, ort.OrtArenaCfg(0, 1, -1, -1))
+        _shared_arena_registered = True
 
 
 def _quiet_ort_logging(ort: Any) -> None:

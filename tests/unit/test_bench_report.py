@@ -1,0 +1,91 @@
+"""The benchmark's arithmetic: what counts as a correct answer, the window, the work metric and
+the targets, on figures made up for the purpose (no process, no timing)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tools.bench.answers import is_correct, summary
+from tools.bench.report import _mode_figures, targets
+from tools.bench.tally import Tally, merge
+from tools.bench.workload import load_workload
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_answers_compare_the_summary_only() -> None:
+    top = {"top": [{"index": 967, "label": "espresso", "score": 0.9}]}
+    assert summary(top) == 967
+    assert is_correct({"top": [{"index": 967, "label": "x", "score": 0.1}]}, 967)
+    assert not is_correct({"top": [{"index": 1, "label": "x", "score": 0.9}]}, 967)
+    assert is_correct({"faces": [{}, {}]}, 2) and not is_correct({"faces": [{}]}, 2)
+    lines = {"lines": [{"text": "a"}, {"text": "b"}]}
+    assert is_correct(lines, ["a", "b"]) and not is_correct(lines, ["b", "a"])
+    assert not is_correct({"unexpected": 1}, 1)  # garbage is wrong, never an exception
+
+
+def test_tally_counts_only_answers_inside_the_window() -> None:
+    tally = Tally()
+    tally.add(9.0, 9.5, 10.0, 20.0, {"faces": []}, 0)  # warm-up
+    tally.add(10.0, 10.5, 10.0, 20.0, {"faces": []}, 0)
+    tally.add(11.0, 11.5, 10.0, 20.0, {"faces": [{}]}, 0)  # wrong
+    tally.add(12.0, 12.5, 10.0, 20.0, error="UNAVAILABLE")
+    tally.add(19.9, 20.5, 10.0, 20.0, {"faces": []}, 0)  # after the window
+    assert (tally.ok, tally.wrong, dict(tally.errors)) == (1, 1, {"UNAVAILABLE": 1})
+    assert tally.latencies_ms == [500.0, 500.0, 500.0]
+    both = merge([tally.as_dict(), tally.as_dict()])
+    assert (both["ok"], both["wrong"], both["errors"], len(both["latencies_ms"])) == (
+        2, 2, {"UNAVAILABLE": 2}, 6,
+    )  # fmt: skip
+
+
+def _round(rps: dict[str, float], rss: float, overhead: dict[str, float] | None = None) -> dict:
+    return {
+        "duration_s": 10.0,
+        "models": {
+            n: {"ok": int(r * 10), "wrong": 0, "errors": {}, "latencies_ms": [1.0, 2.0, 3.0]}
+            for n, r in rps.items()
+        },
+        "resources": {"rss_peak_mib": rss, "pss_end_mib": rss, "processes": 1, "cpu_cores": 2.0},
+        "client_cpu_cores": 0.1,
+        "overhead": {n: {"p50_ms": p, "answers": 9, "ok": 9} for n, p in (overhead or {}).items()},
+    }
+
+
+def test_work_weights_each_model_by_its_rate_alone_and_targets_are_ratios() -> None:
+    alone = {"a": {"rps": 100.0, "p50_ms": 10.0}, "b": {"rps": 10.0, "p50_ms": 100.0}}
+    modes = {
+        "engine": _mode_figures([_round({"a": 50, "b": 5}, 1000)], alone),
+        "duomo": _mode_figures([_round({"a": 60, "b": 4}, 500, {"a": 10.2})], alone),
+        "per-model": _mode_figures([_round({"a": 40, "b": 3}, 1000)], alone),
+        "triton": _mode_figures([_round({"a": 40, "b": 4}, 800, {"a": 11.0})], alone),
+        "mosec": _mode_figures([_round({"a": 30, "b": 4}, 700, {"a": 10.8})], alone),
+    }
+    assert modes["engine"]["work"] == pytest.approx(0.5 + 0.5)
+    assert modes["duomo"]["work"] == pytest.approx(0.6 + 0.4)
+    assert modes["duomo"]["models"]["a"]["overhead_ms"] == pytest.approx(0.2)
+    got = {t["target"]: (round(t["value"], 3), t["held"]) for t in targets(modes)}
+    assert got["duomo work ÷ engine work"] == (1.0, True)
+    assert got["duomo work ÷ per-model work"] == (1.429, True)
+    assert got["duomo memory ÷ per-model memory"] == (0.5, True)
+    # the better peer is the one with more work: triton (0.8) over mosec (0.7)
+    assert got["duomo work ÷ triton work (the better peer)"] == (1.25, True)
+    assert got["duomo memory ÷ triton memory"] == (0.625, True)
+    assert got["a overhead ÷ triton overhead"] == (0.2, True)
+
+
+def test_workload_files_validate_and_resolve_paths(tmp_path: Path) -> None:
+    for shipped in (ROOT / "configs" / "bench").glob("*.yaml"):
+        workload = load_workload(shipped)
+        assert workload.config.is_file()
+        assert all(p.is_file() for m in workload.models for p in m.images)
+    bad = tmp_path / "open.yaml"
+    bad.write_text(
+        "config: x.yaml\nmodels: [{name: a, images: [a.png]}]\nloop: open\noverhead_models: []\n"
+    )
+    with pytest.raises(ValueError, match="loop: open needs rate_per_s"):
+        load_workload(bad)
+    with pytest.raises(ValueError, match="modes"):
+        load_workload(ROOT / "configs" / "bench" / "smoke.yaml", modes=["engine", "nope"])

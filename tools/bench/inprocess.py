@@ -1,0 +1,154 @@
+"""The executors driven in-process, with no IPC and no queue: the ``alone`` weights (each model
+by itself on one thread, which also gives every image's expected answer and the in-process p50)
+and the ``engine`` mode (all models at once, one thread per instance, the same thread plan and
+compute gate as the supervisor: the limit Duomo is measured against).
+
+Run by ``tools.bench.run`` as a child process, ``python -m tools.bench.inprocess alone|engine``
+with a JSON spec on stdin, so its memory and CPU are measured like any server's. Protocol: the
+child loads, prints ``ready``, reads the window (``{"start_at": …, "end_at": …}``, wall-clock
+seconds) from stdin, and prints one JSON object with its figures when done. The peers' apps
+(``tools.bench.peer_apps``) build their executors with ``open_executor`` too.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from supervisor.config import load_config
+from supervisor.engine import plan_for
+from supervisor.image_files import read_image
+from supervisor.memory import tune_heap
+from tools.bench.answers import summary
+from tools.bench.tally import Tally
+from worker.backends.base import ModelSession, SessionSettings
+from worker.backends.ort_backend import OrtBackend
+from worker.executors.base import Executor, StageTimer
+from worker.thread_budget import ComputeGate
+
+
+def open_executor(
+    config: str | Path, name: str, threads: int, gate: ComputeGate | None = None
+) -> Executor:
+    """``name``'s executor from ``config`` over ONNX Runtime sessions with ``threads`` intra-op
+    threads each, as a model worker opens it (warmed up at every batch size it runs)."""
+    loaded = load_config(config)
+    resolved = loaded.models[name]
+    if resolved.config.backend != "onnxruntime":
+        raise ValueError(
+            f"{name}: duomo bench runs ONNX Runtime models, not {resolved.config.backend}"
+        )
+    backend = OrtBackend(loaded.config.backends.onnxruntime)
+    settings = SessionSettings(intra_op_threads=threads, gate=gate)
+    task: type[Executor] = resolved.executor
+    sessions: dict[str, ModelSession] = {
+        role: backend.open(resolved.files[role], settings) for role in task.roles
+    }
+    executor = task(resolved.params, sessions, resolved.config.max_batch)
+    executor.warmup()  # every batch size it will run, as a model worker does at load
+    return executor
+
+
+def run_one(executor: Executor, image: Any) -> Any:
+    """One request as a worker runs it: prepare, then execute a batch of one."""
+    result = executor.execute([executor.prepare(image)], StageTimer())[0]
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
+def _await_window() -> tuple[float, float]:
+    print("ready", flush=True)
+    window = json.loads(sys.stdin.readline())
+    return float(window["start_at"]), float(window["end_at"])
+
+
+def alone(spec: dict[str, Any]) -> dict[str, Any]:
+    """Each model by itself, one thread, closed loop for ``alone_s``: its answers/s (the weight
+    of its work), p50, and the expected summary of each of its images."""
+    config = Path(spec["config"])
+    executors = {m["name"]: open_executor(config, m["name"], threads=1) for m in spec["models"]}
+    images = {m["name"]: [read_image(p) for p in m["images"]] for m in spec["models"]}
+    _await_window()
+    figures: dict[str, Any] = {}
+    for name, executor in executors.items():
+        expected = [summary(run_one(executor, image)) for image in images[name]]
+        latencies: list[float] = []
+        stop_at = time.perf_counter() + float(spec["alone_s"])
+        while time.perf_counter() < stop_at or len(latencies) < 3:
+            image = images[name][len(latencies) % len(images[name])]
+            t0 = time.perf_counter()
+            run_one(executor, image)
+            latencies.append(time.perf_counter() - t0)
+        figures[name] = {
+            "rps": len(latencies) / sum(latencies),
+            "p50_ms": sorted(latencies)[len(latencies) // 2] * 1e3,
+            "calls": len(latencies),
+            "expected": expected,
+        }
+        executor.close()
+    return figures
+
+
+def engine(spec: dict[str, Any]) -> dict[str, Any]:
+    """All models at once, one closed-loop thread per instance calling its executor directly,
+    with the supervisor's thread plan and compute gate."""
+    config = Path(spec["config"])
+    loaded = load_config(config)
+    names = [m["name"] for m in spec["models"]]
+    plan = plan_for(loaded, names)
+    gate = ComputeGate(plan.budget)
+    workers: list[tuple[str, Executor]] = [
+        (name, open_executor(config, name, plan.threads_per_instance[name], gate))
+        for name in names
+        for _ in range(plan.instances[name])
+    ]
+    images = {m["name"]: [read_image(p) for p in m["images"]] for m in spec["models"]}
+    expected = {m["name"]: m["expected"] for m in spec["models"]}
+    tallies = {name: Tally() for name in names}
+    start_at, end_at = _await_window()
+
+    def drive(name: str, executor: Executor) -> None:
+        i = 0
+        while time.time() < end_at and tallies[name].counted < spec["max_requests"]:
+            k = i % len(images[name])
+            sent = time.time()
+            try:
+                result = run_one(executor, images[name][k])
+            except Exception as err:  # a failing request is counted, never fatal
+                tallies[name].add(
+                    sent, time.time(), start_at, end_at, error=type(err).__name__, message=str(err)
+                )
+            else:
+                tallies[name].add(sent, time.time(), start_at, end_at, result, expected[name][k])
+            i += 1
+
+    threads = [threading.Thread(target=drive, args=w, daemon=True) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for _, executor in workers:
+        executor.close()
+    return {
+        "threads": plan.threads_per_instance,
+        "budget": plan.budget,
+        "models": {name: tally.as_dict() for name, tally in tallies.items()},
+    }
+
+
+def main() -> int:
+    kind = sys.argv[1]
+    tune_heap()  # as the supervisor process does
+    spec = json.loads(sys.stdin.readline())
+    result = alone(spec) if kind == "alone" else engine(spec)
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

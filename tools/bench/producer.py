@@ -1,0 +1,169 @@
+"""A load-generating client process of ``duomo bench``: sends one model's images to a server —
+Duomo through shared memory (``ipc.Client``), Triton over HTTP with the binary tensor extension,
+or Mosec over HTTP — closed loop (one request in flight) or open loop (requests due at a fixed
+rate, several in flight, latency counted from when each was due), and checks every answer.
+
+Run by ``tools.bench.run`` as ``python -m tools.bench.producer`` with a JSON spec on stdin; the
+same protocol as ``tools.bench.inprocess``: ``ready``, then the window on stdin, then one JSON
+line with its tally and its own CPU seconds.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ipc.client import Client
+from ipc.errors import DuomoError
+from supervisor.image_files import read_image
+from tools.bench.tally import Tally
+
+Send = Callable[[np.ndarray], Any]  # one request: the result dict, or raises
+
+
+class RequestFailed(Exception):
+    """A server answered with an error (the message names its status)."""
+
+
+def _http(port: int) -> http.client.HTTPConnection:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    conn.connect()
+    assert conn.sock is not None
+    conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return conn
+
+
+def _post(conn: http.client.HTTPConnection, path: str, body: bytes, headers: dict[str, str]) -> Any:
+    conn.request("POST", path, body=body, headers=headers)
+    response = conn.getresponse()
+    data = response.read()
+    if response.status != 200:
+        raise RequestFailed(f"HTTP {response.status}: {data[:200]!r}")
+    return response, data
+
+
+def triton_sender(port: int, model: str) -> Send:
+    """KServe v2 over HTTP, the image as a binary tensor, the result as a binary BYTES tensor."""
+    conn = _http(port)
+    path = f"/v2/models/{model}/infer"
+
+    def send(image: np.ndarray) -> Any:
+        if image.ndim == 2:  # the model's input is [-1, -1, -1]: a gray image is H×W×1
+            image = image[:, :, None]
+        header = json.dumps({
+            "inputs": [{
+                "name": "IMAGE", "shape": list(image.shape), "datatype": "UINT8",
+                "parameters": {"binary_data_size": image.nbytes},
+            }],
+            "outputs": [{"name": "RESULT", "parameters": {"binary_data": True}}],
+        }).encode()  # fmt: skip
+        headers = {
+            "Content-Type": "application/octet-stream",
+            "Inference-Header-Content-Length": str(len(header)),
+        }
+        response, data = _post(conn, path, header + image.tobytes(), headers)
+        json_size = response.getheader("Inference-Header-Content-Length")
+        if json_size is None:  # a JSON-only answer
+            return json.loads(json.loads(data)["outputs"][0]["data"][0])
+        blob = data[int(json_size) :]
+        size = int.from_bytes(blob[:4], "little")
+        return json.loads(blob[4 : 4 + size])
+
+    return send
+
+
+def mosec_sender(port: int, model: str) -> Send:
+    conn = _http(port)
+    headers = {"Content-Type": "application/octet-stream"}
+
+    def send(image: np.ndarray) -> Any:
+        h, w = image.shape[:2]
+        c = image.shape[2] if image.ndim == 3 else 1
+        prefix = np.array([h, w, c], dtype="<u4").tobytes()
+        _, data = _post(conn, f"/{model}", prefix + image.tobytes(), headers)
+        return json.loads(data)
+
+    return send
+
+
+def duomo_sender(socket_path: str, model: str, client: list[Client]) -> Send:
+    c = Client(socket_path, timeout_s=120)
+    client.append(c)
+    handle = c.model(model, slots=1)
+    return lambda image: handle.infer(image, timeout_s=120)
+
+
+def produce(spec: dict[str, Any]) -> dict[str, Any]:
+    target = spec["target"]
+    model = spec["model"]
+    images = [read_image(p) for p in spec["images"]]
+    expected = spec["expected"]
+    open_loop = spec["rate_per_s"] is not None
+    threads = int(spec.get("threads", 8)) if open_loop else 1
+    clients: list[Client] = []
+    senders: list[Send] = []
+    for _ in range(threads):
+        if target["kind"] == "duomo":
+            senders.append(duomo_sender(target["socket"], model, clients))
+        elif target["kind"] == "triton":
+            senders.append(triton_sender(target["port"], model))
+        else:
+            senders.append(mosec_sender(target["port"], model))
+    tally = Tally()
+    print("ready", flush=True)
+    window = json.loads(sys.stdin.readline())
+    start_at, end_at = float(window["start_at"]), float(window["end_at"])
+    interval = 1.0 / spec["rate_per_s"] if open_loop else 0.0
+    lock = threading.Lock()
+    next_index = [0]
+    first_due = time.time()
+
+    def loop(send: Send) -> None:
+        while tally.counted < spec["max_requests"]:
+            with lock:
+                i = next_index[0]
+                next_index[0] += 1
+            due = first_due + i * interval if open_loop else time.time()
+            if due >= end_at:
+                return
+            if open_loop and due > time.time():
+                time.sleep(due - time.time())
+            k = i % len(images)
+            try:
+                result = send(images[k])
+            except (DuomoError, RequestFailed, OSError, http.client.HTTPException) as err:
+                name = err.code.name if isinstance(err, DuomoError) else type(err).__name__
+                with lock:
+                    tally.add(due, time.time(), start_at, end_at, error=name, message=str(err))
+            else:
+                with lock:
+                    tally.add(due, time.time(), start_at, end_at, result, expected[k])
+
+    cpu0 = time.process_time()
+    workers = [threading.Thread(target=loop, args=(s,), daemon=True) for s in senders]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    cpu = time.process_time() - cpu0
+    for c in clients:
+        c.close()
+    return {"model": model, "cpu_s": cpu, **tally.as_dict()}
+
+
+def main() -> int:
+    spec = json.loads(sys.stdin.readline())
+    print(json.dumps(produce(spec)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

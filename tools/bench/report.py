@@ -1,0 +1,256 @@
+"""The report of ``duomo bench``: per mode and model throughput (correct answers per second; a
+wrong answer counts as none), p50/p90/p99 latency, errors; the servers' resident memory and CPU;
+**work** (Σ over models of answers/s ÷ that model's answers/s alone in-process on one thread);
+the per-request overhead; the targets. Written into one folder as ``report.json`` (figures and
+every raw round), ``report.md`` and two PNG charts (``throughput.png``, ``latency.png``).
+
+Called by ``tools.bench.run`` with the raw rounds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+PEERS = ("triton", "mosec")
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _mode_figures(rounds: list[dict[str, Any]], alone: dict[str, Any]) -> dict[str, Any]:
+    models: dict[str, Any] = {}
+    work_rounds = [0.0] * len(rounds)
+    for name, weight in ((n, a["rps"]) for n, a in alone.items()):
+        parts = [r["models"][name] for r in rounds]
+        rates = [p["ok"] / r["duration_s"] for p, r in zip(parts, rounds)]
+        for i, rate in enumerate(rates):
+            work_rounds[i] += rate / weight
+        latencies = [x for p in parts for x in p["latencies_ms"]]
+        errors: Counter[str] = Counter()
+        for p in parts:
+            errors.update(p["errors"])
+        overheads = [
+            r["overhead"][name]["p50_ms"] - alone[name]["p50_ms"]
+            for r in rounds
+            if name in r.get("overhead", {}) and r["overhead"][name]["p50_ms"] is not None
+        ]
+        models[name] = {
+            "rps": statistics.fmean(rates),
+            "rps_rounds": rates,
+            "p50_ms": percentile(latencies, 0.50),
+            "p90_ms": percentile(latencies, 0.90),
+            "p99_ms": percentile(latencies, 0.99),
+            "answers": len(latencies),
+            "wrong": sum(p["wrong"] for p in parts),
+            "errors": dict(errors),
+            "overhead_ms": statistics.median(overheads) if overheads else None,
+        }
+    res = [r["resources"] for r in rounds]
+    idle = next((r["idle"] for r in rounds if "idle" in r), None)
+    return {
+        "models": models,
+        "work": statistics.fmean(work_rounds),
+        "work_rounds": work_rounds,
+        "rss_peak_mib": statistics.fmean(x["rss_peak_mib"] for x in res),
+        "rss_peak_mib_rounds": [x["rss_peak_mib"] for x in res],
+        "pss_end_mib": statistics.fmean(x["pss_end_mib"] for x in res),
+        "processes": max(x["processes"] for x in res),
+        "server_cpu_cores": statistics.fmean(x["cpu_cores"] for x in res),
+        "client_cpu_cores": statistics.fmean(r["client_cpu_cores"] for r in rounds),
+        "idle_cpu_percent": 100 * idle["cpu_cores"] if idle else None,
+        "start_s": (
+            statistics.fmean(r["start_s"] for r in rounds) if "start_s" in rounds[0] else None
+        ),
+    }
+
+
+def _target(name: str, value: float | None, limit: float, at_least: bool) -> dict[str, Any]:
+    held = None if value is None else (value >= limit if at_least else value <= limit)
+    return {"target": name, "value": value, "limit": limit, "at_least": at_least, "held": held}
+
+
+def targets(modes: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issue's targets for the modes that ran (ratios within this one run)."""
+    duomo = modes.get("duomo")
+    if duomo is None:
+        return []
+
+    def ratio(key: str, other: str) -> float:
+        return float(duomo[key] / modes[other][key])
+
+    out = []
+    if "engine" in modes:
+        out.append(_target("duomo work ÷ engine work", ratio("work", "engine"), 0.95, True))
+    if "per-model" in modes:
+        out.append(_target("duomo work ÷ per-model work", ratio("work", "per-model"), 1.2, True))
+        memory = ratio("rss_peak_mib", "per-model")
+        out.append(_target("duomo memory ÷ per-model memory", memory, 0.6, False))
+    peers = [p for p in PEERS if p in modes]
+    if peers:
+        best = max(peers, key=lambda p: modes[p]["work"])
+        work, memory = ratio("work", best), ratio("rss_peak_mib", best)
+        out.append(_target(f"duomo work ÷ {best} work (the better peer)", work, 1.05, True))
+        out.append(_target(f"duomo memory ÷ {best} memory", memory, 0.8, False))
+        for model, fig in duomo["models"].items():
+            theirs, ours = modes[best]["models"][model]["overhead_ms"], fig["overhead_ms"]
+            if ours is not None and theirs:
+                name = f"{model} overhead ÷ {best} overhead"
+                out.append(_target(name, ours / theirs, 0.25, False))
+    if duomo["idle_cpu_percent"] is not None:
+        out.append(_target("idle supervisor CPU %", duomo["idle_cpu_percent"], 1.0, False))
+    return out
+
+
+def _fmt(value: float | None, spec: str = ".1f") -> str:
+    return "—" if value is None else format(value, spec)
+
+
+def markdown(report: dict[str, Any]) -> str:
+    modes, alone, machine = report["modes"], report["alone"], report["machine"]
+    workload = report["workload"]
+    names = list(alone)
+    engine = modes.get("engine")
+    producers = ", ".join(f"{m['name']} {m['producers']}" for m in workload["models"])
+    weights = ", ".join(
+        f"{n} {a['rps']:.2f}/s (p50 {a['p50_ms']:.1f} ms)" for n, a in alone.items()
+    )
+    lines = [
+        f"# duomo bench — {report['date']}",
+        "",
+        f"Machine: {machine['cpus']} CPUs ({machine['processor']}), Python {machine['python']}, "
+        f"onnxruntime {machine['onnxruntime']}. Workload `{report['workload_file']}`: "
+        f"{workload['loop']} loop, {workload['rounds']} interleaved round(s) of "
+        f"{workload['duration_s']:g} s after {workload['warmup_s']:g} s warm-up; producers per "
+        f"model {producers}.",
+        "",
+        f"Alone, in-process, one thread (the weights of *work*): {weights}.",
+        "",
+        "| mode | " + " | ".join(f"{n} answers/s (× engine)" for n in names)
+        + " | work (× engine) | p99 ms " + "/".join(names)
+        + " | wrong + errors | RSS peak MiB | PSS MiB | procs | cores server + clients |",
+        "|---|" + "--:|" * len(names) + "--:|---|--:|--:|--:|--:|---|",
+    ]  # fmt: skip
+    errors: list[str] = []
+    for mode, f in modes.items():
+        cells = []
+        for n in names:
+            rps, base = f["models"][n]["rps"], engine["models"][n]["rps"] if engine else 0
+            cells.append(f"{rps:.2f}" + (f" ({rps / base:.2f})" if base else ""))
+            for kind, count in f["models"][n]["errors"].items():
+                errors.append(f"{mode} / {n}: {count} × {kind}")
+        work_ratio = f" ({f['work'] / engine['work']:.2f})" if engine else ""
+        bad = sum(m["wrong"] + sum(m["errors"].values()) for m in f["models"].values())
+        lines.append(
+            f"| {mode} | " + " | ".join(cells) + f" | **{f['work']:.3f}**{work_ratio} | "
+            + "/".join(_fmt(f["models"][n]["p99_ms"], ".0f") for n in names)
+            + f" | {bad} | {f['rss_peak_mib']:.0f} | {f['pss_end_mib']:.0f} | {f['processes']} "
+            f"| {f['server_cpu_cores']:.2f} + {f['client_cpu_cores']:.2f} |"
+        )  # fmt: skip
+    if errors:
+        lines += ["", "Errors: " + "; ".join(errors) + " (first messages in report.json)."]
+    probed = workload["overhead_models"]
+    overhead_rows = [
+        f"| {mode} | "
+        + " | ".join(_fmt(f["models"][n]["overhead_ms"], ".2f") for n in probed)
+        + " |"
+        for mode, f in modes.items()
+        if mode != "engine"
+    ]
+    if overhead_rows and workload["overhead_s"] > 0:
+        lines += [
+            "",
+            "Per-request overhead, ms (p50 with one client and that model alone, minus the "
+            "in-process p50):",
+            "",
+            "| mode | " + " | ".join(probed) + " |",
+            "|---|" + "--:|" * len(probed),
+            *overhead_rows,
+        ]
+    lines += ["", "| target | value | limit | held |", "|---|--:|--:|---|"]
+    for t in report["targets"]:
+        sign = "≥" if t["at_least"] else "≤"
+        held = {True: "yes", False: "**no**", None: "—"}[t["held"]]
+        value = _fmt(t["value"], ".3f")
+        lines.append(f"| {t['target']} | {value} | {sign} {t['limit']:g} | {held} |")
+    per_round = "; ".join(
+        f"{mode} " + " / ".join(f"{w:.3f}" for w in f["work_rounds"]) for mode, f in modes.items()
+    )
+    lines += ["", f"Work per round: {per_round}."]
+    return "\n".join(lines) + "\n"
+
+
+def charts(report: dict[str, Any], out: Path) -> list[str]:
+    """throughput.png (work by mode, stacked by model) and latency.png (p50/p90/p99 per model)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes, names = report["modes"], list(report["alone"])
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    bottom = [0.0] * len(modes)
+    for name in names:
+        share = [f["models"][name]["rps"] / report["alone"][name]["rps"] for f in modes.values()]
+        ax.bar(list(modes), share, bottom=bottom, label=name)
+        bottom = [b + s for b, s in zip(bottom, share)]
+    for i, total in enumerate(bottom):
+        ax.text(i, total, f"{total:.2f}", ha="center", va="bottom")
+    ax.set_ylabel("work (single-thread models' worth per second)")
+    ax.set_title("Throughput by mode, mixed load")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "throughput.png", dpi=110)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 4.5), squeeze=False)
+    width = 0.8 / 3
+    for ax, name in zip(axes[0], names):
+        for j, q in enumerate(("p50_ms", "p90_ms", "p99_ms")):
+            values = [modes[m]["models"][name][q] or 0.0 for m in modes]
+            ax.bar([i + (j - 1) * width for i in range(len(modes))], values, width, label=q[:3])
+        ax.set_xticks(range(len(modes)), list(modes), rotation=30, ha="right")
+        ax.set_title(name)
+        ax.set_ylabel("latency, ms")
+        ax.legend()
+    fig.suptitle("Latency percentiles by model, mixed load")
+    fig.tight_layout()
+    fig.savefig(out / "latency.png", dpi=110)
+    plt.close(fig)
+    return ["throughput.png", "latency.png"]
+
+
+def write_report(raw: dict[str, Any], out: Path) -> dict[str, Any]:
+    import onnxruntime
+
+    modes = {mode: _mode_figures(rounds, raw["alone"]) for mode, rounds in raw["rounds"].items()}
+    report = {
+        "date": raw["date"],
+        "machine": {
+            "cpus": os.cpu_count(),
+            "processor": platform.processor() or platform.machine(),
+            "python": platform.python_version(),
+            "onnxruntime": onnxruntime.__version__,
+        },
+        "workload_file": raw["workload_file"],
+        "workload": raw["workload"],
+        "alone": {n: {k: v for k, v in a.items()} for n, a in raw["alone"].items()},
+        "modes": modes,
+        "targets": targets(modes),
+    }
+    report["markdown"] = markdown(report)
+    report["charts"] = charts(report, out)
+    (out / "report.md").write_text(report["markdown"], encoding="utf-8")
+    (out / "report.json").write_text(
+        json.dumps({**report, "raw_rounds": raw["rounds"]}, indent=1) + "\n", encoding="utf-8"
+    )
+    return report

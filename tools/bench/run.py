@@ -1,0 +1,270 @@
+"""``duomo bench``: the phases of a benchmark run, and its command line.
+
+1. **alone** — each model by itself in-process on one thread (``tools.bench.inprocess``): the
+   weight of its work, its in-process p50 and every image's expected answer;
+2. **rounds** — the modes in order, then in reverse, and so on (A B C … C B A …), so drift
+   cancels. For each mode: start its servers; for ``duomo`` in the first round, the idle
+   supervisor's CPU; one client per ``overhead_models`` model alone (its p50 minus the
+   in-process p50 is the per-request overhead); then every model at once with its producers,
+   a warm-up and the measured window, while the servers' memory and CPU are sampled; stop;
+3. **report** — ``tools.bench.report`` writes ``report.json``, ``report.md`` and the PNG charts.
+
+Called by ``duomo bench`` (``supervisor.cli``) and as ``python -m tools.bench.run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from tools.bench.report import write_report
+from tools.bench.sampler import TreeSampler
+from tools.bench.servers import ModeServers, servers_for
+from tools.bench.tally import merge
+from tools.bench.workload import ALL_MODES, Workload, load_workload
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULT_TIMEOUT_S = 600.0
+
+
+class Child:
+    """A bench child process (``tools.bench.inprocess`` or ``tools.bench.producer``): spec in,
+    ``ready``, window in, one JSON result out."""
+
+    def __init__(self, module: str, args: list[str], spec: dict[str, Any]) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", module, *args], cwd=ROOT, text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        )  # fmt: skip
+        self._send(spec)
+
+    def _send(self, obj: dict[str, Any]) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps(obj) + "\n")
+        self.process.stdin.flush()
+
+    def wait_ready(self) -> None:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline().strip()
+        if line != "ready":
+            self.process.kill()
+            raise RuntimeError(f"{self.process.args!r} did not start (said {line!r})")
+
+    def go(self, start_at: float, end_at: float) -> None:
+        self._send({"start_at": start_at, "end_at": end_at})
+
+    def result(self) -> dict[str, Any]:
+        try:
+            out, _ = self.process.communicate(timeout=RESULT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            raise
+        if self.process.returncode != 0:
+            raise RuntimeError(f"{self.process.args!r} exited {self.process.returncode}")
+        return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def _window(children: list[Child], warmup_s: float, duration_s: float) -> tuple[float, float]:
+    for child in children:
+        child.wait_ready()
+    start_at = time.time() + warmup_s
+    end_at = start_at + duration_s
+    for child in children:
+        child.go(start_at, end_at)
+    return start_at, end_at
+
+
+def _sample(pids: list[int], start_at: float, end_at: float) -> dict[str, Any]:
+    time.sleep(max(0.0, start_at - time.time()))
+    sampler = TreeSampler(pids).start()
+    time.sleep(max(0.0, end_at - time.time()))
+    return sampler.stop()
+
+
+def _model_specs(workload: Workload, alone: dict[str, Any]) -> list[dict[str, Any]]:
+    """What producers need of each model: its name, images and their expected answers."""
+    return [
+        {
+            "name": m.name,
+            "images": [str(p) for p in m.images],
+            "expected": alone[m.name]["expected"],
+        }
+        for m in workload.models
+    ]
+
+
+def run_alone(workload: Workload) -> dict[str, Any]:
+    spec = {
+        "config": str(workload.config),
+        "models": _model_specs(workload, {m.name: {"expected": []} for m in workload.models}),
+        "alone_s": workload.alone_s,
+    }
+    child = Child("tools.bench.inprocess", ["alone"], spec)
+    _window([child], 0.0, 0.0)
+    return child.result()
+
+
+def _producers(
+    workload: Workload,
+    servers: ModeServers,
+    models: list[dict[str, Any]],
+    producers: dict[str, int],
+    rate_share: bool = True,
+) -> list[Child]:
+    loads = {m.name: m for m in workload.models}
+    children: list[Child] = []
+    for model in models:
+        load = loads[model["name"]]
+        n = producers[model["name"]]
+        rate = load.rate_per_s / n if workload.loop == "open" and load.rate_per_s else None
+        spec = {
+            "target": servers.target(model["name"]),
+            "model": model["name"],
+            "images": model["images"],
+            "expected": model["expected"],
+            "rate_per_s": rate if rate_share else None,
+            "max_requests": workload.max_requests,
+        }
+        children.extend(Child("tools.bench.producer", [], spec) for _ in range(n))
+    return children
+
+
+def run_engine(workload: Workload, models: list[dict[str, Any]]) -> dict[str, Any]:
+    spec = {"config": str(workload.config), "models": models, "max_requests": workload.max_requests}
+    child = Child("tools.bench.inprocess", ["engine"], spec)
+    start_at, end_at = _window([child], workload.warmup_s, workload.duration_s)
+    resources = _sample([child.process.pid], start_at, end_at)
+    figures = child.result()
+    return {
+        "models": figures["models"],
+        "resources": resources,
+        "client_cpu_cores": 0.0,
+        "duration_s": workload.duration_s,
+        "threads": figures["threads"],
+    }
+
+
+def run_served(
+    mode: str, workload: Workload, models: list[dict[str, Any]], workdir: Path, idle: bool
+) -> dict[str, Any]:
+    names = [m["name"] for m in models]
+    servers = servers_for(mode, workload.config, names, workdir)
+    figures: dict[str, Any] = {"duration_s": workload.duration_s}
+    started = time.monotonic()
+    servers.start()
+    try:
+        figures["start_s"] = time.monotonic() - started
+        if idle and workload.idle_s > 0:
+            now = time.time() + 1.0  # let start-up settle
+            figures["idle"] = _sample(servers.pids(), now, now + workload.idle_s)
+        figures["overhead"] = {}
+        for model in models:
+            if model["name"] not in workload.overhead_models or workload.overhead_s <= 0:
+                continue
+            one = _producers(workload, servers, [model], {model["name"]: 1}, rate_share=False)
+            _window(one, 1.0, workload.overhead_s)
+            tally = one[0].result()
+            lat = sorted(tally["latencies_ms"])
+            figures["overhead"][model["name"]] = {
+                "p50_ms": lat[len(lat) // 2] if lat else None,
+                "answers": len(lat),
+                "ok": tally["ok"],
+            }
+        producers = {m.name: m.producers for m in workload.models}
+        children = _producers(workload, servers, models, producers)
+        start_at, end_at = _window(children, workload.warmup_s, workload.duration_s)
+        figures["resources"] = _sample(servers.pids(), start_at, end_at)
+        tallies = [child.result() for child in children]
+    finally:
+        servers.stop()
+    figures["client_cpu_cores"] = sum(t["cpu_s"] for t in tallies) / workload.duration_s
+    figures["models"] = {name: merge([t for t in tallies if t["model"] == name]) for name in names}
+    return figures
+
+
+def run(workload: Workload, out: Path, workload_path: Path) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    log = sys.stderr
+    print(f"duomo bench: alone, in-process, one thread ({workload.alone_s:g} s each)", file=log)
+    alone = run_alone(workload)
+    models = _model_specs(workload, alone)
+    rounds: dict[str, list[dict[str, Any]]] = {mode: [] for mode in workload.modes}
+    with tempfile.TemporaryDirectory(prefix="duomo-bench-") as tmp:
+        for r in range(workload.rounds):
+            order = workload.modes if r % 2 == 0 else list(reversed(workload.modes))
+            for mode in order:
+                print(f"duomo bench: round {r + 1}/{workload.rounds}: {mode}", file=log, flush=True)
+                workdir = Path(tmp) / f"{mode}-{r}"
+                workdir.mkdir()
+                if mode == "engine":
+                    rounds[mode].append(run_engine(workload, models))
+                else:
+                    idle = mode == "duomo" and r == 0
+                    rounds[mode].append(run_served(mode, workload, models, workdir, idle))
+    raw = {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "workload_file": str(workload_path),
+        "workload": json.loads(workload.model_dump_json()),
+        "alone": alone,
+        "rounds": rounds,
+    }
+    return write_report(raw, out)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="duomo bench", description="Duomo vs the engine limit, per-model, Triton and Mosec"
+    )
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-w", "--workload", type=Path, default=ROOT / "configs/bench/mixed.yaml",
+        help="workload file (default: configs/bench/mixed.yaml)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--modes", help=f"comma-separated subset of the workload's modes ({', '.join(ALL_MODES)})"
+    )
+    parser.add_argument("--rounds", type=int, help="override the workload's rounds")
+    parser.add_argument("--duration", type=float, help="override duration_s (seconds)")
+    parser.add_argument(
+        "--out", type=Path, default=None,
+        help="report folder (default: bench-results/<UTC date and time>)",
+    )  # fmt: skip
+
+
+def bench(args: argparse.Namespace) -> int:
+    """Run the benchmark ``args`` describe; prints the Markdown report; 0, or 2 for bad input."""
+    try:
+        workload = load_workload(
+            args.workload,
+            modes=args.modes.split(",") if args.modes else None,
+            rounds=args.rounds,
+            duration_s=args.duration,
+        )
+    except (OSError, ValueError) as err:
+        print(f"duomo bench: {err}", file=sys.stderr)
+        return 2
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out = args.out or ROOT / "bench-results" / stamp
+    report = run(workload, out, args.workload)
+    print(report["markdown"])
+    print(f"duomo bench: report in {out}", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return bench(parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""Memory and CPU of a mode's server processes (the roots ``duomo bench`` started and all their
+descendants), sampled on a thread while the load runs.
+
+Used by ``tools.bench.run`` around every measured window: resident memory is the peak of the sum
+over the tree (sampled every ``period_s``), plus the proportional set size at the end of the
+window (shared pages split between the processes that map them); CPU is the tree's user + system
+time over the window, in cores.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import psutil
+
+
+def process_tree(roots: list[int]) -> list[psutil.Process]:
+    procs: dict[int, psutil.Process] = {}
+    for pid in roots:
+        try:
+            root = psutil.Process(pid)
+            for proc in [root, *root.children(recursive=True)]:
+                procs[proc.pid] = proc
+        except psutil.NoSuchProcess:
+            continue
+    return list(procs.values())
+
+
+def tree_rss(roots: list[int]) -> int:
+    total = 0
+    for proc in process_tree(roots):
+        try:
+            total += proc.memory_info().rss
+        except psutil.NoSuchProcess:
+            continue
+    return total
+
+
+def tree_pss(roots: list[int]) -> int:
+    total = 0
+    for proc in process_tree(roots):
+        try:
+            total += proc.memory_full_info().pss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return total
+
+
+def tree_cpu_seconds(roots: list[int]) -> float:
+    """User + system seconds of the tree's live processes and of their children already reaped."""
+    total = 0.0
+    for proc in process_tree(roots):
+        try:
+            t = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
+class TreeSampler:
+    """``start()`` … ``stop()`` → peak RSS, PSS at stop, CPU cores used in between."""
+
+    def __init__(self, roots: list[int], period_s: float = 0.25) -> None:
+        self.roots = roots
+        self.period_s = period_s
+        self.peak_rss = 0
+        self.processes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
+        self._cpu0 = 0.0
+        self._t0 = 0.0
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            self.peak_rss = max(self.peak_rss, tree_rss(self.roots))
+
+    def start(self) -> TreeSampler:
+        self._cpu0 = tree_cpu_seconds(self.roots)
+        self._t0 = time.monotonic()
+        self.peak_rss = tree_rss(self.roots)
+        self._thread.start()
+        return self
+
+    def stop(self) -> dict[str, Any]:
+        self._stop.set()
+        self._thread.join()
+        cpu = tree_cpu_seconds(self.roots) - self._cpu0
+        elapsed = time.monotonic() - self._t0
+        self.peak_rss = max(self.peak_rss, tree_rss(self.roots))
+        return {
+            "rss_peak_mib": self.peak_rss / 2**20,
+            "pss_end_mib": tree_pss(self.roots) / 2**20,
+            "processes": len(process_tree(self.roots)),
+            "cpu_cores": cpu / elapsed if elapsed > 0 else 0.0,
+        }
