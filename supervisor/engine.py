@@ -120,7 +120,7 @@ class Engine:
         with self._lifecycle:
             model = self.model(name)
             cut = model.unload()
-            trim_heap()
+            self._release_memory()
             return {"model": name, "answered_unavailable": cut}
 
     def reload(self, new: LoadedConfig, only: str | None = None) -> dict[str, list[str]]:
@@ -188,7 +188,7 @@ class Engine:
             if replacement is not None and old.state not in SERVING and old.pending:
                 _hand_over_queue(old, replacement)  # it has no workers to finish them itself
             old.stop()  # finishes what it accepted (outside the lock: others may load)
-        trim_heap()
+        self._release_memory()
         summary = {"added": added, "removed": removed, "replaced": changed}
         log.info("engine reloaded", **summary)
         return summary
@@ -205,7 +205,7 @@ class Engine:
         expected = self.footprints.get(name)
         need = expected.charged(kind) if expected else (budget or 0)
         self._make_room(model, need, exclude={name})
-        trim_heap()
+        self._release_memory()
         before = resident_bytes()
         try:
             self._load_within_room(model, kind, budget)
@@ -232,13 +232,13 @@ class Engine:
         if budget is not None and charged > budget:
             why = f"uses {mb(charged)} after warm-up, above its memory_budget_mb of {mb(budget)}"
             model.fail(why)  # it would not fit on the next try either: an operator decides
-            trim_heap()
+            self._release_memory()
             raise ResourceExhaustedError(f"model {name!r} {why}")
         try:
             self._make_room(model, charged, exclude={name})
         except ResourceExhaustedError:
             model.unload("does not fit its device's memory budget", by_operator=False)
-            trim_heap()
+            self._release_memory()
             raise
         log.info(
             "model loaded", model=name, host_mb=round(host / 2**20, 1),
@@ -298,7 +298,7 @@ class Engine:
             if victims is None:
                 break
             evicted = [v.name for v in victims if self.models[v.name].evict()]
-            trim_heap()
+            self._release_memory()
             log.info("evicted to make room", model=model.spec.name, evicted=evicted)
             if len(evicted) == len(victims):
                 return
@@ -344,6 +344,13 @@ class Engine:
     def _refuse_if_closed(self) -> None:
         if self._closed:
             raise UnavailableError("the supervisor is shutting down")
+
+    def _release_memory(self) -> None:
+        """After models went away: backends hand back what their shared pools no longer use,
+        then the C heap is trimmed."""
+        for backend in list(self._backends.values()):
+            backend.release_free_memory()
+        trim_heap()
 
     # -- building ---------------------------------------------------------------------------
 

@@ -182,3 +182,7 @@ class Backend(ABC):
 
     def close(self) -> None:  # noqa: B027 - most backends hold nothing process-wide
         """Release process-wide runtime state after every session is closed."""
+
+    def release_free_memory(self) -> None:  # noqa: B027 - most backends pool nothing
+        """Hand back memory a process-wide pool holds but no open session uses (called by the
+        engine after an unload, an eviction or a failed load)."""
