@@ -148,7 +148,8 @@ class ServedModel:
         sessions: dict[str, ModelSession] = {}
         try:
             for role in self.spec.executor.roles:
-                session = sessions[role] = self._backend.open(self.spec.files[role], settings)
+                role_settings = self.spec.executor.session_settings(role, settings)
+                session = sessions[role] = self._backend.open(self.spec.files[role], role_settings)
                 if session.max_rows is not None and self.spec.max_batch > session.max_rows:
                     raise RuntimeError(
                         f"max_batch {self.spec.max_batch} is above the {session.max_rows} rows "

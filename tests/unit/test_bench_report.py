@@ -50,7 +50,7 @@ def _round(rps: dict[str, float], rss: float, overhead: dict[str, float] | None 
         },
         "resources": {"rss_peak_mib": rss, "pss_end_mib": rss, "processes": 1, "cpu_cores": 2.0},
         "client_cpu_cores": 0.1,
-        "overhead": {n: {"p50_ms": p, "answers": 9, "ok": 9} for n, p in (overhead or {}).items()},
+        "overhead": {n: {"overhead_ms": ms} for n, ms in (overhead or {}).items()},
     }
 
 
@@ -58,10 +58,10 @@ def test_work_weights_each_model_by_its_rate_alone_and_targets_are_ratios() -> N
     alone = {"a": {"rps": 100.0, "p50_ms": 10.0}, "b": {"rps": 10.0, "p50_ms": 100.0}}
     modes = {
         "engine": _mode_figures([_round({"a": 50, "b": 5}, 1000)], alone),
-        "duomo": _mode_figures([_round({"a": 60, "b": 4}, 500, {"a": 10.2})], alone),
+        "duomo": _mode_figures([_round({"a": 60, "b": 4}, 500, {"a": 0.2})], alone),
         "per-model": _mode_figures([_round({"a": 40, "b": 3}, 1000)], alone),
-        "triton": _mode_figures([_round({"a": 40, "b": 4}, 800, {"a": 11.0})], alone),
-        "mosec": _mode_figures([_round({"a": 30, "b": 4}, 700, {"a": 10.8})], alone),
+        "triton": _mode_figures([_round({"a": 40, "b": 4}, 800, {"a": 1.0})], alone),
+        "mosec": _mode_figures([_round({"a": 30, "b": 4}, 700, {"a": 0.8})], alone),
     }
     assert modes["engine"]["work"] == pytest.approx(0.5 + 0.5)
     assert modes["duomo"]["work"] == pytest.approx(0.6 + 0.4)

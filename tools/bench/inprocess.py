@@ -46,7 +46,8 @@ def open_executor(
     settings = SessionSettings(intra_op_threads=threads, gate=gate)
     task: type[Executor] = resolved.executor
     sessions: dict[str, ModelSession] = {
-        role: backend.open(resolved.files[role], settings) for role in task.roles
+        role: backend.open(resolved.files[role], task.session_settings(role, settings))
+        for role in task.roles
     }
     executor = task(resolved.params, sessions, resolved.config.max_batch)
     executor.warmup()  # every batch size it will run, as a model worker does at load

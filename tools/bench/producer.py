@@ -3,9 +3,13 @@ Duomo through shared memory (``ipc.Client``), Triton over HTTP with the binary t
 or Mosec over HTTP — closed loop (one request in flight) or open loop (requests due at a fixed
 rate, several in flight, latency counted from when each was due), and checks every answer.
 
+With ``probe`` in its spec it measures the per-request overhead instead: one request at a time,
+alternating blocks of requests through the server and the same executor called in this process
+(one thread, as ``alone``), so both p50s come from the same minutes on the same core.
+
 Run by ``tools.bench.run`` as ``python -m tools.bench.producer`` with a JSON spec on stdin; the
 same protocol as ``tools.bench.inprocess``: ``ready``, then the window on stdin, then one JSON
-line with its tally and its own CPU seconds.
+line with its tally and its own CPU seconds (or the probe's figures).
 """
 
 from __future__ import annotations
@@ -101,6 +105,44 @@ def duomo_sender(socket_path: str, model: str, client: list[Client]) -> Send:
     return lambda image: handle.infer(image, timeout_s=120)
 
 
+PROBE_BLOCK = 10  # requests per block, alternating served and in-process
+
+
+def probe_overhead(
+    send: Send, spec: dict[str, Any], images: list[np.ndarray], start_at: float, end_at: float
+) -> dict[str, Any]:
+    """p50 through the server and p50 in this process, from interleaved blocks."""
+    from tools.bench.answers import is_correct
+    from tools.bench.inprocess import open_executor, run_one
+
+    executor = open_executor(spec["probe"]["config"], spec["model"], threads=1)
+    served: list[float] = []
+    direct: list[float] = []
+    wrong = 0
+    i = 0
+    while time.time() < end_at:
+        in_process = (i // PROBE_BLOCK) % 2 == 1
+        k = i % len(images)
+        t0 = time.perf_counter()
+        result = run_one(executor, images[k]) if in_process else send(images[k])
+        elapsed_ms = (time.perf_counter() - t0) * 1e3
+        wrong += not is_correct(result, spec["expected"][k])
+        if time.time() >= start_at:
+            (direct if in_process else served).append(elapsed_ms)
+        i += 1
+    executor.close()
+    served.sort()
+    direct.sort()
+    return {
+        "model": spec["model"],
+        "served": len(served),
+        "direct": len(direct),
+        "wrong": wrong,
+        "p50_ms": served[len(served) // 2] if served else None,
+        "direct_p50_ms": direct[len(direct) // 2] if direct else None,
+    }
+
+
 def produce(spec: dict[str, Any]) -> dict[str, Any]:
     target = spec["target"]
     model = spec["model"]
@@ -121,6 +163,8 @@ def produce(spec: dict[str, Any]) -> dict[str, Any]:
     print("ready", flush=True)
     window = json.loads(sys.stdin.readline())
     start_at, end_at = float(window["start_at"]), float(window["end_at"])
+    if spec.get("probe"):
+        return probe_overhead(senders[0], spec, images, start_at, end_at)
     interval = 1.0 / spec["rate_per_s"] if open_loop else 0.0
     lock = threading.Lock()
     next_index = [0]

@@ -40,9 +40,9 @@ def _mode_figures(rounds: list[dict[str, Any]], alone: dict[str, Any]) -> dict[s
         for p in parts:
             errors.update(p["errors"])
         overheads = [
-            r["overhead"][name]["p50_ms"] - alone[name]["p50_ms"]
+            r["overhead"][name]["overhead_ms"]
             for r in rounds
-            if name in r.get("overhead", {}) and r["overhead"][name]["p50_ms"] is not None
+            if r.get("overhead", {}).get(name, {}).get("overhead_ms") is not None
         ]
         models[name] = {
             "rps": statistics.fmean(rates),
@@ -169,8 +169,9 @@ def markdown(report: dict[str, Any]) -> str:
     if overhead_rows and workload["overhead_s"] > 0:
         lines += [
             "",
-            "Per-request overhead, ms (p50 with one client and that model alone, minus the "
-            "in-process p50):",
+            "Per-request overhead, ms: p50 with one client and that model alone, minus the p50 "
+            "of the same executor called in the client's process, from alternating blocks "
+            "(median over rounds):",
             "",
             "| mode | " + " | ".join(probed) + " |",
             "|---|" + "--:|" * len(probed),

@@ -4,8 +4,9 @@
    weight of its work, its in-process p50 and every image's expected answer;
 2. **rounds** — the modes in order, then in reverse, and so on (A B C … C B A …), so drift
    cancels. For each mode: start its servers; for ``duomo`` in the first round, the idle
-   supervisor's CPU; one client per ``overhead_models`` model alone (its p50 minus the
-   in-process p50 is the per-request overhead); then every model at once with its producers,
+   supervisor's CPU; one client per ``overhead_models`` model alone, alternating blocks through
+   the server and in-process (the p50 difference is the per-request overhead); then every model
+   at once with its producers,
    a warm-up and the measured window, while the servers' memory and CPU are sampled; stop;
 3. **report** — ``tools.bench.report`` writes ``report.json``, ``report.md`` and the PNG charts.
 
@@ -116,7 +117,7 @@ def _producers(
     servers: ModeServers,
     models: list[dict[str, Any]],
     producers: dict[str, int],
-    rate_share: bool = True,
+    probe: bool = False,
 ) -> list[Child]:
     loads = {m.name: m for m in workload.models}
     children: list[Child] = []
@@ -129,8 +130,9 @@ def _producers(
             "model": model["name"],
             "images": model["images"],
             "expected": model["expected"],
-            "rate_per_s": rate if rate_share else None,
+            "rate_per_s": None if probe else rate,
             "max_requests": workload.max_requests,
+            "probe": {"config": str(workload.config)} if probe else None,
         }
         children.extend(Child("tools.bench.producer", [], spec) for _ in range(n))
     return children
@@ -168,15 +170,12 @@ def run_served(
         for model in models:
             if model["name"] not in workload.overhead_models or workload.overhead_s <= 0:
                 continue
-            one = _producers(workload, servers, [model], {model["name"]: 1}, rate_share=False)
+            one = _producers(workload, servers, [model], {model["name"]: 1}, probe=True)
             _window(one, 1.0, workload.overhead_s)
-            tally = one[0].result()
-            lat = sorted(tally["latencies_ms"])
-            figures["overhead"][model["name"]] = {
-                "p50_ms": lat[len(lat) // 2] if lat else None,
-                "answers": len(lat),
-                "ok": tally["ok"],
-            }
+            probe = one[0].result()
+            served, direct = probe["p50_ms"], probe["direct_p50_ms"]
+            probe["overhead_ms"] = served - direct if served and direct else None
+            figures["overhead"][model["name"]] = probe
         producers = {m.name: m.producers for m in workload.models}
         children = _producers(workload, servers, models, producers)
         start_at, end_at = _window(children, workload.warmup_s, workload.duration_s)

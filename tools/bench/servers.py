@@ -4,8 +4,9 @@ reach them.
 - ``duomo``: one supervisor serving every model of the workload (``duomo start`` on a config made
   from the workload's supervisor config, only those models);
 - ``per-model`` / ``per-model-tuned``: one supervisor per model, each with its own backend init.
-  ``per-model`` runs ONNX Runtime's own thread defaults, what a hand-rolled server per model gets
-  (intra-op threads = the cores, spinning on); ``-tuned`` gives each process one intra-op thread;
+  ``per-model`` runs ONNX Runtime's own session defaults, what a hand-rolled server per model gets
+  (intra-op threads = the cores, spinning on, an arena per session, memory patterns); ``-tuned``
+  is the same with one intra-op thread per process;
 - ``triton`` / ``mosec``: the peers from ``tools.bench.peers``, one instance per model.
 
 Used by ``tools.bench.run``; every server listens on loopback or a private Unix socket only, and
@@ -31,13 +32,15 @@ from tools.bench import peers
 
 START_TIMEOUT_S = 300.0
 # the peers open the same executors the way a user wrapping them would: ONNX Runtime's own arena
-# per session (their apps give every session one intra-op thread)
-PEER_ORT: dict[str, Any] = {"shared_cpu_arena": False}
-# ONNX Runtime's defaults for a session: as many intra-op threads as cores, spinning while idle
+# per session and memory patterns (their apps give every session one intra-op thread)
+PEER_ORT: dict[str, Any] = {"shared_cpu_arena": False, "memory_pattern": "on"}
+# ONNX Runtime's defaults for a session: as many intra-op threads as cores, spinning while idle,
+# an arena of its own, memory patterns
 ORT_THREAD_DEFAULTS: dict[str, Any] = {
     "thread_budget": None,
     "allow_spinning": True,
     "shared_cpu_arena": False,
+    "memory_pattern": "on",
 }
 
 

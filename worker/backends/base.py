@@ -39,6 +39,7 @@ class SessionSettings:
     gate: ComputeGate | None = None
     device: int = 0  # the accelerator the model runs on (ACL; ORT's provider options decide)
     device_room_bytes: int | None = None  # device memory the model may still take (budgets)
+    varying_shapes: bool = False  # its input shapes change from request to request
 
 
 class NotEnoughDeviceMemory(RuntimeError):

@@ -115,6 +115,10 @@ class OrtOptions(StrictModel):
     # one CPU arena for every session of the process (ORT's environment allocator) instead of
     # one per session, grown by what a run asks for rather than to the next power of two
     shared_cpu_arena: bool = True
+    # ORT's memory patterns: one planned block per set of input shapes. "auto": on, except for
+    # the sessions whose input shapes change from request to request (OCR's detector and
+    # recogniser), where a block per shape fragments the arena
+    memory_pattern: Literal["auto", "on", "off"] = "auto"
 
 
 def _spec(arg: Any) -> TensorSpec:
@@ -295,6 +299,9 @@ class OrtBackend(Backend):
             _OPT_LEVELS[opts.graph_optimization]
         )
         so.enable_cpu_mem_arena = opts.enable_cpu_mem_arena
+        so.enable_mem_pattern = opts.memory_pattern == "on" or (
+            opts.memory_pattern == "auto" and not settings.varying_shapes
+        )
         if opts.shared_cpu_arena and opts.enable_cpu_mem_arena and providers[0] == _CPU:
             _register_shared_cpu_arena(ort)
             so.add_session_config_entry("session.use_env_allocators", "1")

@@ -16,13 +16,13 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
 
 from ipc.errors import InvalidArgumentError
-from worker.backends.base import ModelSession
+from worker.backends.base import ModelSession, SessionSettings
 from worker.config_model import StrictModel
 
 MAX_IMAGE_SIDE = 16384
@@ -98,7 +98,14 @@ class _Stage:
 
 class Executor(ABC):
     roles: ClassVar[tuple[str, ...]] = ("model",)
+    varying_shape_roles: ClassVar[tuple[str, ...]] = ()  # roles fed a new shape per request
     Params: ClassVar[type[StrictModel]] = NoParams
+
+    @classmethod
+    def session_settings(cls, role: str, settings: SessionSettings) -> SessionSettings:
+        """What the session for ``role`` is opened with: ``settings``, and whether its input
+        shapes vary per request (backends plan memory differently for those)."""
+        return replace(settings, varying_shapes=role in cls.varying_shape_roles)
 
     def __init__(
         self, params: StrictModel, sessions: Mapping[str, ModelSession], max_batch: int

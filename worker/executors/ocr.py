@@ -110,6 +110,7 @@ def _fit_gear(rh: int, rw: int, gears: Sequence[tuple[int, int]]) -> tuple[int, 
 
 class OcrExecutor(Executor):
     roles = ("det", "cls", "rec")
+    varying_shape_roles = ("det", "rec")  # image sizes, text-line widths
     Params = OcrParams
 
     def __init__(
