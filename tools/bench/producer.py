@@ -164,7 +164,11 @@ def produce(spec: dict[str, Any]) -> dict[str, Any]:
     window = json.loads(sys.stdin.readline())
     start_at, end_at = float(window["start_at"]), float(window["end_at"])
     if spec.get("probe"):
-        return probe_overhead(senders[0], spec, images, start_at, end_at)
+        try:
+            return probe_overhead(senders[0], spec, images, start_at, end_at)
+        finally:
+            for c in clients:
+                c.close()
     interval = 1.0 / spec["rate_per_s"] if open_loop else 0.0
     lock = threading.Lock()
     next_index = [0]
