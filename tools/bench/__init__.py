@@ -2,8 +2,10 @@
 mixed multi-model load, measured in one run on one machine with the modes interleaved.
 
 Modules: ``workload`` (the workload file), ``answers`` (what counts as a correct answer),
-``inprocess`` (the executors driven without IPC: weights and the ``engine`` mode), ``producer``
-(a load-generating client process), ``servers`` (starting and stopping each mode's servers),
-``peers`` (Triton's and Mosec's own environments and apps), ``sampler`` (memory and CPU of a
-process tree), ``report`` (JSON, Markdown, PNG) and ``run`` (the phases, and the CLI entry).
+``tally`` (counting answers in the measured window), ``inprocess`` (the executors driven without
+IPC: weights and the ``engine`` mode), ``producer`` (a load-generating client process),
+``servers`` (starting and stopping each mode's servers), ``peers`` (Triton's and Mosec's own
+environments; their apps are in ``peer_apps``), ``sampler`` (memory and CPU of a process tree),
+``report`` (JSON, Markdown, PNG) and ``run`` (the phases, and the CLI entry). Results of record
+are kept in ``results/<date>/``.
 """
