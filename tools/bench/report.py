@@ -51,7 +51,9 @@ def _mode_figures(rounds: list[dict[str, Any]], alone: dict[str, Any]) -> dict[s
             "p90_ms": percentile(latencies, 0.90),
             "p99_ms": percentile(latencies, 0.99),
             "answers": len(latencies),
-            "wrong": sum(p["wrong"] for p in parts),
+            # the overhead probe checks its answers too
+            "wrong": sum(p["wrong"] for p in parts)
+            + sum(r.get("overhead", {}).get(name, {}).get("wrong", 0) for r in rounds),
             "errors": dict(errors),
             "overhead_ms": statistics.median(overheads) if overheads else None,
         }
