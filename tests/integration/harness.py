@@ -13,7 +13,8 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,3 +139,13 @@ def running_supervisor(config: Path) -> Iterator[SupervisorProcess]:
                 process.kill()
                 process.wait(10)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def poll(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    """Wait until ``condition()`` holds (checked every 20 ms); AssertionError after
+    ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.02)

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from tests.integration.harness import (
     affine_model,
     duomo,
     faulty_model,
+    poll,
     running_supervisor,
     write_config,
 )
@@ -33,14 +33,6 @@ from tests.integration.harness import (
 IMAGE_FOR = {"classify": "coffee.png", "face": "astronaut.png", "ocr": "page.png"}
 X = np.array([[1, 2, 3, 4]], dtype=np.float32)
 FAST_WATCHDOG = {"period_ms": 100}
-
-
-def poll(condition: Callable[[], bool], timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.02)
 
 
 def models_status(sup: SupervisorProcess) -> dict[str, Any]:
@@ -108,7 +100,7 @@ def test_reload_under_load_loses_nothing(tmp_path: Path, demo_config: object) ->
             tmp_path, ["classify"], extra=[affine, added], overrides={"classify": {"max_batch": 4}}
         )
         sup.process.send_signal(signal.SIGHUP)
-        poll(lambda: "face" not in models_status(sup))
+        poll(lambda: "face" not in models_status(sup), timeout_s=60)
         shown = models_status(sup)
         assert shown["classify"]["max_batch"] == 4 and shown["affine2"]["state"] == "READY"
         with Client(sup.socket) as client:
@@ -227,7 +219,7 @@ def test_a_failing_model_is_reinitialized_and_the_others_keep_their_p99(
             states = [h["state"] for h in shown["history"]]
             assert "DEGRADED" in states and "REINITIALIZING" in states, states
             control.write_text("none")
-            poll(lambda: state_of(sup, "flaky") == "READY")
+            poll(lambda: state_of(sup, "flaky") == "READY", timeout_s=60)
             assert handle.infer(X, timeout_s=10)["y"][0, 0] == 3.0  # healthy again: it serves
         incident = {m: summary(p) for m, p in during.items()}
     assert set(failures) <= {"INTERNAL", "UNAVAILABLE"} and "INTERNAL" in failures
@@ -265,8 +257,9 @@ def test_a_hung_model_is_degraded_answered_and_replaced(tmp_path: Path) -> None:
         with pytest.raises(UnavailableError, match="still held"):
             hung.wait(timeout_s=10)
         control.write_text("none")
-        poll(lambda: models_status(sup)["stuck"]["abandoned_workers"] == 0)  # the hung one ended
-        poll(lambda: state_of(sup, "stuck") == "READY")
+        # the hung thread ends
+        poll(lambda: models_status(sup)["stuck"]["abandoned_workers"] == 0, timeout_s=60)
+        poll(lambda: state_of(sup, "stuck") == "READY", timeout_s=60)
         hung.submit()
         assert hung.wait(timeout_s=10)["y"][0, 0] == 3.0  # released, served by the replacement
         for slot in slots:

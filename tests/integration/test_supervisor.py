@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +26,7 @@ from tests.integration.harness import (
     SupervisorProcess,
     affine_model,
     our_segments,
+    poll,
     running_supervisor,
     write_config,
 )
@@ -61,14 +62,6 @@ def summary(process: subprocess.Popen[str]) -> dict[str, object]:
     out, _ = process.communicate(timeout=300)
     assert process.returncode == 0, out
     return dict(json.loads(out.strip().splitlines()[-1]))
-
-
-def poll(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.02)
 
 
 def fds_when_alone(sup: SupervisorProcess) -> int:
