@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -114,45 +114,50 @@ def cmd_stop(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _control(args: argparse.Namespace, op: str, **fields: Any) -> dict[str, Any] | int:
-    """One lifecycle control message; the reply, or the exit code after printing why not."""
+def _control(
+    args: argparse.Namespace, op: str, describe: Callable[[dict[str, Any]], str], **fields: Any
+) -> int:
+    """Send one lifecycle control message and print ``describe(reply)``; or print why it failed.
+    The exit code either way."""
     try:
         with Client(args.socket, timeout_s=10) as client:
-            return client.request(op, timeout_s=args.timeout, **fields)
+            reply = client.request(op, timeout_s=args.timeout, **fields)
     except DuomoError as err:
         print(f"duomo {op}: {err.message}", file=sys.stderr)
         invalid = err.code in (ErrorCode.NOT_FOUND, ErrorCode.INVALID_ARGUMENT)
         return EXIT_INVALID if invalid else EXIT_FAILED
-
-
-def cmd_reload(args: argparse.Namespace) -> int:
-    reply = _control(args, "reload", model=args.model)
-    if isinstance(reply, int):
-        return reply
-    changes = [f"{k}: {', '.join(reply[k])}" for k in ("added", "removed", "replaced") if reply[k]]
-    print(f"duomo reloaded: {'; '.join(changes) or 'nothing changed'}")
+    print(describe(reply))
     return EXIT_OK
 
 
-def cmd_load(args: argparse.Namespace) -> int:
-    reply = _control(args, "load", model=args.model)
-    if isinstance(reply, int):
-        return reply
+def _reloaded(reply: dict[str, Any]) -> str:
+    changes = [f"{k}: {', '.join(reply[k])}" for k in ("added", "removed", "replaced") if reply[k]]
+    return f"duomo reloaded: {'; '.join(changes) or 'nothing changed'}"
+
+
+def _loaded(model: str, reply: dict[str, Any]) -> str:
     shown = reply["load"]
     charged = shown["memory"]["charged_bytes"]
     size = f", {charged / 2**20:.0f} MiB charged to its budget" if charged is not None else ""
-    print(f"{args.model}: {shown['state']}{size}")
-    return EXIT_OK
+    return f"{model}: {shown['state']}{size}"
+
+
+def _unloaded(model: str, reply: dict[str, Any]) -> str:
+    cut = reply["unload"]["answered_unavailable"]
+    note = f" ({cut} queued request(s) answered UNAVAILABLE)" if cut else ""
+    return f"{model}: UNLOADED{note}"
+
+
+def cmd_reload(args: argparse.Namespace) -> int:
+    return _control(args, "reload", _reloaded, model=args.model)
+
+
+def cmd_load(args: argparse.Namespace) -> int:
+    return _control(args, "load", lambda reply: _loaded(args.model, reply), model=args.model)
 
 
 def cmd_unload(args: argparse.Namespace) -> int:
-    reply = _control(args, "unload", model=args.model)
-    if isinstance(reply, int):
-        return reply
-    cut = reply["unload"]["answered_unavailable"]
-    note = f" ({cut} queued request(s) answered UNAVAILABLE)" if cut else ""
-    print(f"{args.model}: UNLOADED{note}")
-    return EXIT_OK
+    return _control(args, "unload", lambda reply: _unloaded(args.model, reply), model=args.model)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
