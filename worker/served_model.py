@@ -145,21 +145,8 @@ class ServedModel:
             device=self.spec.device,
             device_room_bytes=self.device_room_bytes,
         )
-        sessions: dict[str, ModelSession] = {}
-        try:
-            for role in self.spec.executor.roles:
-                role_settings = self.spec.executor.session_settings(role, settings)
-                session = sessions[role] = self._backend.open(self.spec.files[role], role_settings)
-                if session.max_rows is not None and self.spec.max_batch > session.max_rows:
-                    raise RuntimeError(
-                        f"max_batch {self.spec.max_batch} is above the {session.max_rows} rows "
-                        f"{session.path.name} takes per run; lower max_batch or rebuild the model"
-                    )
-            return self.spec.executor(self.spec.params, sessions, self.spec.max_batch)
-        except BaseException:
-            for session in sessions.values():
-                session.close()
-            raise
+        spec = self.spec
+        return spec.executor.open(spec.params, spec.files, spec.max_batch, self._backend, settings)
 
     def _start_workers(self, timeout_s: float) -> None:
         """Start a new generation of instances and wait until all are warmed up (or raise)."""

@@ -19,24 +19,25 @@ import time
 from pathlib import Path
 from typing import Any
 
-from supervisor.config import load_config
+from supervisor.config import LoadedConfig, load_config
 from supervisor.engine import plan_for
 from supervisor.image_files import read_image
 from supervisor.memory import tune_heap
 from tools.bench.answers import summary
 from tools.bench.tally import Tally
-from worker.backends.base import ModelSession, SessionSettings
+from worker.backends.base import SessionSettings
 from worker.backends.ort_backend import OrtBackend
 from worker.executors.base import Executor, StageTimer
 from worker.thread_budget import ComputeGate
 
 
 def open_executor(
-    config: str | Path, name: str, threads: int, gate: ComputeGate | None = None
+    config: str | Path | LoadedConfig, name: str, threads: int, gate: ComputeGate | None = None
 ) -> Executor:
-    """``name``'s executor from ``config`` over ONNX Runtime sessions with ``threads`` intra-op
-    threads each, as a model worker opens it (warmed up at every batch size it runs)."""
-    loaded = load_config(config)
+    """``name``'s executor from ``config`` (a path, or one already loaded) over ONNX Runtime
+    sessions with ``threads`` intra-op threads each, as a model worker opens it (warmed up at
+    every batch size it runs)."""
+    loaded = config if isinstance(config, LoadedConfig) else load_config(config)
     resolved = loaded.models[name]
     if resolved.config.backend != "onnxruntime":
         raise ValueError(
@@ -45,11 +46,9 @@ def open_executor(
     backend = OrtBackend(loaded.config.backends.onnxruntime)
     settings = SessionSettings(intra_op_threads=threads, gate=gate)
     task: type[Executor] = resolved.executor
-    sessions: dict[str, ModelSession] = {
-        role: backend.open(resolved.files[role], task.session_settings(role, settings))
-        for role in task.roles
-    }
-    executor = task(resolved.params, sessions, resolved.config.max_batch)
+    executor = task.open(
+        resolved.params, resolved.files, resolved.config.max_batch, backend, settings
+    )
     executor.warmup()  # every batch size it will run, as a model worker does at load
     return executor
 
@@ -71,8 +70,8 @@ def _await_window() -> tuple[float, float]:
 def alone(spec: dict[str, Any]) -> dict[str, Any]:
     """Each model by itself, one thread, closed loop for ``alone_s``: its answers/s (the weight
     of its work), p50, and the expected summary of each of its images."""
-    config = Path(spec["config"])
-    executors = {m["name"]: open_executor(config, m["name"], threads=1) for m in spec["models"]}
+    loaded = load_config(spec["config"])
+    executors = {m["name"]: open_executor(loaded, m["name"], threads=1) for m in spec["models"]}
     images = {m["name"]: [read_image(p) for p in m["images"]] for m in spec["models"]}
     _await_window()
     figures: dict[str, Any] = {}
@@ -98,13 +97,12 @@ def alone(spec: dict[str, Any]) -> dict[str, Any]:
 def engine(spec: dict[str, Any]) -> dict[str, Any]:
     """All models at once, one closed-loop thread per instance calling its executor directly,
     with the supervisor's thread plan and compute gate."""
-    config = Path(spec["config"])
-    loaded = load_config(config)
+    loaded = load_config(spec["config"])
     names = [m["name"] for m in spec["models"]]
     plan = plan_for(loaded, names)
     gate = ComputeGate(plan.budget)
     workers: list[tuple[str, Executor]] = [
-        (name, open_executor(config, name, plan.threads_per_instance[name], gate))
+        (name, open_executor(loaded, name, plan.threads_per_instance[name], gate))
         for name in names
         for _ in range(plan.instances[name])
     ]

@@ -17,12 +17,13 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
 from ipc.errors import InvalidArgumentError
-from worker.backends.base import ModelSession, SessionSettings
+from worker.backends.base import Backend, ModelSession, SessionSettings
 from worker.config_model import StrictModel
 
 MAX_IMAGE_SIDE = 16384
@@ -106,6 +107,35 @@ class Executor(ABC):
         """What the session for ``role`` is opened with: ``settings``, and whether its input
         shapes vary per request (backends plan memory differently for those)."""
         return replace(settings, varying_shapes=role in cls.varying_shape_roles)
+
+    @classmethod
+    def open(
+        cls,
+        params: StrictModel,
+        files: Mapping[str, Path],
+        max_batch: int,
+        backend: Backend,
+        settings: SessionSettings,
+    ) -> Executor:
+        """An executor over one session per role, opened by ``backend`` (a model worker's load,
+        and the benchmark's in-process modes). A session that takes fewer rows per run than
+        ``max_batch`` is an error; on any error the sessions opened so far are closed."""
+        sessions: dict[str, ModelSession] = {}
+        try:
+            for role in cls.roles:
+                session = sessions[role] = backend.open(
+                    files[role], cls.session_settings(role, settings)
+                )
+                if session.max_rows is not None and max_batch > session.max_rows:
+                    raise RuntimeError(
+                        f"max_batch {max_batch} is above the {session.max_rows} rows "
+                        f"{session.path.name} takes per run; lower max_batch or rebuild the model"
+                    )
+            return cls(params, sessions, max_batch)
+        except BaseException:
+            for session in sessions.values():
+                session.close()
+            raise
 
     def __init__(
         self, params: StrictModel, sessions: Mapping[str, ModelSession], max_batch: int
