@@ -246,7 +246,7 @@ def write_report(raw: dict[str, Any], out: Path) -> dict[str, Any]:
         },
         "workload_file": raw["workload_file"],
         "workload": raw["workload"],
-        "alone": {n: {k: v for k, v in a.items()} for n, a in raw["alone"].items()},
+        "alone": raw["alone"],
         "modes": modes,
         "targets": targets(modes),
     }

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psutil
@@ -28,36 +29,33 @@ def process_tree(roots: list[int]) -> list[psutil.Process]:
     return list(procs.values())
 
 
-def tree_rss(roots: list[int]) -> int:
-    total = 0
+def _tree_sum(roots: list[int], read: Callable[[psutil.Process], float]) -> float:
+    """``read`` summed over the tree's processes (those that exit meanwhile count as 0)."""
+    total = 0.0
     for proc in process_tree(roots):
         try:
-            total += proc.memory_info().rss
-        except psutil.NoSuchProcess:
-            continue
-    return total
-
-
-def tree_pss(roots: list[int]) -> int:
-    total = 0
-    for proc in process_tree(roots):
-        try:
-            total += proc.memory_full_info().pss
+            total += read(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return total
 
 
+def tree_rss(roots: list[int]) -> int:
+    return int(_tree_sum(roots, lambda p: p.memory_info().rss))
+
+
+def tree_pss(roots: list[int]) -> int:
+    return int(_tree_sum(roots, lambda p: p.memory_full_info().pss))
+
+
+def _cpu_seconds(proc: psutil.Process) -> float:
+    t = proc.cpu_times()
+    return float(t.user + t.system + t.children_user + t.children_system)
+
+
 def tree_cpu_seconds(roots: list[int]) -> float:
     """User + system seconds of the tree's live processes and of their children already reaped."""
-    total = 0.0
-    for proc in process_tree(roots):
-        try:
-            t = proc.cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        total += t.user + t.system + t.children_user + t.children_system
-    return total
+    return _tree_sum(roots, _cpu_seconds)
 
 
 class TreeSampler:
