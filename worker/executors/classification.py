@@ -8,6 +8,7 @@ are softmax probabilities. Labels are ImageNet-1k by default or one label per li
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -18,7 +19,7 @@ from pydantic import Field
 from worker.backends.base import ModelSession
 from worker.config_model import StrictModel
 from worker.executors.base import Executor, StageTimer, as_rgb_image
-from worker.executors.image_ops import normalize_into, resize
+from worker.executors.image_ops import ResizeScratch, normalize_into
 
 # (scale, offset) applied to 0..255 pixels; imagenet's per-channel mean/std is folded per channel.
 _IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32) * 255
@@ -30,6 +31,18 @@ class ClassificationParams(StrictModel):
     input_size: int = Field(default=224, ge=8, le=4096)
     normalization: Literal["tflite", "imagenet"] = "tflite"
     labels: Path | None = None
+
+
+@dataclass(frozen=True)
+class CenterCrop:
+    """A request's image resized to ``resized_width``×``resized_height`` (its short side the
+    input size), then the centre square at (``top``, ``left``) taken."""
+
+    image: np.ndarray  # the request's RGB pixels (a view into its slot, when served)
+    resized_width: int
+    resized_height: int
+    top: int
+    left: int
 
 
 def load_imagenet_labels() -> list[str]:
@@ -53,22 +66,23 @@ class ClassificationExecutor(Executor):
             self.labels = params.labels.read_text("utf-8").splitlines()
         else:
             self.labels = load_imagenet_labels()
+        self._scratch = ResizeScratch()
 
-    def prepare(self, payload: Any) -> np.ndarray:
+    def prepare(self, payload: Any) -> CenterCrop:
         image = as_rgb_image(payload)
         h, w = image.shape[:2]
         size = self.p.input_size
         scale = size / min(h, w)
         rw, rh = max(size, round(w * scale)), max(size, round(h * scale))
-        resized = resize(image, rw, rh)
-        top, left = (rh - size) // 2, (rw - size) // 2
-        return resized[top : top + size, left : left + size]
+        return CenterCrop(image, rw, rh, (rh - size) // 2, (rw - size) // 2)
 
-    def execute(self, items: Sequence[np.ndarray], timer: StageTimer) -> list[Any]:
+    def execute(self, items: Sequence[CenterCrop], timer: StageTimer) -> list[Any]:
         size = self.p.input_size
         with timer.stage("preprocess"):
             batch = self.session.input_buffer(self.input, (len(items), 3, size, size))
-            for row, crop in zip(batch, items):
+            for row, item in zip(batch, items):
+                resized = self._scratch.resize(item.image, item.resized_width, item.resized_height)
+                crop = resized[item.top : item.top + size, item.left : item.left + size]
                 if self.p.normalization == "tflite":
                     normalize_into(row, crop, 1 / 127.5, -1.0)
                 else:
@@ -99,5 +113,6 @@ class ClassificationExecutor(Executor):
 
     def warmup(self) -> None:
         blank = np.zeros((self.p.input_size, self.p.input_size, 3), dtype=np.uint8)
+        prepared = self.prepare(blank)
         for size in self.warmup_sizes():
-            self.execute([blank] * size, StageTimer())
+            self.execute([prepared] * size, StageTimer())

@@ -20,7 +20,7 @@ from pydantic import Field
 from worker.backends.base import ModelSession
 from worker.config_model import StrictModel
 from worker.executors.base import Executor, StageTimer, as_rgb_image
-from worker.executors.image_ops import normalize_into, resize
+from worker.executors.image_ops import ResizeScratch, normalize_into, zero_padding
 
 _STRIDE = 4
 
@@ -33,13 +33,16 @@ class FaceDetectionParams(StrictModel):
 
 
 @dataclass(frozen=True)
-class Letterboxed:
-    """An image resized into the top-left of the square canvas, and the factor to undo it."""
+class Letterbox:
+    """Where a request's image goes in the square canvas: resized by ``scale`` to
+    ``resized_width``×``resized_height`` in its top-left corner (the rest is zero)."""
 
-    pixels: np.ndarray
+    image: np.ndarray  # the request's RGB pixels (a view into its slot, when served)
     scale: float
     width: int
     height: int
+    resized_width: int
+    resized_height: int
 
 
 def nms(boxes: np.ndarray, scores: np.ndarray, iou_threshold: float) -> np.ndarray:
@@ -79,27 +82,30 @@ class FaceDetectionExecutor(Executor):
         self.heatmap, self.scale, self.offset, self.landmarks = (
             s.name for s in self.session.outputs
         )
+        self._scratch = ResizeScratch()
 
-    def prepare(self, payload: Any) -> Letterboxed:
+    def prepare(self, payload: Any) -> Letterbox:
         image = as_rgb_image(payload)
         h, w = image.shape[:2]
         scale = self.p.input_size / max(h, w)
         rw, rh = max(1, round(w * scale)), max(1, round(h * scale))
-        return Letterboxed(resize(image, rw, rh), scale, w, h)
+        return Letterbox(image, scale, w, h, rw, rh)
 
-    def execute(self, items: Sequence[Letterboxed], timer: StageTimer) -> list[Any]:
+    def execute(self, items: Sequence[Letterbox], timer: StageTimer) -> list[Any]:
         size = self.p.input_size
         with timer.stage("preprocess"):
             batch = self.session.input_buffer(self.input, (len(items), 3, size, size))
             for row, item in zip(batch, items):
-                row.fill(0.0)
-                normalize_into(row, item.pixels, 1.0, 0.0)  # CenterFace takes raw 0..255 RGB
+                rw, rh = item.resized_width, item.resized_height
+                resized = self._scratch.resize(item.image, rw, rh)
+                normalize_into(row, resized, 1.0, 0.0)  # CenterFace takes raw 0..255 RGB
+                zero_padding(row, rh, rw)
         with timer.stage("infer"):
             out = self.session.run({self.input: batch})
         with timer.stage("postprocess"):
             return [self._decode(out, i, item) for i, item in enumerate(items)]
 
-    def _decode(self, out: dict[str, np.ndarray], i: int, item: Letterboxed) -> dict[str, Any]:
+    def _decode(self, out: dict[str, np.ndarray], i: int, item: Letterbox) -> dict[str, Any]:
         heat = out[self.heatmap][i, 0]
         ys, xs = np.nonzero(heat > self.p.score_threshold)
         if ys.size == 0:
