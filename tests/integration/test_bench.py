@@ -5,6 +5,7 @@ is asserted: the figures only have to exist, be consistent and count no wrong an
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,8 +15,13 @@ from tests.conftest import ROOT
 SMOKE = ROOT / "configs" / "bench" / "smoke.yaml"
 
 
+def _segments() -> set[str]:
+    return set(os.listdir("/dev/shm"))
+
+
 def test_bench_smoke_writes_the_report(demo_config: object, tmp_path: Path) -> None:
     out = tmp_path / "report"
+    segments_before = _segments()
     run = subprocess.run(
         [sys.executable, "-m", "supervisor.cli", "bench", "-w", str(SMOKE), "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
@@ -35,16 +41,18 @@ def test_bench_smoke_writes_the_report(demo_config: object, tmp_path: Path) -> N
     duomo = report["modes"]["duomo"]
     assert duomo["processes"] >= 1 and duomo["idle_cpu_percent"] is not None
     assert duomo["models"]["classify"]["overhead_ms"] is not None
+    assert duomo["models"]["classify"]["floor_ms"] is not None  # the bare server, next to it
     # the work ratio is reported as a target; whether it holds is the benchmark's business
     names = [t["target"] for t in report["targets"]]
     assert "duomo work ÷ engine work" in names and "idle supervisor CPU %" in names
     markdown = (out / "report.md").read_text()
-    assert "| engine |" in markdown and "| duomo |" in markdown
+    assert "| engine |" in markdown and "| duomo |" in markdown and "| floor |" in markdown
     assert markdown in run.stdout
     for chart in ("throughput.png", "latency.png"):
         assert (out / chart).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    # every supervisor the run started is gone, and so are its sockets
+    # every supervisor the run started is gone, and so are its sockets; no segment is left
     assert not list(Path(out).glob("*.sock"))
+    assert _segments() <= segments_before
 
 
 def test_bench_rejects_a_bad_workload_with_the_field(tmp_path: Path) -> None:

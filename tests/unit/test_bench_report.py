@@ -41,7 +41,16 @@ def test_tally_counts_only_answers_inside_the_window() -> None:
     )  # fmt: skip
 
 
-def _round(rps: dict[str, float], rss: float, overhead: dict[str, float] | None = None) -> dict:
+def _round(
+    rps: dict[str, float],
+    rss: float,
+    overhead: dict[str, float] | None = None,
+    floor: dict[str, float] | None = None,
+) -> dict:
+    probes = {
+        probe: {n: {"overhead_ms": ms, "wrong": 0} for n, ms in (figures or {}).items()}
+        for probe, figures in (("overhead", overhead), ("floor", floor))
+    }
     return {
         "duration_s": 10.0,
         "models": {
@@ -50,7 +59,7 @@ def _round(rps: dict[str, float], rss: float, overhead: dict[str, float] | None 
         },
         "resources": {"rss_peak_mib": rss, "pss_end_mib": rss, "processes": 1, "cpu_cores": 2.0},
         "client_cpu_cores": 0.1,
-        "overhead": {n: {"overhead_ms": ms} for n, ms in (overhead or {}).items()},
+        **probes,
     }
 
 
@@ -58,14 +67,24 @@ def test_work_weights_each_model_by_its_rate_alone_and_targets_are_ratios() -> N
     alone = {"a": {"rps": 100.0, "p50_ms": 10.0}, "b": {"rps": 10.0, "p50_ms": 100.0}}
     modes = {
         "engine": _mode_figures([_round({"a": 50, "b": 5}, 1000)], alone),
-        "duomo": _mode_figures([_round({"a": 60, "b": 4}, 500, {"a": 0.2})], alone),
+        "duomo": _mode_figures(
+            [
+                _round({"a": 60, "b": 4}, 500, {"a": 0.2}, {"a": 0.1}),
+                _round({"a": 60, "b": 4}, 500, {"a": 0.4}, {"a": 0.3}),
+                _round({"a": 60, "b": 4}, 500, {"a": 0.3}, {"a": 0.5}),
+            ],
+            alone,
+        ),
         "per-model": _mode_figures([_round({"a": 40, "b": 3}, 1000)], alone),
         "triton": _mode_figures([_round({"a": 40, "b": 4}, 800, {"a": 1.0})], alone),
         "mosec": _mode_figures([_round({"a": 30, "b": 4}, 700, {"a": 0.8})], alone),
     }
     assert modes["engine"]["work"] == pytest.approx(0.5 + 0.5)
     assert modes["duomo"]["work"] == pytest.approx(0.6 + 0.4)
-    assert modes["duomo"]["models"]["a"]["overhead_ms"] == pytest.approx(0.2)
+    # the probes' medians over rounds, Duomo's and its floor's
+    assert modes["duomo"]["models"]["a"]["overhead_ms"] == pytest.approx(0.3)
+    assert modes["duomo"]["models"]["a"]["floor_ms"] == pytest.approx(0.3)
+    assert modes["triton"]["models"]["a"]["floor_ms"] is None
     got = {t["target"]: (round(t["value"], 3), t["held"]) for t in targets(modes)}
     assert got["duomo work ÷ engine work"] == (1.0, True)
     assert got["duomo work ÷ per-model work"] == (1.429, True)
@@ -73,7 +92,10 @@ def test_work_weights_each_model_by_its_rate_alone_and_targets_are_ratios() -> N
     # the better peer is the one with more work: triton (0.8) over mosec (0.7)
     assert got["duomo work ÷ triton work (the better peer)"] == (1.25, True)
     assert got["duomo memory ÷ triton memory"] == (0.625, True)
-    assert got["a overhead ÷ triton overhead"] == (0.2, True)
+    assert got["a overhead ÷ triton overhead"] == (0.3, False)
+    floors = {t["target"]: t["floor"] for t in targets(modes)}
+    assert floors["a overhead ÷ triton overhead"] == pytest.approx(0.3)
+    assert floors["duomo work ÷ engine work"] is None
 
 
 def test_workload_files_validate_and_resolve_paths(tmp_path: Path) -> None:

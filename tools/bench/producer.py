@@ -1,7 +1,8 @@
 """A load-generating client process of ``duomo bench``: sends one model's images to a server —
 Duomo through shared memory (``ipc.Client``), Triton over HTTP with the binary tensor extension,
-or Mosec over HTTP — closed loop (one request in flight) or open loop (requests due at a fixed
-rate, several in flight, latency counted from when each was due), and checks every answer.
+Mosec over HTTP, or the overhead's floor (``tools.bench.floor``) — closed loop (one request in
+flight) or open loop (requests due at a fixed rate, several in flight, latency counted from when
+each was due), and checks every answer.
 
 With ``probe`` in its spec it measures the per-request overhead instead: one request at a time,
 alternating blocks of requests through the server and the same executor called in this process
@@ -28,6 +29,7 @@ import numpy as np
 from ipc.client import Client
 from ipc.errors import DuomoError
 from supervisor.image_files import read_image
+from tools.bench.floor import floor_sender
 from tools.bench.tally import Tally
 
 Send = Callable[[np.ndarray], Any]  # one request: the result dict, or raises
@@ -157,6 +159,8 @@ def produce(spec: dict[str, Any]) -> dict[str, Any]:
             senders.append(duomo_sender(target["socket"], model, clients))
         elif target["kind"] == "triton":
             senders.append(triton_sender(target["port"], model))
+        elif target["kind"] == "floor":
+            senders.append(floor_sender(target))
         else:
             senders.append(mosec_sender(target["port"], model))
     tally = Tally()

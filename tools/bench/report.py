@@ -1,8 +1,9 @@
 """The report of ``duomo bench``: per mode and model throughput (correct answers per second; a
 wrong answer counts as none), p50/p90/p99 latency, errors; the servers' resident memory and CPU;
 **work** (Σ over models of answers/s ÷ that model's answers/s alone in-process on one thread);
-the per-request overhead; the targets. Written into one folder as ``report.json`` (figures and
-every raw round), ``report.md`` and two PNG charts (``throughput.png``, ``latency.png``).
+the per-request overhead, with its floor (``tools.bench.floor``) next to Duomo's; the targets.
+Written into one folder as ``report.json`` (figures and every raw round), ``report.md`` and two
+PNG charts (``throughput.png``, ``latency.png``).
 
 Called by ``tools.bench.run`` with the raw rounds.
 """
@@ -27,6 +28,16 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def _probed(rounds: list[dict[str, Any]], probe: str, name: str) -> list[dict[str, Any]]:
+    """Every round's ``probe`` ("overhead", or "floor" for duomo) of model ``name``."""
+    return [r[probe][name] for r in rounds if name in r.get(probe, {})]
+
+
+def _median_overhead(probes: list[dict[str, Any]]) -> float | None:
+    values = [p["overhead_ms"] for p in probes if p["overhead_ms"] is not None]
+    return statistics.median(values) if values else None
+
+
 def _mode_figures(rounds: list[dict[str, Any]], alone: dict[str, Any]) -> dict[str, Any]:
     models: dict[str, Any] = {}
     work_rounds = [0.0] * len(rounds)
@@ -39,11 +50,8 @@ def _mode_figures(rounds: list[dict[str, Any]], alone: dict[str, Any]) -> dict[s
         errors: Counter[str] = Counter()
         for p in parts:
             errors.update(p["errors"])
-        overheads = [
-            r["overhead"][name]["overhead_ms"]
-            for r in rounds
-            if r.get("overhead", {}).get(name, {}).get("overhead_ms") is not None
-        ]
+        probes = _probed(rounds, "overhead", name)
+        floors = _probed(rounds, "floor", name)
         models[name] = {
             "rps": statistics.fmean(rates),
             "rps_rounds": rates,
@@ -51,11 +59,11 @@ def _mode_figures(rounds: list[dict[str, Any]], alone: dict[str, Any]) -> dict[s
             "p90_ms": percentile(latencies, 0.90),
             "p99_ms": percentile(latencies, 0.99),
             "answers": len(latencies),
-            # the overhead probe checks its answers too
-            "wrong": sum(p["wrong"] for p in parts)
-            + sum(r.get("overhead", {}).get(name, {}).get("wrong", 0) for r in rounds),
+            # the overhead probes check their answers too
+            "wrong": sum(p["wrong"] for p in (*parts, *probes, *floors)),
             "errors": dict(errors),
-            "overhead_ms": statistics.median(overheads) if overheads else None,
+            "overhead_ms": _median_overhead(probes),
+            "floor_ms": _median_overhead(floors),
         }
     res = [r["resources"] for r in rounds]
     idle = next((r["idle"] for r in rounds if "idle" in r), None)
@@ -76,9 +84,15 @@ def _mode_figures(rounds: list[dict[str, Any]], alone: dict[str, Any]) -> dict[s
     }
 
 
-def _target(name: str, value: float | None, limit: float, at_least: bool) -> dict[str, Any]:
+def _target(
+    name: str, value: float | None, limit: float, at_least: bool, floor: float | None = None
+) -> dict[str, Any]:
+    """One target; ``floor`` is the value the floor server reached, where one was measured."""
     held = None if value is None else (value >= limit if at_least else value <= limit)
-    return {"target": name, "value": value, "limit": limit, "at_least": at_least, "held": held}
+    return {
+        "target": name, "value": value, "limit": limit, "at_least": at_least, "held": held,
+        "floor": floor,
+    }  # fmt: skip
 
 
 def targets(modes: dict[str, Any]) -> list[dict[str, Any]]:
@@ -107,7 +121,8 @@ def targets(modes: dict[str, Any]) -> list[dict[str, Any]]:
             theirs, ours = modes[best]["models"][model]["overhead_ms"], fig["overhead_ms"]
             if ours is not None and theirs:
                 name = f"{model} overhead ÷ {best} overhead"
-                out.append(_target(name, ours / theirs, 0.25, False))
+                floor = None if fig["floor_ms"] is None else fig["floor_ms"] / theirs
+                out.append(_target(name, ours / theirs, 0.25, False, floor))
     if duomo["idle_cpu_percent"] is not None:
         out.append(_target("idle supervisor CPU %", duomo["idle_cpu_percent"], 1.0, False))
     return out
@@ -168,23 +183,29 @@ def markdown(report: dict[str, Any]) -> str:
         for mode, f in modes.items()
         if mode != "engine"
     ]
+    if "duomo" in modes:
+        floors = [modes["duomo"]["models"][n]["floor_ms"] for n in probed]
+        overhead_rows.insert(1, "| floor | " + " | ".join(_fmt(v, ".2f") for v in floors) + " |")
     if overhead_rows and workload["overhead_s"] > 0:
         lines += [
             "",
             "Per-request overhead, ms: p50 with one client and that model alone, minus the p50 "
             "of the same executor called in the client's process, from alternating blocks "
-            "(median over rounds):",
+            "(median over rounds). *floor*: the same probe of a bare server process "
+            "(`tools.bench.floor`: one thread, the image in shared memory, 12 bytes in and 4 "
+            "out on a Unix socket, nothing else), right after Duomo's: what no server in "
+            "another process can avoid on this machine.",
             "",
             "| mode | " + " | ".join(probed) + " |",
             "|---|" + "--:|" * len(probed),
             *overhead_rows,
         ]
-    lines += ["", "| target | value | limit | held |", "|---|--:|--:|---|"]
+    lines += ["", "| target | value | limit | held | the floor's value |", "|---|--:|--:|---|--:|"]
     for t in report["targets"]:
         sign = "≥" if t["at_least"] else "≤"
         held = {True: "yes", False: "**no**", None: "—"}[t["held"]]
-        value = _fmt(t["value"], ".3f")
-        lines.append(f"| {t['target']} | {value} | {sign} {t['limit']:g} | {held} |")
+        value, floor = _fmt(t["value"], ".3f"), _fmt(t.get("floor"), ".3f")
+        lines.append(f"| {t['target']} | {value} | {sign} {t['limit']:g} | {held} | {floor} |")
     per_round = "; ".join(
         f"{mode} " + " / ".join(f"{w:.3f}" for w in f["work_rounds"]) for mode, f in modes.items()
     )

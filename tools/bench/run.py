@@ -5,9 +5,10 @@
 2. **rounds** — the modes in order, then in reverse, and so on (A B C … C B A …), so drift
    cancels. For each mode: start its servers; for ``duomo`` in the first round, the idle
    supervisor's CPU; one client per ``overhead_models`` model alone, alternating blocks through
-   the server and in-process (the p50 difference is the per-request overhead); then every model
-   at once with its producers,
-   a warm-up and the measured window, while the servers' memory and CPU are sampled; stop;
+   the server and in-process (the p50 difference is the per-request overhead; for ``duomo`` the
+   same probe of the floor server, ``tools.bench.floor``, follows each); then every model at
+   once with its producers, a warm-up and the measured window, while the servers' memory and
+   CPU are sampled; stop;
 3. **report** — ``tools.bench.report`` writes ``report.json``, ``report.md`` and the PNG charts.
 
 Called by ``duomo bench`` (``supervisor.cli``) and as ``python -m tools.bench.run``.
@@ -27,7 +28,7 @@ from typing import Any
 
 from tools.bench.report import write_report
 from tools.bench.sampler import TreeSampler
-from tools.bench.servers import ModeServers, servers_for
+from tools.bench.servers import FloorServer, ModeServers, servers_for
 from tools.bench.tally import merge
 from tools.bench.workload import ALL_MODES, Workload, load_workload
 
@@ -153,6 +154,28 @@ def run_engine(workload: Workload, models: list[dict[str, Any]]) -> dict[str, An
     }
 
 
+def probe_overhead(
+    workload: Workload, servers: ModeServers, model: dict[str, Any]
+) -> dict[str, Any]:
+    """One client, ``model`` alone: its p50 through ``servers`` and in-process, and the
+    difference (the per-request overhead)."""
+    one = _producers(workload, servers, [model], {model["name"]: 1}, probe=True)
+    _window(one, 1.0, workload.overhead_s)
+    probe = one[0].result()
+    served, direct = probe["p50_ms"], probe["direct_p50_ms"]
+    probe["overhead_ms"] = served - direct if served and direct else None
+    return probe
+
+
+def probe_floor(workload: Workload, model: dict[str, Any], workdir: Path) -> dict[str, Any]:
+    floor = FloorServer(workload.config, [model["name"]], workdir)
+    floor.start()
+    try:
+        return probe_overhead(workload, floor, model)
+    finally:
+        floor.stop()
+
+
 def run_served(
     mode: str, workload: Workload, models: list[dict[str, Any]], workdir: Path, idle: bool
 ) -> dict[str, Any]:
@@ -167,15 +190,14 @@ def run_served(
             now = time.time() + 1.0  # let start-up settle
             figures["idle"] = _sample(servers.pids(), now, now + workload.idle_s)
         figures["overhead"] = {}
+        if mode == "duomo":
+            figures["floor"] = {}
         for model in models:
             if model["name"] not in workload.overhead_models or workload.overhead_s <= 0:
                 continue
-            one = _producers(workload, servers, [model], {model["name"]: 1}, probe=True)
-            _window(one, 1.0, workload.overhead_s)
-            probe = one[0].result()
-            served, direct = probe["p50_ms"], probe["direct_p50_ms"]
-            probe["overhead_ms"] = served - direct if served and direct else None
-            figures["overhead"][model["name"]] = probe
+            figures["overhead"][model["name"]] = probe_overhead(workload, servers, model)
+            if mode == "duomo":
+                figures["floor"][model["name"]] = probe_floor(workload, model, workdir)
         producers = {m.name: m.producers for m in workload.models}
         children = _producers(workload, servers, models, producers)
         start_at, end_at = _window(children, workload.warmup_s, workload.duration_s)

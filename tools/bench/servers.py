@@ -7,7 +7,9 @@ reach them.
   ``per-model`` runs ONNX Runtime's own session defaults, what a hand-rolled server per model gets
   (intra-op threads = the cores, spinning on, an arena per session, memory patterns); ``-tuned``
   is the same with one intra-op thread per process;
-- ``triton`` / ``mosec``: the peers from ``tools.bench.peers``, one instance per model.
+- ``triton`` / ``mosec``: the peers from ``tools.bench.peers``, one instance per model;
+- the overhead's floor (``FloorServer``, next to ``duomo``'s probe only): one bare
+  ``tools.bench.floor`` process per model.
 
 Used by ``tools.bench.run``; every server listens on loopback or a private Unix socket only, and
 ``stop`` ends every process it started (SIGTERM to the process group, then SIGKILL).
@@ -223,6 +225,50 @@ class MosecServer(_PeerProcess):
             return True
         except OSError:
             return False
+
+
+class FloorServer(ModeServers):
+    """``tools.bench.floor`` processes, one per model, each serving one client: the floor of the
+    per-request overhead, probed right after Duomo's."""
+
+    def __init__(self, config: Path, models: list[str], workdir: Path) -> None:
+        self.config = config
+        self.models = models
+        self.workdir = workdir
+        self.processes: dict[str, subprocess.Popen[str]] = {}
+        self.targets: dict[str, dict[str, Any]] = {}
+
+    def start(self) -> None:
+        for model in self.models:
+            sock = self.workdir / f"floor-{model}.sock"
+            process = self.processes[model] = subprocess.Popen(
+                [sys.executable, "-m", "tools.bench.floor", str(self.config), model, str(sock)],
+                stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                start_new_session=True,
+            )  # fmt: skip
+            assert process.stdout is not None
+            line = process.stdout.readline().split()  # "ready SHM", or EOF if it failed
+            if line[:1] != ["ready"]:
+                self.stop()
+                raise RuntimeError(f"the floor server for {model!r} failed to start")
+            self.targets[model] = {"kind": "floor", "socket": str(sock), "shm": line[1]}
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.processes.values()]
+
+    def target(self, model: str) -> dict[str, Any]:
+        return self.targets[model]
+
+    def stop(self) -> None:
+        for process in self.processes.values():  # each ends when its one client has gone
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+            if process.stdout is not None:
+                process.stdout.close()
+        self.processes.clear()
 
 
 def servers_for(mode: str, base: Path, models: list[str], workdir: Path) -> ModeServers:

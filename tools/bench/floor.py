@@ -1,0 +1,96 @@
+"""The floor of the per-request overhead: the least that any server in another process adds to
+a request on this machine, measured next to Duomo's.
+
+The floor server does nothing but the unavoidable: one thread, one client. Per request it
+receives the image's shape (12 bytes) on a Unix socket, runs the same executor as every mode on
+the image the client wrote into a shared-memory segment, writes the JSON result after it and
+answers the result's length (4 bytes). No validation, queue, batching, second thread, deadline
+or protocol: whatever a real server adds on top of this is its own overhead, and what this
+costs (two process wake-ups, the image read from memory another core wrote, the result's
+encoding) no server in another process can avoid.
+
+Server side: ``python -m tools.bench.floor CONFIG MODEL SOCKET``, started by
+``tools.bench.servers.FloorServer``; it prints ``ready SHM_NAME`` once its executor is warm,
+serves one client and exits when that client disconnects. Client side: ``floor_sender`` (used
+by ``tools.bench.producer``); it maps the segment before it connects, and the server removes the
+segment's name as soon as it has accepted, so nothing is left in /dev/shm however either ends.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import sys
+from collections.abc import Callable
+from multiprocessing import resource_tracker, shared_memory
+from typing import Any
+
+import numpy as np
+
+from supervisor.memory import tune_heap
+from tools.bench.inprocess import open_executor, run_one
+from worker.executors.base import IMAGE_SLOT_BYTES, JSON_RESULT_BYTES
+from worker.executors.image_ops import limit_opencv_threads
+
+_SHAPE = struct.Struct("<3I")  # height, width, channels (0: a 2-D gray image)
+_LENGTH = struct.Struct("<I")
+
+
+def _image(buffer: memoryview, h: int, w: int, c: int) -> np.ndarray:
+    return np.ndarray((h, w, c) if c else (h, w), np.uint8, buffer)
+
+
+def serve(config: str, model: str, socket_path: str) -> None:
+    tune_heap()  # as the supervisor process does
+    limit_opencv_threads()
+    executor = open_executor(config, model, threads=1)
+    shm = shared_memory.SharedMemory(create=True, size=IMAGE_SLOT_BYTES + JSON_RESULT_BYTES)
+    buf = shm.buf
+    assert buf is not None
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(socket_path)
+        listener.listen(1)
+        print(f"ready {shm.name}", flush=True)
+        conn, _ = listener.accept()
+        shm.unlink()  # the client mapped it before connecting
+        with conn:
+            while len(head := conn.recv(_SHAPE.size, socket.MSG_WAITALL)) == _SHAPE.size:
+                blob = json.dumps(
+                    run_one(executor, _image(buf, *_SHAPE.unpack(head))),
+                    separators=(",", ":"),
+                ).encode()
+                buf[IMAGE_SLOT_BYTES : IMAGE_SLOT_BYTES + len(blob)] = blob
+                conn.sendall(_LENGTH.pack(len(blob)))
+    finally:
+        listener.close()
+        executor.close()
+        del buf
+        shm.close()
+
+
+def floor_sender(target: dict[str, Any]) -> Callable[[np.ndarray], Any]:
+    """A producer's ``send`` for the floor server: the image into the segment, its shape on the
+    socket, the result's JSON from the segment."""
+    shm = shared_memory.SharedMemory(name=target["shm"])
+    # the server's segment: this process must not remove it at exit
+    resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(target["socket"])
+
+    def send(image: np.ndarray) -> Any:
+        buf = shm.buf  # (the closure keeps the segment mapped)
+        assert buf is not None
+        h, w = image.shape[:2]
+        c = image.shape[2] if image.ndim == 3 else 0
+        _image(buf, h, w, c)[...] = image
+        conn.sendall(_SHAPE.pack(h, w, c))
+        (length,) = _LENGTH.unpack(conn.recv(_LENGTH.size, socket.MSG_WAITALL))
+        return json.loads(bytes(buf[IMAGE_SLOT_BYTES : IMAGE_SLOT_BYTES + length]))
+
+    return send
+
+
+if __name__ == "__main__":
+    serve(*sys.argv[1:4])
