@@ -57,8 +57,9 @@ def run(client: Client, model_name: str, frames: int) -> None:
     for index in range(frames):
         slot = model.slot()  # blocks while both slots are in flight
         decode_into(slot, frame)
+        sent = time.perf_counter()  # before submit: the supervisor may answer before it returns
         slot.submit(timeout_s=30)
-        in_flight.append((slot, time.perf_counter(), index))
+        in_flight.append((slot, sent, index))
         if len(in_flight) == 2 or index == frames - 1:
             while in_flight and (len(in_flight) == 2 or index == frames - 1):
                 done, sent, number = in_flight.popleft()
