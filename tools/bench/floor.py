@@ -19,6 +19,7 @@ segment's name as soon as it has accepted, so nothing is left in /dev/shm howeve
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import struct
 import sys
@@ -42,6 +43,7 @@ def _image(buffer: memoryview, h: int, w: int, c: int) -> np.ndarray:
 
 
 def serve(config: str, model: str, socket_path: str) -> None:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stopped before a client came
     tune_heap()  # as the supervisor process does
     limit_opencv_threads()
     executor = open_executor(config, model, threads=1)
@@ -49,12 +51,14 @@ def serve(config: str, model: str, socket_path: str) -> None:
     buf = shm.buf
     assert buf is not None
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    unlinked = False
     try:
         listener.bind(socket_path)
         listener.listen(1)
         print(f"ready {shm.name}", flush=True)
         conn, _ = listener.accept()
         shm.unlink()  # the client mapped it before connecting
+        unlinked = True
         with conn:
             while len(head := conn.recv(_SHAPE.size, socket.MSG_WAITALL)) == _SHAPE.size:
                 blob = json.dumps(
@@ -68,6 +72,8 @@ def serve(config: str, model: str, socket_path: str) -> None:
         executor.close()
         del buf
         shm.close()
+        if not unlinked:
+            shm.unlink()
 
 
 def floor_sender(target: dict[str, Any]) -> Callable[[np.ndarray], Any]:

@@ -264,8 +264,12 @@ class FloorServer(ModeServers):
             try:
                 process.wait(10)
             except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+                process.terminate()  # never probed: it removes its segment and exits
+                try:
+                    process.wait(10)
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()
             if process.stdout is not None:
                 process.stdout.close()
         self.processes.clear()
