@@ -146,7 +146,11 @@ class Executor(ABC):
 
     @abstractmethod
     def prepare(self, payload: Any) -> Any:
-        """Validate and pre-process one request's payload; raise InvalidArgumentError if bad."""
+        """Validate and pre-process one request's payload; raise InvalidArgumentError if bad.
+
+        What it returns may keep views of the payload (a slot's memory stays valid until the
+        request is answered); image-sized work belongs in ``execute``, where it can write into
+        the executor's reusable buffers instead of allocating per request."""
 
     @abstractmethod
     def execute(self, items: Sequence[Any], timer: StageTimer) -> list[Any]:
