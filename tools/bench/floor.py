@@ -32,7 +32,6 @@ import numpy as np
 from supervisor.memory import tune_heap
 from tools.bench.inprocess import open_executor, run_one
 from worker.executors.base import IMAGE_SLOT_BYTES, JSON_RESULT_BYTES
-from worker.executors.image_ops import limit_opencv_threads
 
 _SHAPE = struct.Struct("<3I")  # height, width, channels (0: a 2-D gray image)
 _LENGTH = struct.Struct("<I")
@@ -45,7 +44,6 @@ def _image(buffer: memoryview, h: int, w: int, c: int) -> np.ndarray:
 def serve(config: str, model: str, socket_path: str) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stopped before a client came
     tune_heap()  # as the supervisor process does
-    limit_opencv_threads()
     executor = open_executor(config, model, threads=1)
     shm = shared_memory.SharedMemory(create=True, size=IMAGE_SLOT_BYTES + JSON_RESULT_BYTES)
     buf = shm.buf

@@ -28,6 +28,7 @@ from tools.bench.tally import Tally
 from worker.backends.base import SessionSettings
 from worker.backends.ort_backend import OrtBackend
 from worker.executors.base import Executor, StageTimer
+from worker.executors.image_ops import limit_opencv_threads
 from worker.thread_budget import ComputeGate
 
 
@@ -36,7 +37,10 @@ def open_executor(
 ) -> Executor:
     """``name``'s executor from ``config`` (a path, or one already loaded) over ONNX Runtime
     sessions with ``threads`` intra-op threads each, as a model worker opens it (warmed up at
-    every batch size it runs)."""
+    every batch size it runs), in a process whose OpenCV runs on one thread, as the supervisor's
+    does: every mode pre-processes with the same threads, and the in-process reference of the
+    overhead probe (one thread) is not given a second core the server does not use."""
+    limit_opencv_threads()
     loaded = config if isinstance(config, LoadedConfig) else load_config(config)
     resolved = loaded.models[name]
     if resolved.config.backend != "onnxruntime":
