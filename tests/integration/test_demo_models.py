@@ -222,3 +222,25 @@ def test_ocr_pads_to_what_compiled_models_take(demo_config: LoadedConfig) -> Non
     assert [line["text"] for line in got] == OCR_LINES * 8
     reference.close()
     geared.close()
+
+
+def test_ocr_prepare_keeps_the_image_and_requests_do_not_share_state(
+    demo_config: LoadedConfig,
+) -> None:
+    """``prepare`` keeps the caller's image (a slot's memory in the supervisor) instead of
+    copying it; the detector-sized copy is made in ``execute`` in a buffer reused by every
+    request, and a request in between changes no other request's answer."""
+    model = demo_config.models["ocr"]
+    backend = OrtBackend(demo_config.config.backends.onnxruntime)
+    settings = SessionSettings(intra_op_threads=1)
+    sessions = {role: backend.open(path, settings) for role, path in model.files.items()}
+    executor = model.executor(model.params, sessions, 1)
+    text = rendered_text(OCR_LINES)
+    prepared = executor.prepare(text)
+    assert np.shares_memory(prepared.rgb, text)
+    first = executor.execute([prepared], StageTimer())[0]
+    executor.execute([executor.prepare(fixture_image("page.png"))], StageTimer())
+    again = executor.execute([executor.prepare(text)], StageTimer())[0]
+    assert [line["text"] for line in first["lines"]] == OCR_LINES
+    assert again == first
+    executor.close()

@@ -36,7 +36,7 @@ from pydantic import Field
 from worker.backends.base import ModelSession
 from worker.config_model import StrictModel
 from worker.executors.base import Executor, StageTimer, as_rgb_image
-from worker.executors.image_ops import normalize_into, resize
+from worker.executors.image_ops import ResizeScratch, normalize_into, resize
 from worker.executors.ocr_geometry import DbParams, crop_text_line, detect_boxes
 
 # PP-OCR normalises every stage with mean 0.5 / std 0.5 on 0..1 pixels: x/127.5 - 1.
@@ -64,11 +64,13 @@ class OcrParams(StrictModel):
 
 @dataclass(frozen=True)
 class OcrInput:
-    """One image as BGR (PP-OCR's training order), its detector-sized copy, and the detector
-    input (H, W) it is padded to (its own size unless the detector takes only some sizes)."""
+    """One image as RGB (a view of the payload where it can be), the (H, W) it is resized to
+    for the detector, and the detector input (H, W) that is padded to (the same unless the
+    detector takes only some sizes). PP-OCR was trained on BGR: channels are swapped where the
+    pixels are normalised into a model's input."""
 
-    bgr: np.ndarray
-    resized: np.ndarray
+    rgb: np.ndarray
+    size: tuple[int, int]
     canvas: tuple[int, int]
 
 
@@ -76,7 +78,7 @@ class OcrInput:
 class TextLine:
     image: int
     box: np.ndarray
-    crop: np.ndarray
+    crop: np.ndarray  # RGB, like the image it was cut from
     text: str = ""
     score: float = 0.0
 
@@ -142,6 +144,7 @@ class OcrExecutor(Executor):
                 f"{params.rec_height} ({[list(g) for g in self.rec.hw_gears]})"
             )
         self._rows = {role: _fixed_rows(sessions[role]) for role in self.roles}
+        self._scratch = ResizeScratch()  # each image's detector-sized copy, reused
         for role, batch in (("cls", params.cls_batch), ("rec", params.rec_batch)):
             fixed = self._rows[role]
             if fixed is not None and batch > fixed:
@@ -151,8 +154,8 @@ class OcrExecutor(Executor):
                 )
 
     def prepare(self, payload: Any) -> OcrInput:
-        bgr = np.ascontiguousarray(as_rgb_image(payload)[:, :, ::-1])
-        h, w = bgr.shape[:2]
+        rgb = as_rgb_image(payload)
+        h, w = rgb.shape[:2]
         ratio = self.p.det_limit_side / min(h, w) if min(h, w) < self.p.det_limit_side else 1.0
         if max(h, w) * ratio > self.p.det_max_side:
             ratio = self.p.det_max_side / max(h, w)
@@ -162,7 +165,7 @@ class OcrExecutor(Executor):
         if self._det_gears:
             rh, rw, *gear = _fit_gear(rh, rw, self._det_gears)
             canvas = (gear[0], gear[1])
-        return OcrInput(bgr=bgr, resized=resize(bgr, rw, rh), canvas=canvas)
+        return OcrInput(rgb=rgb, size=(rh, rw), canvas=canvas)
 
     def execute(self, items: Sequence[OcrInput], timer: StageTimer) -> list[Any]:
         lines: list[TextLine] = []
@@ -190,14 +193,14 @@ class OcrExecutor(Executor):
         """Indices grouped by detector input size: only equal sizes share a detector run."""
         groups: dict[tuple[int, ...], list[int]] = {}
         for i, item in enumerate(items):
-            groups.setdefault((*item.canvas, *item.resized.shape), []).append(i)
+            groups.setdefault((*item.canvas, *item.size), []).append(i)
         return list(groups.values())
 
     def _detect(
         self, group: list[OcrInput], indices: list[int], timer: StageTimer
     ) -> list[TextLine]:
         det_in = self.det.inputs[0].name
-        rh, rw = group[0].resized.shape[:2]
+        rh, rw = group[0].size
         ch, cw = group[0].canvas
         rows = self._rows["det"] or len(group)
         with timer.stage("preprocess"):
@@ -205,15 +208,16 @@ class OcrExecutor(Executor):
             if (ch, cw) != (rh, rw) or rows != len(group):
                 batch.fill(0.0)  # the padding: zero after normalisation
             for row, item in zip(batch, group):
-                normalize_into(row, item.resized, _SCALE, _OFFSET)
+                resized = self._scratch.resize(item.rgb, rw, rh)
+                normalize_into(row, resized[:, :, ::-1], _SCALE, _OFFSET)
         with timer.stage("infer"):
             prob = self.det.run({det_in: batch})[self.det.outputs[0].name]
         with timer.stage("postprocess"):
             lines: list[TextLine] = []
             for k, (index, item) in enumerate(zip(indices, group)):
-                h, w = item.bgr.shape[:2]
+                h, w = item.rgb.shape[:2]
                 boxes, _ = detect_boxes(prob[k, 0, :rh, :rw], w, h, self.db)
-                lines.extend(TextLine(index, b, crop_text_line(item.bgr, b)) for b in boxes)
+                lines.extend(TextLine(index, b, crop_text_line(item.rgb, b)) for b in boxes)
             return lines
 
     def _by_aspect(self, lines: list[TextLine], size: int) -> list[list[TextLine]]:
@@ -233,7 +237,7 @@ class OcrExecutor(Executor):
         for row, line in zip(batch, group):
             h, w = line.crop.shape[:2]
             target_w = min(max_width, width, max(1, math.ceil(height * w / h)))
-            normalize_into(row, resize(line.crop, target_w, height), _SCALE, _OFFSET)
+            normalize_into(row, resize(line.crop, target_w, height)[:, :, ::-1], _SCALE, _OFFSET)
         return batch
 
     def _classify_angles(self, lines: list[TextLine], timer: StageTimer) -> None:
@@ -296,7 +300,7 @@ class OcrExecutor(Executor):
             self.execute([prepared] * size, StageTimer())
         for gh, gw in self._det_gears:
             canvas = np.full((gh, gw, 3), 255, dtype=np.uint8)
-            self._detect([OcrInput(canvas, canvas, (gh, gw))], [0], StageTimer())
+            self._detect([OcrInput(canvas, (gh, gw), (gh, gw))], [0], StageTimer())
         line = TextLine(0, np.zeros((4, 2), np.float32), np.full((48, 320, 3), 255, np.uint8))
         if self.p.use_angle_cls:
             self._classify_angles([line] * self.p.cls_batch, StageTimer())
