@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tools.bench.answers import is_correct, summary
-from tools.bench.report import _mode_figures, targets
+from tools.bench.report import _mode_figures, markdown, targets
 from tools.bench.tally import Tally, merge
 from tools.bench.workload import load_workload
 
@@ -96,6 +96,32 @@ def test_work_weights_each_model_by_its_rate_alone_and_targets_are_ratios() -> N
     floors = {t["target"]: t["floor"] for t in targets(modes)}
     assert floors["a overhead ÷ triton overhead"] == pytest.approx(0.3)
     assert floors["duomo work ÷ engine work"] is None
+
+
+def _report(modes: dict, overhead_models: list[str]) -> dict:
+    workload = {
+        "models": [{"name": "a", "producers": 1}], "loop": "closed", "rounds": 1,
+        "duration_s": 10.0, "warmup_s": 1.0, "overhead_s": 5.0, "overhead_models": overhead_models,
+    }  # fmt: skip
+    return {
+        "date": "today", "workload_file": "w.yaml", "workload": workload, "modes": modes,
+        "alone": {"a": {"rps": 100.0, "p50_ms": 10.0}}, "targets": targets(modes),
+        "machine": {"cpus": 2, "processor": "x86_64", "python": "3", "onnxruntime": "1"},
+    }  # fmt: skip
+
+
+def test_overhead_table_has_the_floor_under_duomo_and_none_when_nothing_is_probed() -> None:
+    alone = {"a": {"rps": 100.0, "p50_ms": 10.0}}
+    modes = {  # the workload's order, which need not start with duomo
+        "triton": _mode_figures([_round({"a": 40}, 800, {"a": 1.0})], alone),
+        "duomo": _mode_figures([_round({"a": 60}, 500, {"a": 0.2}, {"a": 0.1})], alone),
+    }
+    lines = markdown(_report(modes, ["a"])).splitlines()
+    rows = [line for line in lines if line.startswith(("| triton | 1.00", "| duomo | 0.20"))]
+    assert rows == ["| triton | 1.00 |", "| duomo | 0.20 |"]
+    assert lines[lines.index("| duomo | 0.20 |") + 1] == "| floor | 0.10 |"
+    unprobed = markdown(_report(modes, []))
+    assert "Per-request overhead" not in unprobed and "| floor |" not in unprobed
 
 
 def test_workload_files_validate_and_resolve_paths(tmp_path: Path) -> None:

@@ -176,17 +176,18 @@ def markdown(report: dict[str, Any]) -> str:
     if errors:
         lines += ["", "Errors: " + "; ".join(errors) + " (first messages in report.json)."]
     probed = workload["overhead_models"]
-    overhead_rows = [
-        f"| {mode} | "
-        + " | ".join(_fmt(f["models"][n]["overhead_ms"], ".2f") for n in probed)
-        + " |"
-        for mode, f in modes.items()
-        if mode != "engine"
-    ]
-    if "duomo" in modes:
-        floors = [modes["duomo"]["models"][n]["floor_ms"] for n in probed]
-        overhead_rows.insert(1, "| floor | " + " | ".join(_fmt(v, ".2f") for v in floors) + " |")
-    if overhead_rows and workload["overhead_s"] > 0:
+
+    def overhead_row(label: str, figures: dict[str, Any], key: str) -> str:
+        return f"| {label} | " + " | ".join(_fmt(figures[n][key], ".2f") for n in probed) + " |"
+
+    overhead_rows = []
+    for mode, f in modes.items():
+        if mode == "engine":
+            continue
+        overhead_rows.append(overhead_row(mode, f["models"], "overhead_ms"))
+        if mode == "duomo":  # its floor, probed right after it
+            overhead_rows.append(overhead_row("floor", f["models"], "floor_ms"))
+    if probed and overhead_rows and workload["overhead_s"] > 0:
         lines += [
             "",
             "Per-request overhead, ms: p50 with one client and that model alone, minus the p50 "
