@@ -41,12 +41,15 @@ def test_bench_smoke_writes_the_report(demo_config: object, tmp_path: Path) -> N
     duomo = report["modes"]["duomo"]
     assert duomo["processes"] >= 1 and duomo["idle_cpu_percent"] is not None
     assert duomo["models"]["classify"]["overhead_ms"] is not None
-    assert duomo["models"]["classify"]["floor_ms"] is not None  # the bare server, next to it
+    # the bare servers, one and two threads, probed next to it
+    assert duomo["models"]["classify"]["floor_ms"] is not None
+    assert duomo["models"]["classify"]["design_floor_ms"] is not None
     # the work ratio is reported as a target; whether it holds is the benchmark's business
     names = [t["target"] for t in report["targets"]]
     assert "duomo work ÷ engine work" in names and "idle supervisor CPU %" in names
     markdown = (out / "report.md").read_text()
     assert "| engine |" in markdown and "| duomo |" in markdown and "| floor |" in markdown
+    assert "| design floor |" in markdown
     assert markdown in run.stdout
     for chart in ("throughput.png", "latency.png"):
         assert (out / chart).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

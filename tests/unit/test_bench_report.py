@@ -46,11 +46,14 @@ def _round(
     rss: float,
     overhead: dict[str, float] | None = None,
     floor: dict[str, float] | None = None,
+    design_floor: dict[str, float] | None = None,
 ) -> dict:
     probes = {
         probe: {n: {"overhead_ms": ms, "wrong": 0} for n, ms in (figures or {}).items()}
-        for probe, figures in (("overhead", overhead), ("floor", floor))
-    }
+        for probe, figures in (
+            ("overhead", overhead), ("floor", floor), ("design_floor", design_floor)
+        )
+    }  # fmt: skip
     return {
         "duration_s": 10.0,
         "models": {
@@ -69,9 +72,9 @@ def test_work_weights_each_model_by_its_rate_alone_and_targets_are_ratios() -> N
         "engine": _mode_figures([_round({"a": 50, "b": 5}, 1000)], alone),
         "duomo": _mode_figures(
             [
-                _round({"a": 60, "b": 4}, 500, {"a": 0.2}, {"a": 0.1}),
-                _round({"a": 60, "b": 4}, 500, {"a": 0.4}, {"a": 0.3}),
-                _round({"a": 60, "b": 4}, 500, {"a": 0.3}, {"a": 0.5}),
+                _round({"a": 60, "b": 4}, 500, {"a": 0.2}, {"a": 0.1}, {"a": 0.15}),
+                _round({"a": 60, "b": 4}, 500, {"a": 0.4}, {"a": 0.3}, {"a": 0.35}),
+                _round({"a": 60, "b": 4}, 500, {"a": 0.3}, {"a": 0.5}, {"a": 0.4}),
             ],
             alone,
         ),
@@ -81,10 +84,12 @@ def test_work_weights_each_model_by_its_rate_alone_and_targets_are_ratios() -> N
     }
     assert modes["engine"]["work"] == pytest.approx(0.5 + 0.5)
     assert modes["duomo"]["work"] == pytest.approx(0.6 + 0.4)
-    # the probes' medians over rounds, Duomo's and its floor's
+    # the probes' medians over rounds, Duomo's and its floors'
     assert modes["duomo"]["models"]["a"]["overhead_ms"] == pytest.approx(0.3)
     assert modes["duomo"]["models"]["a"]["floor_ms"] == pytest.approx(0.3)
+    assert modes["duomo"]["models"]["a"]["design_floor_ms"] == pytest.approx(0.35)
     assert modes["triton"]["models"]["a"]["floor_ms"] is None
+    assert modes["triton"]["models"]["a"]["design_floor_ms"] is None
     got = {t["target"]: (round(t["value"], 3), t["held"]) for t in targets(modes)}
     assert got["duomo work ÷ engine work"] == (1.0, True)
     assert got["duomo work ÷ per-model work"] == (1.429, True)
@@ -93,9 +98,9 @@ def test_work_weights_each_model_by_its_rate_alone_and_targets_are_ratios() -> N
     assert got["duomo work ÷ triton work (the better peer)"] == (1.25, True)
     assert got["duomo memory ÷ triton memory"] == (0.625, True)
     assert got["a overhead ÷ triton overhead"] == (0.3, False)
-    floors = {t["target"]: t["floor"] for t in targets(modes)}
-    assert floors["a overhead ÷ triton overhead"] == pytest.approx(0.3)
-    assert floors["duomo work ÷ engine work"] is None
+    floors = {t["target"]: (t["floor"], t["design_floor"]) for t in targets(modes)}
+    assert floors["a overhead ÷ triton overhead"] == pytest.approx((0.3, 0.35))
+    assert floors["duomo work ÷ engine work"] == (None, None)
 
 
 def _report(modes: dict, overhead_models: list[str]) -> dict:
@@ -110,16 +115,20 @@ def _report(modes: dict, overhead_models: list[str]) -> dict:
     }  # fmt: skip
 
 
-def test_overhead_table_has_the_floor_under_duomo_and_none_when_nothing_is_probed() -> None:
+def test_overhead_table_has_the_floors_under_duomo_and_none_when_nothing_is_probed() -> None:
     alone = {"a": {"rps": 100.0, "p50_ms": 10.0}}
     modes = {  # the workload's order, which need not start with duomo
         "triton": _mode_figures([_round({"a": 40}, 800, {"a": 1.0})], alone),
-        "duomo": _mode_figures([_round({"a": 60}, 500, {"a": 0.2}, {"a": 0.1})], alone),
+        "duomo": _mode_figures(
+            [_round({"a": 60}, 500, {"a": 0.2}, {"a": 0.1}, {"a": 0.15})], alone
+        ),
     }
     lines = markdown(_report(modes, ["a"])).splitlines()
     rows = [line for line in lines if line.startswith(("| triton | 1.00", "| duomo | 0.20"))]
     assert rows == ["| triton | 1.00 |", "| duomo | 0.20 |"]
-    assert lines[lines.index("| duomo | 0.20 |") + 1] == "| floor | 0.10 |"
+    below = lines.index("| duomo | 0.20 |")
+    assert lines[below + 1 : below + 3] == ["| floor | 0.10 |", "| design floor | 0.15 |"]
+    assert "| a overhead ÷ triton overhead | 0.200 | ≤ 0.25 | yes | 0.100 | 0.150 |" in lines
     unprobed = markdown(_report(modes, []))
     assert "Per-request overhead" not in unprobed and "| floor |" not in unprobed
 

@@ -1,15 +1,20 @@
 """The floor of the per-request overhead: the least that any server in another process adds to
-a request on this machine, measured next to Duomo's.
+a request on this machine, measured next to Duomo's, in two shapes.
 
-The floor server does nothing but the unavoidable: one thread, one client. Per request it
-receives the image's shape (12 bytes) on a Unix socket, runs the same executor as every mode on
-the image the client wrote into a shared-memory segment, writes the JSON result after it and
-answers the result's length (4 bytes). No validation, queue, batching, second thread, deadline
-or protocol: whatever a real server adds on top of this is its own overhead, and what this
-costs (two process wake-ups, the image read from memory another core wrote, the result's
-encoding) no server in another process can avoid.
+The floor server does nothing but the unavoidable: one client. Per request it receives the
+image's shape (12 bytes) on a Unix socket, runs the same executor as every mode on the image the
+client wrote into a shared-memory segment, writes the JSON result after it and answers the
+result's length (4 bytes). No validation, batching, deadline, bookkeeping or protocol.
 
-Server side: ``python -m tools.bench.floor CONFIG MODEL SOCKET``, started by
+- **one thread** (``floor``): the thread that receives the request runs it. What this costs
+  (two process wake-ups, the image read from memory another core wrote, the result's encoding)
+  no server in another process can avoid.
+- **two threads** (``design floor``, ``--handoff``): the receiving thread hands each request to
+  a compute thread through a queue and goes back to the socket; the compute thread runs it and
+  answers. That is the least DESIGN §3 asks for (a reactor thread that reads notices, a model
+  worker thread that runs them), so whatever Duomo adds on top of it is Duomo's own code.
+
+Server side: ``python -m tools.bench.floor CONFIG MODEL SOCKET [--handoff]``, started by
 ``tools.bench.servers.FloorServer``; it prints ``ready SHM_NAME`` once its executor is warm,
 serves one client and exits when that client disconnects. Client side: ``floor_sender`` (used
 by ``tools.bench.producer``); it maps the segment before it connects, and the server removes the
@@ -18,11 +23,14 @@ segment's name as soon as it has accepted, so nothing is left in /dev/shm howeve
 
 from __future__ import annotations
 
+import functools
 import json
+import queue
 import signal
 import socket
 import struct
 import sys
+import threading
 from collections.abc import Callable
 from multiprocessing import resource_tracker, shared_memory
 from typing import Any
@@ -31,7 +39,7 @@ import numpy as np
 
 from supervisor.memory import tune_heap
 from tools.bench.inprocess import open_executor, run_one
-from worker.executors.base import IMAGE_SLOT_BYTES, JSON_RESULT_BYTES
+from worker.executors.base import IMAGE_SLOT_BYTES, JSON_RESULT_BYTES, Executor
 
 _SHAPE = struct.Struct("<3I")  # height, width, channels (0: a 2-D gray image)
 _LENGTH = struct.Struct("<I")
@@ -41,7 +49,7 @@ def _image(buffer: memoryview, h: int, w: int, c: int) -> np.ndarray:
     return np.ndarray((h, w, c) if c else (h, w), np.uint8, buffer)
 
 
-def serve(config: str, model: str, socket_path: str) -> None:
+def serve(config: str, model: str, socket_path: str, handoff: bool = False) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stopped before a client came
     tune_heap()  # as the supervisor process does
     executor = open_executor(config, model, threads=1)
@@ -58,13 +66,12 @@ def serve(config: str, model: str, socket_path: str) -> None:
         shm.unlink()  # the client mapped it before connecting
         unlinked = True
         with conn:
-            while len(head := conn.recv(_SHAPE.size, socket.MSG_WAITALL)) == _SHAPE.size:
-                blob = json.dumps(
-                    run_one(executor, _image(buf, *_SHAPE.unpack(head))),
-                    separators=(",", ":"),
-                ).encode()
-                buf[IMAGE_SLOT_BYTES : IMAGE_SLOT_BYTES + len(blob)] = blob
-                conn.sendall(_LENGTH.pack(len(blob)))
+            answer = functools.partial(_answer, executor, buf, conn)
+            if handoff:
+                _receive_and_hand_off(conn, answer)
+            else:
+                while len(head := conn.recv(_SHAPE.size, socket.MSG_WAITALL)) == _SHAPE.size:
+                    answer(head)
     finally:
         listener.close()
         executor.close()
@@ -72,6 +79,36 @@ def serve(config: str, model: str, socket_path: str) -> None:
         shm.close()
         if not unlinked:
             shm.unlink()
+
+
+def _answer(executor: Executor, buf: memoryview, conn: socket.socket, head: bytes) -> None:
+    """Run the request whose image shape is ``head`` and answer it."""
+    result = run_one(executor, _image(buf, *_SHAPE.unpack(head)))
+    blob = json.dumps(result, separators=(",", ":")).encode()
+    buf[IMAGE_SLOT_BYTES : IMAGE_SLOT_BYTES + len(blob)] = blob
+    conn.sendall(_LENGTH.pack(len(blob)))
+
+
+def _receive_and_hand_off(conn: socket.socket, answer: Callable[[bytes], None]) -> None:
+    """This thread receives; a compute thread answers what it hands over (None: the end)."""
+    handed: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+
+    def compute() -> None:
+        try:
+            while (head := handed.get()) is not None:
+                answer(head)
+        except BaseException:
+            conn.shutdown(socket.SHUT_RDWR)  # the client sees EOF instead of waiting forever
+            raise
+
+    worker = threading.Thread(target=compute, name="floor-compute")
+    worker.start()
+    try:
+        while len(head := conn.recv(_SHAPE.size, socket.MSG_WAITALL)) == _SHAPE.size:
+            handed.put(head)
+    finally:
+        handed.put(None)
+        worker.join()
 
 
 def floor_sender(target: dict[str, Any]) -> Callable[[np.ndarray], Any]:
@@ -97,4 +134,5 @@ def floor_sender(target: dict[str, Any]) -> Callable[[np.ndarray], Any]:
 
 
 if __name__ == "__main__":
-    serve(*sys.argv[1:4])
+    config, model, socket_path, *flags = sys.argv[1:]
+    serve(config, model, socket_path, handoff=flags == ["--handoff"])

@@ -5,8 +5,9 @@ flight) or open loop (requests due at a fixed rate, several in flight, latency c
 each was due), and checks every answer.
 
 With ``probe`` in its spec it measures the per-request overhead instead: one request at a time,
-alternating blocks of requests through the server and the same executor called in this process
-(one thread, as ``alone``), so both p50s come from the same minutes on the same core.
+blocks of requests that go round the same executor called in this process (one thread, as
+``alone``), the server and any servers the probe names ``also`` (Duomo's floors), so every p50
+comes from the same minutes, against the same in-process reference.
 
 Run by ``tools.bench.run`` as ``python -m tools.bench.producer`` with a JSON spec on stdin; the
 same protocol as ``tools.bench.inprocess``: ``ready``, then the window on stdin, then one JSON
@@ -107,42 +108,70 @@ def duomo_sender(socket_path: str, model: str, client: list[Client]) -> Send:
     return lambda image: handle.infer(image, timeout_s=120)
 
 
-PROBE_BLOCK = 10  # requests per block, alternating served and in-process
+PROBE_BLOCK = 10  # requests per block; the blocks go round in-process, then each server
 
 
 def probe_overhead(
-    send: Send, spec: dict[str, Any], images: list[np.ndarray], start_at: float, end_at: float
-) -> dict[str, Any]:
-    """p50 through the server and p50 in this process, from interleaved blocks."""
+    senders: dict[str, Send],
+    spec: dict[str, Any],
+    images: list[np.ndarray],
+    start_at: float,
+    end_at: float,
+) -> dict[str, dict[str, Any]]:
+    """Per server (``senders``' labels): its p50, this process's in-process p50 and the
+    difference, from blocks of requests that go round in-process and through each server in
+    turn, so every server is measured against the same in-process reference in the same
+    minutes."""
     from tools.bench.answers import is_correct
     from tools.bench.inprocess import open_executor, run_one
 
     executor = open_executor(spec["probe"]["config"], spec["model"], threads=1)
-    served: list[float] = []
-    direct: list[float] = []
-    wrong = 0
+    turns: list[tuple[str | None, Send]] = [
+        (None, lambda image: run_one(executor, image)),
+        *senders.items(),
+    ]
+    latencies: dict[str | None, list[float]] = {label: [] for label, _ in turns}
+    wrong: dict[str | None, int] = dict.fromkeys(latencies, 0)
     i = 0
     while time.time() < end_at:
-        in_process = (i // PROBE_BLOCK) % 2 == 1
+        label, send = turns[(i // PROBE_BLOCK) % len(turns)]
         k = i % len(images)
         t0 = time.perf_counter()
-        result = run_one(executor, images[k]) if in_process else send(images[k])
+        result = send(images[k])
         elapsed_ms = (time.perf_counter() - t0) * 1e3
-        wrong += not is_correct(result, spec["expected"][k])
+        wrong[label] += not is_correct(result, spec["expected"][k])
         if time.time() >= start_at:
-            (direct if in_process else served).append(elapsed_ms)
+            latencies[label].append(elapsed_ms)
         i += 1
     executor.close()
-    served.sort()
-    direct.sort()
-    return {
-        "model": spec["model"],
-        "served": len(served),
-        "direct": len(direct),
-        "wrong": wrong,
-        "p50_ms": served[len(served) // 2] if served else None,
-        "direct_p50_ms": direct[len(direct) // 2] if direct else None,
-    }
+    direct = _p50(latencies[None])
+    probes = {}
+    for n, label in enumerate(senders):
+        served = _p50(latencies[label])
+        probes[label] = {
+            "model": spec["model"],
+            "served": len(latencies[label]),
+            "direct": len(latencies[None]),
+            "wrong": wrong[label] + (wrong[None] if n == 0 else 0),  # in-process: counted once
+            "p50_ms": served,
+            "direct_p50_ms": direct,
+            "overhead_ms": served - direct if served and direct else None,
+        }
+    return probes
+
+
+def _p50(values: list[float]) -> float | None:
+    return sorted(values)[len(values) // 2] if values else None
+
+
+def _sender(target: dict[str, Any], model: str, clients: list[Client]) -> Send:
+    if target["kind"] == "duomo":
+        return duomo_sender(target["socket"], model, clients)
+    if target["kind"] == "triton":
+        return triton_sender(target["port"], model)
+    if target["kind"] == "floor":
+        return floor_sender(target)
+    return mosec_sender(target["port"], model)
 
 
 def produce(spec: dict[str, Any]) -> dict[str, Any]:
@@ -153,26 +182,24 @@ def produce(spec: dict[str, Any]) -> dict[str, Any]:
     open_loop = spec["rate_per_s"] is not None
     threads = int(spec.get("threads", 8)) if open_loop else 1
     clients: list[Client] = []
-    senders: list[Send] = []
-    for _ in range(threads):
-        if target["kind"] == "duomo":
-            senders.append(duomo_sender(target["socket"], model, clients))
-        elif target["kind"] == "triton":
-            senders.append(triton_sender(target["port"], model))
-        elif target["kind"] == "floor":
-            senders.append(floor_sender(target))
-        else:
-            senders.append(mosec_sender(target["port"], model))
+    probe = spec.get("probe")
+    if probe:  # the overhead probe: the target, then the others it is compared with
+        probed = {"overhead": target, **probe.get("also", {})}
+        by_label = {label: _sender(t, model, clients) for label, t in probed.items()}
+        print("ready", flush=True)
+        window = json.loads(sys.stdin.readline())
+        try:
+            return probe_overhead(
+                by_label, spec, images, float(window["start_at"]), float(window["end_at"])
+            )
+        finally:
+            for c in clients:
+                c.close()
+    senders = [_sender(target, model, clients) for _ in range(threads)]
     tally = Tally()
     print("ready", flush=True)
     window = json.loads(sys.stdin.readline())
     start_at, end_at = float(window["start_at"]), float(window["end_at"])
-    if spec.get("probe"):
-        try:
-            return probe_overhead(senders[0], spec, images, start_at, end_at)
-        finally:
-            for c in clients:
-                c.close()
     interval = 1.0 / spec["rate_per_s"] if open_loop else 0.0
     lock = threading.Lock()
     next_index = [0]

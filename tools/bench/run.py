@@ -4,11 +4,12 @@
    weight of its work, its in-process p50 and every image's expected answer;
 2. **rounds** — the modes in order, then in reverse, and so on (A B C … C B A …), so drift
    cancels. For each mode: start its servers; for ``duomo`` in the first round, the idle
-   supervisor's CPU; one client per ``overhead_models`` model alone, alternating blocks through
-   the server and in-process (the p50 difference is the per-request overhead; for ``duomo`` the
-   same probe of the floor server, ``tools.bench.floor``, follows each); then every model at
-   once with its producers, a warm-up and the measured window, while the servers' memory and
-   CPU are sampled; stop;
+   supervisor's CPU; one client per ``overhead_models`` model alone, blocks of requests in turn
+   in-process and through the server (the p50 difference is the per-request overhead; for
+   ``duomo`` the two floor servers of ``tools.bench.floor`` take their turns in the same
+   client, against the same in-process reference); then every model at once with its
+   producers, a warm-up and the measured window, while the servers' memory and CPU are
+   sampled; stop;
 3. **report** — ``tools.bench.report`` writes ``report.json``, ``report.md`` and the PNG charts.
 
 Called by ``duomo bench`` (``supervisor.cli``) and as ``python -m tools.bench.run``.
@@ -118,7 +119,7 @@ def _producers(
     servers: ModeServers,
     models: list[dict[str, Any]],
     producers: dict[str, int],
-    probe: bool = False,
+    probe: dict[str, Any] | None = None,
 ) -> list[Child]:
     loads = {m.name: m for m in workload.models}
     children: list[Child] = []
@@ -133,7 +134,7 @@ def _producers(
             "expected": model["expected"],
             "rate_per_s": None if probe else rate,
             "max_requests": workload.max_requests,
-            "probe": {"config": str(workload.config)} if probe else None,
+            "probe": probe,
         }
         children.extend(Child("tools.bench.producer", [], spec) for _ in range(n))
     return children
@@ -155,25 +156,35 @@ def run_engine(workload: Workload, models: list[dict[str, Any]]) -> dict[str, An
 
 
 def probe_overhead(
-    workload: Workload, servers: ModeServers, model: dict[str, Any]
-) -> dict[str, Any]:
+    workload: Workload,
+    servers: ModeServers,
+    model: dict[str, Any],
+    workdir: Path,
+    floors: bool,
+) -> dict[str, dict[str, Any]]:
     """One client, ``model`` alone: its p50 through ``servers`` and in-process, and the
-    difference (the per-request overhead)."""
-    one = _producers(workload, servers, [model], {model["name"]: 1}, probe=True)
-    _window(one, 1.0, workload.overhead_s)
-    probe = one[0].result()
-    served, direct = probe["p50_ms"], probe["direct_p50_ms"]
-    probe["overhead_ms"] = served - direct if served and direct else None
-    return probe
-
-
-def probe_floor(workload: Workload, model: dict[str, Any], workdir: Path) -> dict[str, Any]:
-    floor = FloorServer(workload.config, [model["name"]], workdir)
-    floor.start()
+    difference (the per-request overhead), as ``overhead``; with ``floors`` (for duomo), the
+    one- and two-thread floor servers in the same rounds of blocks, as ``floor`` and
+    ``design_floor``. Each server probed gets ``overhead_s`` of the probe's time."""
+    name = model["name"]
+    floor_servers = (
+        {"floor": FloorServer(workload.config, [name], workdir),
+         "design_floor": FloorServer(workload.config, [name], workdir, handoff=True)}
+        if floors else {}
+    )  # fmt: skip
     try:
-        return probe_overhead(workload, floor, model)
+        for floor in floor_servers.values():
+            floor.start()
+        probe = {
+            "config": str(workload.config),
+            "also": {label: floor.target(name) for label, floor in floor_servers.items()},
+        }
+        one = _producers(workload, servers, [model], {name: 1}, probe)
+        _window(one, 1.0, workload.overhead_s * (1 + len(floor_servers)))
+        return dict(one[0].result())
     finally:
-        floor.stop()
+        for floor in floor_servers.values():
+            floor.stop()
 
 
 def run_served(
@@ -189,15 +200,15 @@ def run_served(
         if idle and workload.idle_s > 0:
             now = time.time() + 1.0  # let start-up settle
             figures["idle"] = _sample(servers.pids(), now, now + workload.idle_s)
-        figures["overhead"] = {}
-        if mode == "duomo":
-            figures["floor"] = {}
+        probes = ("overhead", "floor", "design_floor") if mode == "duomo" else ("overhead",)
+        for probe in probes:
+            figures[probe] = {}
         for model in models:
             if model["name"] not in workload.overhead_models or workload.overhead_s <= 0:
                 continue
-            figures["overhead"][model["name"]] = probe_overhead(workload, servers, model)
-            if mode == "duomo":
-                figures["floor"][model["name"]] = probe_floor(workload, model, workdir)
+            probed = probe_overhead(workload, servers, model, workdir, floors=mode == "duomo")
+            for probe in probes:
+                figures[probe][model["name"]] = probed[probe]
         producers = {m.name: m.producers for m in workload.models}
         children = _producers(workload, servers, models, producers)
         start_at, end_at = _window(children, workload.warmup_s, workload.duration_s)

@@ -8,8 +8,8 @@ reach them.
   (intra-op threads = the cores, spinning on, an arena per session, memory patterns); ``-tuned``
   is the same with one intra-op thread per process;
 - ``triton`` / ``mosec``: the peers from ``tools.bench.peers``, one instance per model;
-- the overhead's floor (``FloorServer``, next to ``duomo``'s probe only): one bare
-  ``tools.bench.floor`` process per model.
+- the overhead's floors (``FloorServer``, next to ``duomo``'s probe only): one bare
+  ``tools.bench.floor`` process per model, with one thread or (``handoff``) two.
 
 Used by ``tools.bench.run``; every server listens on loopback or a private Unix socket only, and
 ``stop`` ends every process it started (SIGTERM to the process group, then SIGKILL).
@@ -228,21 +228,25 @@ class MosecServer(_PeerProcess):
 
 
 class FloorServer(ModeServers):
-    """``tools.bench.floor`` processes, one per model, each serving one client: the floor of the
-    per-request overhead, probed right after Duomo's."""
+    """``tools.bench.floor`` processes, one per model, each serving one client: a floor of the
+    per-request overhead, probed right after Duomo's; ``handoff``: the two-thread one."""
 
-    def __init__(self, config: Path, models: list[str], workdir: Path) -> None:
+    def __init__(
+        self, config: Path, models: list[str], workdir: Path, handoff: bool = False
+    ) -> None:
         self.config = config
         self.models = models
         self.workdir = workdir
+        self.handoff = handoff
         self.processes: dict[str, subprocess.Popen[str]] = {}
         self.targets: dict[str, dict[str, Any]] = {}
 
     def start(self) -> None:
         for model in self.models:
-            sock = self.workdir / f"floor-{model}.sock"
+            sock = self.workdir / f"floor-{model}{'-handoff' if self.handoff else ''}.sock"
+            args = [sys.executable, "-m", "tools.bench.floor", str(self.config), model, str(sock)]
             process = self.processes[model] = subprocess.Popen(
-                [sys.executable, "-m", "tools.bench.floor", str(self.config), model, str(sock)],
+                args + (["--handoff"] if self.handoff else []),
                 stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
                 start_new_session=True,
             )  # fmt: skip
