@@ -108,7 +108,11 @@ def duomo_sender(socket_path: str, model: str, client: list[Client]) -> Send:
     return lambda image: handle.infer(image, timeout_s=120)
 
 
-PROBE_BLOCK = 10  # requests per block; the blocks go round in-process, then each server
+PROBE_BLOCK = 20  # requests per block; the blocks go round in-process, then each server
+# The first requests of a block are not counted: right after a switch the caches still hold the
+# other side's model (the first classify request ran 0.5-1.1 ms slower, the next three still
+# 0.05-0.2 ms), which is the probe's own doing, not a client's steady per-request overhead.
+PROBE_SETTLE = 5
 
 
 def probe_overhead(
@@ -121,7 +125,7 @@ def probe_overhead(
     """Per server (``senders``' labels): its p50, this process's in-process p50 and the
     difference, from blocks of requests that go round in-process and through each server in
     turn, so every server is measured against the same in-process reference in the same
-    minutes."""
+    minutes, each block past its first ``PROBE_SETTLE`` requests."""
     from tools.bench.answers import is_correct
     from tools.bench.inprocess import open_executor, run_one
 
@@ -140,7 +144,7 @@ def probe_overhead(
         result = send(images[k])
         elapsed_ms = (time.perf_counter() - t0) * 1e3
         wrong[label] += not is_correct(result, spec["expected"][k])
-        if time.time() >= start_at:
+        if time.time() >= start_at and i % PROBE_BLOCK >= PROBE_SETTLE:
             latencies[label].append(elapsed_ms)
         i += 1
     executor.close()

@@ -198,20 +198,21 @@ def markdown(report: dict[str, Any]) -> str:
         if mode == "engine":
             continue
         overhead_rows.append(overhead_row(mode, f["models"], "overhead_ms"))
-        if mode == "duomo":  # its floors, probed right after it
+        if mode == "duomo":  # its floors, probed in the same client
             overhead_rows.append(overhead_row("floor", f["models"], "floor_ms"))
             overhead_rows.append(overhead_row("design floor", f["models"], "design_floor_ms"))
     if probed and overhead_rows and workload["overhead_s"] > 0:
         lines += [
             "",
             "Per-request overhead, ms: p50 with one client and that model alone, minus the p50 "
-            "of the same executor called in the client's process, from alternating blocks "
-            "(median over rounds). *floor*: the same probe of a bare server process "
+            "of the same executor called in the client's process; the client sends blocks of "
+            "requests in turn in-process and through each server, and counts each block past "
+            "its first requests (median over rounds). *floor*: a bare server process "
             "(`tools.bench.floor`: one thread, the image in shared memory, 12 bytes in and 4 "
-            "out on a Unix socket, nothing else), right after Duomo's: what no server in "
-            "another process can avoid on this machine. *design floor*: the same bare server "
-            "with DESIGN §3's two threads (one receives and hands the request over, the other "
-            "runs and answers it): what no server of Duomo's design can avoid.",
+            "out on a Unix socket, nothing else), probed in the same client as Duomo: what no "
+            "server in another process can avoid on this machine. *design floor*: the same bare "
+            "server with DESIGN §3's two threads (one receives and hands the request over, the "
+            "other runs and answers it): what no server of Duomo's design can avoid.",
             "",
             "| mode | " + " | ".join(probed) + " |",
             "|---|" + "--:|" * len(probed),
