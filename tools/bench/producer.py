@@ -110,8 +110,8 @@ def duomo_sender(socket_path: str, model: str, client: list[Client]) -> Send:
 
 PROBE_BLOCK = 20  # requests per block; the blocks go round in-process, then each server
 # The first requests of a block are not counted: right after a switch the caches still hold the
-# other side's model (the first classify request ran 0.5-1.1 ms slower, the next three still
-# 0.05-0.2 ms), which is the probe's own doing, not a client's steady per-request overhead.
+# other side's model (the first classify request ran 0.5-1.1 ms slower, the next three up to
+# 0.2 ms), which is the probe's own doing, not a client's steady per-request overhead.
 PROBE_SETTLE = 5
 
 

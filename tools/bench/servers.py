@@ -229,7 +229,7 @@ class MosecServer(_PeerProcess):
 
 class FloorServer(ModeServers):
     """``tools.bench.floor`` processes, one per model, each serving one client: a floor of the
-    per-request overhead, probed right after Duomo's; ``handoff``: the two-thread one."""
+    per-request overhead, probed in the same client as Duomo; ``handoff``: the two-thread one."""
 
     def __init__(
         self, config: Path, models: list[str], workdir: Path, handoff: bool = False
