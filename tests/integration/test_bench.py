@@ -41,7 +41,7 @@ def test_bench_smoke_writes_the_report(demo_config: object, tmp_path: Path) -> N
     duomo = report["modes"]["duomo"]
     assert duomo["processes"] >= 1 and duomo["idle_cpu_percent"] is not None
     assert duomo["models"]["classify"]["overhead_ms"] is not None
-    # the bare servers, one and two threads, probed next to it
+    # the bare servers, one and two threads, probed in the same client
     assert duomo["models"]["classify"]["floor_ms"] is not None
     assert duomo["models"]["classify"]["design_floor_ms"] is not None
     # the work ratio is reported as a target; whether it holds is the benchmark's business
