@@ -31,6 +31,7 @@ from ipc.client import Client
 from ipc.errors import DuomoError
 from supervisor.image_files import read_image
 from tools.bench.floor import floor_sender
+from tools.bench.report import percentile
 from tools.bench.tally import Tally
 
 Send = Callable[[np.ndarray], Any]  # one request: the result dict, or raises
@@ -148,10 +149,10 @@ def probe_overhead(
             latencies[label].append(elapsed_ms)
         i += 1
     executor.close()
-    direct = _p50(latencies[None])
+    direct = percentile(latencies[None], 0.5)
     probes = {}
     for n, label in enumerate(senders):
-        served = _p50(latencies[label])
+        served = percentile(latencies[label], 0.5)
         probes[label] = {
             "model": spec["model"],
             "served": len(latencies[label]),
@@ -162,10 +163,6 @@ def probe_overhead(
             "overhead_ms": served - direct if served and direct else None,
         }
     return probes
-
-
-def _p50(values: list[float]) -> float | None:
-    return sorted(values)[len(values) // 2] if values else None
 
 
 def _sender(target: dict[str, Any], model: str, clients: list[Client]) -> Send:
