@@ -36,14 +36,13 @@ class ProtocolError(Exception):
 class FrameReader:
     def __init__(self) -> None:
         self._buffer = bytearray()
-
-    @property
-    def empty(self) -> bool:
-        """No partial frame is waiting for more bytes."""
-        return not self._buffer
+        # no partial frame is waiting for more bytes (a plain attribute: both readers test it
+        # on every notice)
+        self.empty = True
 
     def feed(self, data: bytes) -> Iterator[tuple[FrameKind, bytes]]:
         self._buffer += data
+        self.empty = not self._buffer
         while len(self._buffer) >= FRAME.size:
             length, kind_code = FRAME.unpack_from(self._buffer)
             try:
@@ -57,6 +56,7 @@ class FrameReader:
                 return
             payload = bytes(self._buffer[FRAME.size : end])
             del self._buffer[:end]
+            self.empty = not self._buffer
             yield kind, payload
 
 

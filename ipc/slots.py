@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import orjson
 
 from ipc.errors import (
     DeadlineExceededError,
@@ -282,18 +282,22 @@ class Slot:
     def write(self, data: Any) -> None:
         """Copy an image (uint8 H×W×C or H×W) or a dict of arrays into the slot's inputs."""
         areas = self.handle.layout.inputs
+        items: Iterable[tuple[str, Any]]
         if isinstance(data, np.ndarray):
             if len(areas) != 1:
                 raise InvalidArgumentError(f"{self.handle.name!r} takes {len(areas)} inputs")
-            data = {areas[0].name: data}
-        if not isinstance(data, dict):
+            items = ((areas[0].name, data),)
+        elif isinstance(data, dict):
+            items = data.items()
+        else:
             raise InvalidArgumentError("expected a numpy array or a dict of arrays")
-        for name, array in data.items():
+        for name, array in items:
             array = np.asarray(array)
-            area = next((a for a in areas if a.name == name), None)
-            if area is None:
+            known = self.handle._inputs.get(name)
+            if known is None:
                 raise InvalidArgumentError(f"{self.handle.name!r} has no input {name!r}")
-            if array.dtype != np.dtype(area.dtype):
+            _, area, dtype, _ = known
+            if array.dtype != dtype:
                 raise InvalidArgumentError(
                     f"input {name!r} must be {area.dtype}, got {array.dtype}"
                 )
@@ -373,16 +377,18 @@ class Slot:
             raise DeadlineExceededError(f"no answer from {self.handle.name!r} in time")
         if self._error is not None:
             raise self._failed(self._error)
-        seq, state, status, result_len, timings = unpack_done(self._header)
+        state, seq, status, result_len, queue_us, pre_us, infer_us, post_us = unpack_done(
+            self._header
+        )
         area = self._output
         if seq != self._seq or state != SlotState.DONE:
             raise UnavailableError("the slot was not answered (stale or corrupt header)")
         used = min(result_len, len(area))
         if status != ErrorCode.OK:
             raise self._failed(error_for(status, bytes(area[:used]).decode("utf-8", "replace")))
-        self._timings = timings
+        self._timings = (queue_us, pre_us, infer_us, post_us)
         if self.handle.layout.result == "json":
-            return json.loads(bytes(area[:used]))
+            return orjson.loads(area[:used])
         names = self.handle.layout.outputs
         result = self._result
         if result is None or not result.describes(area, used):

@@ -18,7 +18,7 @@ meanwhile is UNAVAILABLE.
 from __future__ import annotations
 
 import contextlib
-import json
+import functools
 import math
 import threading
 import time
@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import orjson
 import structlog
 
 from ipc.errors import (
@@ -51,7 +52,7 @@ from ipc.wire import (
     unpack_request,
 )
 from worker.executors.base import SlotSpec, WrittenInPlace
-from worker.request import Outcome, Request
+from worker.request import Outcome, Request, StageTimings
 from worker.served_model import ServedModel
 
 log = structlog.get_logger("duomo.attachment")
@@ -73,14 +74,15 @@ class Attachment:
     def __init__(
         self,
         ring_id: int,
-        lookup: Callable[[], ServedModel],
+        model_name: str,
+        lookup: Callable[[str], ServedModel],
         slots: int,
         send_notice: Callable[[int, int, int], None],
     ) -> None:
         self.ring_id = ring_id
+        self.model_name = model_name
         self._lookup = lookup  # by name at every request, so a reload's replacement serves it
-        model = lookup()
-        self.model_name = model.spec.name
+        model = lookup(model_name)
         self.spec = model.slot_spec()
         self.layout = layout_for(self.spec, slots)
         self.ring = SlotRing.create(self.layout)
@@ -97,8 +99,12 @@ class Attachment:
         self._accepted: list[tuple[int, bytes, Any] | None] = [None] * slots
         self._send_notice = send_notice
         self._lock = threading.Lock()
-        # slot -> its queued request (None between acceptance and queueing)
+        # slot -> its queued request (None between acceptance and queueing); the reactor thread
+        # alone adds entries, and fills them in before it queues their requests
         self._in_flight: dict[int, Request | None] = {}
+        self._seqs = [0] * slots  # the sequence number of each slot's request in flight
+        # each slot's answer, made once: no callback is built per request
+        self._answers = [functools.partial(self._complete, slot) for slot in range(slots)]
         self._closing = False
         self.closed = False
         self.answered = 0
@@ -122,6 +128,7 @@ class Attachment:
                     )
                 raise InvalidArgumentError(f"slot {slot} is already in flight")
             self._in_flight[slot] = None
+        self._seqs[slot] = seq
         try:
             header = bytes(self._headers[slot])  # the one read; only this copy is used below
             magic, version, state, header_seq, priority, count, timeout_us = unpack_request(header)
@@ -133,7 +140,7 @@ class Attachment:
                 raise InvalidArgumentError("slot header sequence number does not match the notice")
             if not 0 <= timeout_us <= MAX_TIMEOUT_US:
                 raise InvalidArgumentError(f"timeout of {timeout_us} µs is out of range")
-            model = self._lookup()
+            model = self._lookup(self.model_name)
             if model is not self._model:  # a reload replaced the model
                 if not model.layout_known or model.slot_spec() != self.spec:
                     raise ModelChangedError(
@@ -142,22 +149,23 @@ class Attachment:
                     )
                 self._model, self._payload_from_slot = model, model.payload_builder()
                 self._accepted = [None] * self.layout.slots
-            payload = self._payload(slot, count, header)
-            deadline = time.monotonic() + timeout_us / 1e6 if timeout_us else None
-            model.submit(
-                payload,
-                lambda outcome: self._complete(slot, seq, outcome),
+            now = time.monotonic()
+            request = Request(
+                payload=self._payload(slot, count, header),
+                on_done=self._answers[slot],
                 priority=max(-PRIORITY_LIMIT, min(PRIORITY_LIMIT, priority)),
-                deadline_s=deadline,
-                accepted=lambda request: self._track(slot, request),
+                deadline_s=now + timeout_us / 1e6 if timeout_us else None,
+                enqueued_s=now,
             )
+            self._in_flight[slot] = request  # cancellable by ``close`` from now on
+            model.enqueue(request)
         except DuomoError as err:
-            self._complete(slot, seq, Outcome(error=err))
+            self._complete(slot, Outcome(error=err))
         except ValueError as err:  # a header that cannot even be decoded
-            self._complete(slot, seq, Outcome(error=InvalidArgumentError(str(err))))
+            self._complete(slot, Outcome(error=InvalidArgumentError(str(err))))
         except Exception:  # a bug here must still answer the slot, and never reach the reactor
             log.exception("could not queue a slot", model=self.model_name, slot=slot)
-            self._complete(slot, seq, Outcome(error=InternalError("could not queue the request")))
+            self._complete(slot, Outcome(error=InternalError("could not queue the request")))
 
     def _payload(self, slot: int, count: int, header: bytes) -> Any:
         """The executor's payload for the inputs ``header`` declares, validated; the same
@@ -171,12 +179,6 @@ class Attachment:
         payload = self._payload_from_slot(views, self._outputs[slot])
         self._accepted[slot] = (count, block, payload)
         return payload
-
-    def _track(self, slot: int, request: Request) -> None:
-        """The slot's request, cancellable from now on (set before a worker can answer it)."""
-        with self._lock:
-            if slot in self._in_flight:
-                self._in_flight[slot] = request
 
     def _validate(self, slot: int, inputs: list[TensorDesc]) -> dict[str, np.ndarray]:
         """Input views for the declared ``inputs``, each checked against this model's slot."""
@@ -213,9 +215,10 @@ class Attachment:
             views[area.name] = self.ring.input_view(slot, index, dtype, shape)
         return views
 
-    def _complete(self, slot: int, seq: int, outcome: Outcome) -> None:
+    def _complete(self, slot: int, outcome: Outcome) -> None:
         """Write the outcome into the slot and notify the client (any thread); every accepted
         slot gets exactly one answer, an INTERNAL one if writing the real one failed."""
+        seq = self._seqs[slot]  # the slot stays reserved until below: nobody rewrites it
         with self._lock:
             closing = self._closing
         if not closing:  # the slot is still in flight, so the ring stays mapped while we write
@@ -254,9 +257,7 @@ class Attachment:
 
     def _write(self, slot: int, seq: int, outcome: Outcome) -> None:
         status, used = self._encode(outcome, self._outputs[slot])
-        t = outcome.timings
-        timings = (t.queue_s, t.preprocess_s, t.infer_s, t.postprocess_s)
-        pack_done(self._headers[slot], seq, status, used, tuple(map(_us, timings)))
+        pack_done(self._headers[slot], seq, status, used, _timings_us(outcome.timings))
 
     def _encode(self, outcome: Outcome, area: memoryview) -> tuple[int, int]:
         if isinstance(outcome.result, WrittenInPlace):
@@ -266,7 +267,7 @@ class Attachment:
                 if self.spec.result == "tensors":
                     result: dict[str, Any] = outcome.result
                     return ErrorCode.OK, write_tensors(area, [result[n] for n in self.spec.outputs])
-                blob = json.dumps(outcome.result, separators=(",", ":")).encode()
+                blob = orjson.dumps(outcome.result)
                 if len(blob) > len(area):
                     raise ValueError(f"result of {len(blob)} bytes exceeds the slot's {len(area)}")
                 area[: len(blob)] = blob
@@ -315,8 +316,14 @@ class Attachment:
 
 
 _ZERO = (0, 0, 0, 0)
+_US_MAX = 0xFFFFFFFF  # what a header's 32-bit stage timing holds
 
 
-def _us(seconds: float) -> int:
-    us = int(seconds * 1e6)
-    return us if 0 <= us <= 0xFFFFFFFF else (0 if us < 0 else 0xFFFFFFFF)
+def _timings_us(t: StageTimings) -> tuple[int, int, int, int]:
+    """The stage timings as the header's µs fields (clamped to them)."""
+    return (
+        min(max(int(t.queue_s * 1e6), 0), _US_MAX),
+        min(max(int(t.preprocess_s * 1e6), 0), _US_MAX),
+        min(max(int(t.infer_s * 1e6), 0), _US_MAX),
+        min(max(int(t.postprocess_s * 1e6), 0), _US_MAX),
+    )

@@ -512,8 +512,8 @@ def _hand_over_queue(old: ServedModel, new: ServedModel) -> None:
     if not (old.layout_known and new.layout_known and old.slot_spec() == new.slot_spec()):
         return
     for request in old.batcher.drain():
-        try:  # the old request's callback still answers its client and does its bookkeeping
-            new.submit(request.payload, request.on_done, request.priority, request.deadline_s)
+        try:  # answered through the old request: its client's callback, its bookkeeping
+            new.submit(request.payload, request.deliver, request.priority, request.deadline_s)
         except DuomoError as err:
             request.complete(error=err)
 

@@ -57,6 +57,7 @@ class Batcher:
         self._cond = threading.Condition(self._lock)
         self._filling = False
         self._closed = False
+        self._waiting = 0  # workers asleep on the condition; none: nobody to notify
         self.generation = 0  # workers started now serve this generation
 
     @property
@@ -78,7 +79,8 @@ class Batcher:
                 level = self._levels[request.priority] = deque()
             level.append(request)
             self._count += 1
-            self._cond.notify_all()
+            if self._waiting:
+                self._cond.notify_all()
 
     def close(self) -> None:
         """Stop accepting; workers drain what is queued, then ``next_batch`` returns None."""
@@ -129,25 +131,32 @@ class Batcher:
                 while not self._count or self._filling:
                     if (self._closed and not self._count) or generation != self.generation:
                         return None
+                    self._waiting += 1  # (an exception in wait only costs spare notifies)
                     self._cond.wait()
+                    self._waiting -= 1
                 if generation != self.generation:
                     return None
                 self._filling = True
                 try:
-                    first = self._levels[self._best_level(self._clock())][0]
-                    fill_until = first.enqueued_s + self.max_delay_s
-                    while self._count < self.max_batch and not self._closed:
-                        remaining = fill_until - self._clock()
-                        if remaining <= 0 or generation != self.generation or not self._count:
-                            break
-                        self._cond.wait(remaining)
+                    # (without a delay the batch is what is queued now: nothing to wait for)
+                    if self.max_delay_s > 0 and self._count < self.max_batch:
+                        first = self._levels[self._best_level(self._clock())][0]
+                        fill_until = first.enqueued_s + self.max_delay_s
+                        while self._count < self.max_batch and not self._closed:
+                            remaining = fill_until - self._clock()
+                            if remaining <= 0 or generation != self.generation or not self._count:
+                                break
+                            self._waiting += 1
+                            self._cond.wait(remaining)
+                            self._waiting -= 1
                     if generation != self.generation:
                         return None  # retired while filling: the queue stays for the next
                     if self._count:  # (a drain may have emptied it meanwhile)
                         return self._take()
                 finally:
                     self._filling = False
-                    self._cond.notify_all()
+                    if self._waiting:
+                        self._cond.notify_all()
 
     def _best_level(self, now: float) -> int:
         """The priority level whose oldest request goes next.

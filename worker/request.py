@@ -1,8 +1,9 @@
 """The messages that flow through a model: a ``Request`` in, an ``Outcome`` out.
 
-Created by whoever accepts work (the engine's in-process API, later the supervisor's reactor),
-queued by the ``Batcher``, completed exactly once by a ``ModelWorker`` (with DEADLINE_EXCEEDED when
-the batcher found it expired) through the request's ``on_done`` callback.
+Created by whoever accepts work (the engine's in-process API, the supervisor's attachments),
+queued by its ``ServedModel`` and the ``Batcher``, completed exactly once by a ``ModelWorker``
+(with DEADLINE_EXCEEDED when the batcher found it expired) through the request's ``on_done``
+callback, then its model's ``on_finished`` bookkeeping.
 """
 
 from __future__ import annotations
@@ -54,14 +55,16 @@ class Request:
     """One unit of work for one model. ``deadline_s`` is on the ``time.monotonic`` clock."""
 
     payload: Any
-    on_done: Callable[[Outcome], None]
+    on_done: Callable[[Outcome], object]
     priority: int = 0
     deadline_s: float | None = None
     enqueued_s: float = field(default_factory=time.monotonic)
-    seq: int = field(default_factory=lambda: next(_sequence))
+    seq: int = field(default_factory=_sequence.__next__)
     timings: StageTimings = field(default_factory=StageTimings)
     cancelled: bool = False  # set when nobody will read the answer (the client went away)
     abandoned: bool = False  # answered by the watchdog while its batch still runs
+    # the model's bookkeeping, set when it queues the request; runs after ``on_done``
+    on_finished: Callable[[Request, Outcome], None] | None = field(default=None, repr=False)
     _done: bool = field(default=False, repr=False)
     _batch_over: bool = field(default=False, repr=False)
     _on_batch_over: Callable[[], None] | None = field(default=None, repr=False)
@@ -73,19 +76,25 @@ class Request:
         self, result: Any = None, error: DuomoError | None = None, batch_size: int = 0
     ) -> bool:
         """Deliver the outcome once; a second completion is ignored and returns False."""
+        return self.deliver(Outcome(result, error, self.timings, batch_size, self.abandoned))
+
+    def deliver(self, outcome: Outcome) -> bool:
+        """``complete`` with an outcome made elsewhere (a request handed to another model is
+        answered through the one that replaced it)."""
         with _COMPLETION_LOCK:  # held for a flag test: one lock for all requests is enough
             if self._done:
                 return False
             self._done = True
-        outcome = Outcome(result, error, self.timings, batch_size, self.abandoned)
         try:
-            self.on_done(outcome)
+            self.on_done(outcome)  # the answer first: bookkeeping is off its path
         except Exception:
             # One caller's broken callback must not stop the worker from answering the others.
             log.exception("request callback failed", seq=self.seq)
         # Let go of the input at once: for a slot request it is a view into shared memory,
         # and the segment can only be unmapped when no view is left.
         self.payload = None
+        if self.on_finished is not None:
+            self.on_finished(self, outcome)
         return True
 
     def hold_until_batch_over(self, release: Callable[[], None]) -> bool:

@@ -4,8 +4,9 @@ Created by the engine from a ``ModelSpec`` and kept for as long as the config de
 its workers come and go. The engine calls the lifecycle methods (one at a time per model, under
 ``lifecycle``): ``load`` starts every instance on its own thread and returns once all are
 warmed up; ``unload`` lets them go; ``reinitialize`` (from the watchdog) replaces them after
-failures or a hang; ``stop`` ends the model for good. ``submit`` queues a request from any thread
-and returns at once; the outcome arrives through the request's callback.
+failures or a hang; ``stop`` ends the model for good. ``submit`` (or ``enqueue``, for a request
+built by the caller) queues a request from any thread and returns at once; the outcome arrives
+through the request's callback.
 
 States::
 
@@ -357,15 +358,24 @@ class ServedModel:
     def submit(
         self,
         payload: Any,
-        on_done: Callable[[Outcome], None],
+        on_done: Callable[[Outcome], object],
         priority: int | None = None,
         deadline_s: float | None = None,
-        accepted: Callable[[Request], None] | None = None,
     ) -> Request:
-        """Queue one request; raises at once if the model refuses it or its queue is full.
+        """Queue one request; raises at once if the model refuses it or its queue is full."""
+        request = Request(
+            payload=payload,
+            on_done=on_done,
+            priority=self.spec.priority if priority is None else priority,
+            deadline_s=deadline_s,
+        )
+        self.enqueue(request)
+        return request
 
-        ``accepted`` sees the request before it is queued (a worker may answer it at once).
-        """
+    def enqueue(self, request: Request) -> None:
+        """Queue ``request`` (its ``enqueued_s`` is when it arrived); raises at once if the model
+        refuses it or its queue is full. A worker may answer it before this returns, so the
+        caller keeps whatever it needs to cancel the request before calling."""
         state = self.state
         if state not in SERVING and state is not ModelState.LOADING:
             waits = (
@@ -376,35 +386,26 @@ class ServedModel:
             )
             if not waits:
                 raise UnavailableError(self._refusal(state))
-        start = time.monotonic()
-        self.last_used_s = start
-
-        def done(outcome: Outcome) -> None:
-            on_done(outcome)  # the caller first: bookkeeping is off the answer's path
-            with self._pending_lock:
-                self._pending -= 1
-            self.stats.record(outcome, time.monotonic() - start)
-
-        request = Request(
-            payload=payload,
-            on_done=done,
-            priority=self.spec.priority if priority is None else priority,
-            deadline_s=deadline_s,
-            enqueued_s=start,
-        )
+        self.last_used_s = request.enqueued_s
+        request.on_finished = self._finished
         with self._pending_lock:
             self._pending += 1
-        if accepted is not None:
-            accepted(request)
         try:
             self.batcher.put(request)  # wakes a worker: nothing after this on the caller's path
         except BaseException:
+            request.on_finished = None
             with self._pending_lock:
                 self._pending -= 1
             raise
         if self.state is ModelState.UNLOADED and self.auto_load and self._on_demand is not None:
             self._on_demand(self)  # read after queueing: an eviction cannot slip in between
-        return request
+
+    def _finished(self, request: Request, outcome: Outcome) -> None:
+        """A request this model queued was answered (after its callback, on whichever thread
+        answered it)."""
+        with self._pending_lock:
+            self._pending -= 1
+        self.stats.record(outcome, time.monotonic() - request.enqueued_s)
 
     def _refusal(self, state: ModelState) -> str:
         name = self.spec.name

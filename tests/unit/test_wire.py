@@ -32,7 +32,7 @@ def test_slot_header_round_trip() -> None:
     assert (back.seq, back.state, back.priority, back.timeout_us) == (7, 1, -3, 1500)
     assert [(d.dtype, d.shape) for d in back.inputs] == [(0, (480, 640, 3)), (7, (2, 5))]
     pack_done(memoryview(buffer), 7, 4, 123, (1, 2, 3, 4))
-    assert unpack_done(memoryview(buffer)) == (7, SlotState.DONE, 4, 123, (1, 2, 3, 4))
+    assert unpack_done(memoryview(buffer)) == (SlotState.DONE, 7, 4, 123, 1, 2, 3, 4)
 
 
 def test_header_that_lies_about_counts_is_rejected() -> None:
