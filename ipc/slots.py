@@ -367,9 +367,8 @@ class Slot:
         Raw arrays are views into the slot, valid until it is released, unless ``copy``.
         """
         if not self._answered:
-            if timeout_s is None and self._deadline_s is not None:
-                timeout_s = max(0.0, self._deadline_s - time.monotonic())
-            deadline = None if timeout_s is None else time.monotonic() + timeout_s
+            # without a timeout here, the request's own deadline (with its grace), if it has one
+            deadline = self._deadline_s if timeout_s is None else time.monotonic() + timeout_s
             self.handle.client.wait_until(self.answered, deadline)
         if not self._answered:
             if self.handle.client._closed is not None:

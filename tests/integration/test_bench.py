@@ -44,6 +44,9 @@ def test_bench_smoke_writes_the_report(demo_config: object, tmp_path: Path) -> N
     # the bare servers, one and two threads, probed in the same client
     assert duomo["models"]["classify"]["floor_ms"] is not None
     assert duomo["models"]["classify"]["design_floor_ms"] is not None
+    # and each server's own time in the executor taken off its round trips: what it adds
+    for key in ("accounted_ms", "floor_accounted_ms", "design_floor_accounted_ms"):
+        assert duomo["models"]["classify"][key] > 0, key
     # the work ratio is reported as a target; whether it holds is the benchmark's business
     names = [t["target"] for t in report["targets"]]
     assert "duomo work ÷ engine work" in names and "idle supervisor CPU %" in names

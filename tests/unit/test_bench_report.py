@@ -48,8 +48,12 @@ def _round(
     floor: dict[str, float] | None = None,
     design_floor: dict[str, float] | None = None,
 ) -> dict:
+    """One round; each probe's accounted overhead is made up as half its overhead."""
     probes = {
-        probe: {n: {"overhead_ms": ms, "wrong": 0} for n, ms in (figures or {}).items()}
+        probe: {
+            n: {"overhead_ms": ms, "accounted_ms": ms / 2, "wrong": 0}
+            for n, ms in (figures or {}).items()
+        }
         for probe, figures in (
             ("overhead", overhead), ("floor", floor), ("design_floor", design_floor)
         )
@@ -88,6 +92,9 @@ def test_work_weights_each_model_by_its_rate_alone_and_targets_are_ratios() -> N
     assert modes["duomo"]["models"]["a"]["overhead_ms"] == pytest.approx(0.3)
     assert modes["duomo"]["models"]["a"]["floor_ms"] == pytest.approx(0.3)
     assert modes["duomo"]["models"]["a"]["design_floor_ms"] == pytest.approx(0.35)
+    assert modes["duomo"]["models"]["a"]["accounted_ms"] == pytest.approx(0.15)
+    assert modes["duomo"]["models"]["a"]["floor_accounted_ms"] == pytest.approx(0.15)
+    assert modes["duomo"]["models"]["a"]["design_floor_accounted_ms"] == pytest.approx(0.175)
     assert modes["triton"]["models"]["a"]["floor_ms"] is None
     assert modes["triton"]["models"]["a"]["design_floor_ms"] is None
     got = {t["target"]: (round(t["value"], 3), t["held"]) for t in targets(modes)}
@@ -98,8 +105,10 @@ def test_work_weights_each_model_by_its_rate_alone_and_targets_are_ratios() -> N
     assert got["duomo work ÷ triton work (the better peer)"] == (1.25, True)
     assert got["duomo memory ÷ triton memory"] == (0.625, True)
     assert got["a overhead ÷ triton overhead"] == (0.3, False)
+    assert got["a accounted overhead ÷ triton accounted overhead"] == (0.3, False)  # 0.15 / 0.5
     floors = {t["target"]: (t["floor"], t["design_floor"]) for t in targets(modes)}
     assert floors["a overhead ÷ triton overhead"] == pytest.approx((0.3, 0.35))
+    assert floors["a accounted overhead ÷ triton accounted overhead"] == pytest.approx((0.3, 0.35))
     assert floors["duomo work ÷ engine work"] == (None, None)
 
 
@@ -124,11 +133,19 @@ def test_overhead_table_has_the_floors_under_duomo_and_none_when_nothing_is_prob
         ),
     }
     lines = markdown(_report(modes, ["a"])).splitlines()
+    assert "| mode | a | a, accounted |" in lines
     rows = [line for line in lines if line.startswith(("| triton | 1.00", "| duomo | 0.20"))]
-    assert rows == ["| triton | 1.00 |", "| duomo | 0.20 |"]
-    below = lines.index("| duomo | 0.20 |")
-    assert lines[below + 1 : below + 3] == ["| floor | 0.10 |", "| design floor | 0.15 |"]
+    assert rows == ["| triton | 1.00 | 0.50 |", "| duomo | 0.20 | 0.10 |"]
+    below = lines.index("| duomo | 0.20 | 0.10 |")
+    assert lines[below + 1 : below + 3] == [
+        "| floor | 0.10 | 0.05 |",
+        "| design floor | 0.15 | 0.07 |",
+    ]
     assert "| a overhead ÷ triton overhead | 0.200 | ≤ 0.25 | yes | 0.100 | 0.150 |" in lines
+    assert (
+        "| a accounted overhead ÷ triton accounted overhead | 0.200 | ≤ 0.25 | yes | 0.100 "
+        "| 0.150 |"
+    ) in lines
     unprobed = markdown(_report(modes, []))
     assert "Per-request overhead" not in unprobed and "| floor |" not in unprobed
 

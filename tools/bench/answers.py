@@ -3,13 +3,23 @@ top-1 class; face detection: the number of faces; OCR: the texts in reading orde
 one the same executor gave in-process, alone, for the same image.
 
 Used by ``tools.bench.inprocess`` (which makes the expected summaries) and by every producer.
-Summaries are plain JSON values, so they travel to producer processes as they are.
+Summaries are plain JSON values, so they travel to producer processes as they are. A server's
+answer reaches a producer as a ``Reply``: the result, and the time the server itself spent in
+the executor for it (``compute_s``), so that a round trip can be split into the model's work and
+what the server adds.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
+
+
+@dataclass(frozen=True)
+class Reply:
+    result: Any  # the result dict, as the executor gave it
+    compute_s: float  # the server's own time in the executor (prepare + execute)
 
 
 def summary(result: Any) -> Any:

@@ -4,7 +4,8 @@ a request on this machine, measured next to Duomo's, in two shapes.
 The floor server does nothing but the unavoidable: one client. Per request it receives the
 image's shape (12 bytes) on a Unix socket, runs the same executor as every mode on the image the
 client wrote into a shared-memory segment, writes the JSON result after it and answers the
-result's length (4 bytes). No validation, batching, deadline, bookkeeping or protocol.
+result's length and its time in the executor (8 bytes). No validation, batching, deadline,
+bookkeeping or protocol. The result travels as JSON encoded as Duomo encodes it (orjson).
 
 - **one thread** (``floor``): the thread that receives the request runs it. What this costs
   (two process wake-ups, the image read from memory another core wrote, the result's encoding)
@@ -24,25 +25,27 @@ segment's name as soon as it has accepted, so nothing is left in /dev/shm howeve
 from __future__ import annotations
 
 import functools
-import json
 import queue
 import signal
 import socket
 import struct
 import sys
 import threading
+import time
 from collections.abc import Callable
 from multiprocessing import resource_tracker, shared_memory
 from typing import Any
 
 import numpy as np
+import orjson
 
 from supervisor.memory import tune_heap
+from tools.bench.answers import Reply
 from tools.bench.inprocess import open_executor, run_one
 from worker.executors.base import IMAGE_SLOT_BYTES, JSON_RESULT_BYTES, Executor
 
 _SHAPE = struct.Struct("<3I")  # height, width, channels (0: a 2-D gray image)
-_LENGTH = struct.Struct("<I")
+_ANSWER = struct.Struct("<II")  # the result's length, the µs spent in the executor
 
 
 def _image(buffer: memoryview, h: int, w: int, c: int) -> np.ndarray:
@@ -83,10 +86,12 @@ def serve(config: str, model: str, socket_path: str, handoff: bool = False) -> N
 
 def _answer(executor: Executor, buf: memoryview, conn: socket.socket, head: bytes) -> None:
     """Run the request whose image shape is ``head`` and answer it."""
+    start = time.perf_counter()
     result = run_one(executor, _image(buf, *_SHAPE.unpack(head)))
-    blob = json.dumps(result, separators=(",", ":")).encode()
+    compute_us = int((time.perf_counter() - start) * 1e6)
+    blob = orjson.dumps(result)  # as Duomo encodes a result
     buf[IMAGE_SLOT_BYTES : IMAGE_SLOT_BYTES + len(blob)] = blob
-    conn.sendall(_LENGTH.pack(len(blob)))
+    conn.sendall(_ANSWER.pack(len(blob), compute_us))
 
 
 def _receive_and_hand_off(conn: socket.socket, answer: Callable[[bytes], None]) -> None:
@@ -111,7 +116,7 @@ def _receive_and_hand_off(conn: socket.socket, answer: Callable[[bytes], None]) 
         worker.join()
 
 
-def floor_sender(target: dict[str, Any]) -> Callable[[np.ndarray], Any]:
+def floor_sender(target: dict[str, Any]) -> Callable[[np.ndarray], Reply]:
     """A producer's ``send`` for the floor server: the image into the segment, its shape on the
     socket, the result's JSON from the segment."""
     shm = shared_memory.SharedMemory(name=target["shm"])
@@ -120,15 +125,16 @@ def floor_sender(target: dict[str, Any]) -> Callable[[np.ndarray], Any]:
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.connect(target["socket"])
 
-    def send(image: np.ndarray) -> Any:
+    def send(image: np.ndarray) -> Reply:
         buf = shm.buf  # (the closure keeps the segment mapped)
         assert buf is not None
         h, w = image.shape[:2]
         c = image.shape[2] if image.ndim == 3 else 0
         _image(buf, h, w, c)[...] = image
         conn.sendall(_SHAPE.pack(h, w, c))
-        (length,) = _LENGTH.unpack(conn.recv(_LENGTH.size, socket.MSG_WAITALL))
-        return json.loads(bytes(buf[IMAGE_SLOT_BYTES : IMAGE_SLOT_BYTES + length]))
+        length, compute_us = _ANSWER.unpack(conn.recv(_ANSWER.size, socket.MSG_WAITALL))
+        result = orjson.loads(buf[IMAGE_SLOT_BYTES : IMAGE_SLOT_BYTES + length])
+        return Reply(result, compute_us / 1e6)
 
     return send
 

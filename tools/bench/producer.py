@@ -7,7 +7,10 @@ each was due), and checks every answer.
 With ``probe`` in its spec it measures the per-request overhead instead: one request at a time,
 blocks of requests that go round the same executor called in this process (one thread, as
 ``alone``), the server and any servers the probe names ``also`` (Duomo's floors), so every p50
-comes from the same minutes, against the same in-process reference.
+comes from the same minutes, against the same in-process reference. Every server also says how
+long it spent in the executor for each request (``Reply.compute_s``), so the probe gives a
+second figure that no difference in compute speed between processes enters: the p50 of the
+round trip minus that time.
 
 Run by ``tools.bench.run`` as ``python -m tools.bench.producer`` with a JSON spec on stdin; the
 same protocol as ``tools.bench.inprocess``: ``ready``, then the window on stdin, then one JSON
@@ -30,11 +33,12 @@ import numpy as np
 from ipc.client import Client
 from ipc.errors import DuomoError
 from supervisor.image_files import read_image
+from tools.bench.answers import Reply
 from tools.bench.floor import floor_sender
 from tools.bench.report import percentile
 from tools.bench.tally import Tally
 
-Send = Callable[[np.ndarray], Any]  # one request: the result dict, or raises
+Send = Callable[[np.ndarray], Reply]  # one request: the server's reply, or raises
 
 
 class RequestFailed(Exception):
@@ -58,12 +62,17 @@ def _post(conn: http.client.HTTPConnection, path: str, body: bytes, headers: dic
     return response, data
 
 
+def _reply(answer: dict[str, Any]) -> Reply:
+    """A peer app's answer: ``{"result": …, "compute_us": …}`` (``tools.bench.peer_apps``)."""
+    return Reply(answer["result"], answer["compute_us"] / 1e6)
+
+
 def triton_sender(port: int, model: str) -> Send:
     """KServe v2 over HTTP, the image as a binary tensor, the result as a binary BYTES tensor."""
     conn = _http(port)
     path = f"/v2/models/{model}/infer"
 
-    def send(image: np.ndarray) -> Any:
+    def send(image: np.ndarray) -> Reply:
         if image.ndim == 2:  # the model's input is [-1, -1, -1]: a gray image is H×W×1
             image = image[:, :, None]
         header = json.dumps({
@@ -80,10 +89,10 @@ def triton_sender(port: int, model: str) -> Send:
         response, data = _post(conn, path, header + image.tobytes(), headers)
         json_size = response.getheader("Inference-Header-Content-Length")
         if json_size is None:  # a JSON-only answer
-            return json.loads(json.loads(data)["outputs"][0]["data"][0])
+            return _reply(json.loads(json.loads(data)["outputs"][0]["data"][0]))
         blob = data[int(json_size) :]
         size = int.from_bytes(blob[:4], "little")
-        return json.loads(blob[4 : 4 + size])
+        return _reply(json.loads(blob[4 : 4 + size]))
 
     return send
 
@@ -92,21 +101,31 @@ def mosec_sender(port: int, model: str) -> Send:
     conn = _http(port)
     headers = {"Content-Type": "application/octet-stream"}
 
-    def send(image: np.ndarray) -> Any:
+    def send(image: np.ndarray) -> Reply:
         h, w = image.shape[:2]
         c = image.shape[2] if image.ndim == 3 else 1
         prefix = np.array([h, w, c], dtype="<u4").tobytes()
         _, data = _post(conn, f"/{model}", prefix + image.tobytes(), headers)
-        return json.loads(data)
+        return _reply(json.loads(data))
 
     return send
 
 
 def duomo_sender(socket_path: str, model: str, client: list[Client]) -> Send:
+    """Through a slot, as ``ModelHandle.infer`` runs it, keeping the answer's stage timings."""
     c = Client(socket_path, timeout_s=120)
     client.append(c)
     handle = c.model(model, slots=1)
-    return lambda image: handle.infer(image, timeout_s=120)
+
+    def send(image: np.ndarray) -> Reply:
+        with handle.slot() as slot:
+            slot.write(image)
+            slot.submit(timeout_s=120)
+            result = slot.wait(copy=True)
+            t = slot.timings_us
+        return Reply(result, (t["preprocess"] + t["infer"] + t["postprocess"]) / 1e6)
+
+    return send
 
 
 PROBE_BLOCK = 20  # requests per block; the blocks go round in-process, then each server
@@ -124,29 +143,32 @@ def probe_overhead(
     end_at: float,
 ) -> dict[str, dict[str, Any]]:
     """Per server (``senders``' labels): its p50, this process's in-process p50 and the
-    difference, from blocks of requests that go round in-process and through each server in
-    turn, so every server is measured against the same in-process reference in the same
-    minutes, each block past its first ``PROBE_SETTLE`` requests."""
+    difference (``overhead_ms``), from blocks of requests that go round in-process and through
+    each server in turn, so every server is measured against the same in-process reference in
+    the same minutes, each block past its first ``PROBE_SETTLE`` requests; and the p50 of each
+    round trip minus the server's own time in the executor (``accounted_ms``)."""
     from tools.bench.answers import is_correct
     from tools.bench.inprocess import open_executor, run_one
 
     executor = open_executor(spec["probe"]["config"], spec["model"], threads=1)
     turns: list[tuple[str | None, Send]] = [
-        (None, lambda image: run_one(executor, image)),
+        (None, lambda image: Reply(run_one(executor, image), 0.0)),
         *senders.items(),
     ]
     latencies: dict[str | None, list[float]] = {label: [] for label, _ in turns}
+    added: dict[str | None, list[float]] = {label: [] for label, _ in turns}
     wrong: dict[str | None, int] = dict.fromkeys(latencies, 0)
     i = 0
     while time.time() < end_at:
         label, send = turns[(i // PROBE_BLOCK) % len(turns)]
         k = i % len(images)
         t0 = time.perf_counter()
-        result = send(images[k])
+        reply = send(images[k])
         elapsed_ms = (time.perf_counter() - t0) * 1e3
-        wrong[label] += not is_correct(result, spec["expected"][k])
+        wrong[label] += not is_correct(reply.result, spec["expected"][k])
         if time.time() >= start_at and i % PROBE_BLOCK >= PROBE_SETTLE:
             latencies[label].append(elapsed_ms)
+            added[label].append(elapsed_ms - reply.compute_s * 1e3)
         i += 1
     executor.close()
     direct = percentile(latencies[None], 0.5)
@@ -161,6 +183,7 @@ def probe_overhead(
             "p50_ms": served,
             "direct_p50_ms": direct,
             "overhead_ms": served - direct if served and direct else None,
+            "accounted_ms": percentile(added[label], 0.5),
         }
     return probes
 
@@ -218,14 +241,14 @@ def produce(spec: dict[str, Any]) -> dict[str, Any]:
                 time.sleep(due - time.time())
             k = i % len(images)
             try:
-                result = send(images[k])
+                reply = send(images[k])
             except (DuomoError, RequestFailed, OSError, http.client.HTTPException) as err:
                 name = err.code.name if isinstance(err, DuomoError) else type(err).__name__
                 with lock:
                     tally.add(due, time.time(), start_at, end_at, error=name, message=str(err))
             else:
                 with lock:
-                    tally.add(due, time.time(), start_at, end_at, result, expected[k])
+                    tally.add(due, time.time(), start_at, end_at, reply.result, expected[k])
 
     cpu0 = time.process_time()
     workers = [threading.Thread(target=loop, args=(s,), daemon=True) for s in senders]

@@ -1,6 +1,7 @@
 """Mosec service for ``duomo bench``: one route per model (``/<model>``), one worker process per
 model running its Duomo executor. Request body: height, width, channels as three little-endian
-uint32, then the uint8 pixels; response: the result dict as JSON.
+uint32, then the uint8 pixels; response: JSON ``{"result": the result dict, "compute_us": the
+time the worker spent in the executor}``.
 
 Run by ``tools.bench.peers`` with the Mosec environment's Python:
 ``python mosec_app.py --address 127.0.0.1 --port P --timeout 60000``, with DUOMO_ROOT,
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from typing import Any
 
 import numpy as np
@@ -35,7 +37,9 @@ class _DuomoTask(Worker):
         return np.frombuffer(data, dtype=np.uint8, offset=12).reshape(h, w, c)
 
     def forward(self, data: Any) -> Any:
-        return self.run_one(self.executor, data)
+        start = time.perf_counter()
+        result = self.run_one(self.executor, data)
+        return {"result": result, "compute_us": int((time.perf_counter() - start) * 1e6)}
 
     def serialize(self, data: Any) -> bytes:
         return json.dumps(data).encode()

@@ -1,5 +1,6 @@
 """Triton Python-backend model for ``duomo bench``: one Duomo executor, an image in (UINT8
-[-1, -1, -1]), the result dict out as JSON in a BYTES tensor.
+[-1, -1, -1]), out as JSON in a BYTES tensor ``{"result": the result dict, "compute_us": the
+time this model spent in the executor}``.
 
 Copied by ``tools.bench.peers`` into ``<repository>/<model>/1/model.py``. The model's
 ``config.pbtxt`` names the Duomo checkout (``duomo_root``), the supervisor config and the model.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from typing import Any
 
 import numpy as np
@@ -31,12 +33,15 @@ class TritonPythonModel:
         for request in requests:
             image = pb_utils.get_input_tensor_by_name(request, "IMAGE").as_numpy()
             try:
-                result = json.dumps(self.run_one(self.executor, image)).encode()
+                start = time.perf_counter()
+                result = self.run_one(self.executor, image)
+                compute_us = int((time.perf_counter() - start) * 1e6)
+                blob = json.dumps({"result": result, "compute_us": compute_us}).encode()
             except Exception as err:  # the client gets the reason; the model keeps serving
                 error = pb_utils.TritonError(f"{type(err).__name__}: {err}")
                 responses.append(pb_utils.InferenceResponse(output_tensors=[], error=error))
                 continue
-            tensor = pb_utils.Tensor("RESULT", np.array([result], dtype=np.object_))
+            tensor = pb_utils.Tensor("RESULT", np.array([blob], dtype=np.object_))
             responses.append(pb_utils.InferenceResponse(output_tensors=[tensor]))
         return responses
 
