@@ -235,7 +235,8 @@ class Client:
         if self._leader == me:
             # A callback running on the reading thread waits for something else: it keeps
             # reading itself (waiting for the leader would wait for itself).
-            self._read_until(done, deadline)
+            if not done():
+                self._read_until(done, deadline)
             return
         with self._read_lock:
             while not done():
@@ -265,12 +266,15 @@ class Client:
                     self._read_cond.notify_all()
 
     def _read_until(self, done: Callable[[], bool], deadline: float | None) -> None:
-        """As the reading thread: read and dispatch until ``done()``, the deadline, or EOF."""
-        while not done() and self._closed is None:
+        """As the reading thread, once ``done()`` was found false: read and dispatch until it
+        holds, the deadline passes, or the connection is lost."""
+        while self._closed is None:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return
             self._read_once(remaining)
+            if done():
+                return
 
     def _read_once(self, timeout_s: float | None) -> None:
         """One blocking read (bounded by ``timeout_s``) and the dispatch of whatever arrived."""

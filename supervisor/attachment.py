@@ -22,7 +22,7 @@ import functools
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -35,9 +35,11 @@ from ipc.errors import (
     InternalError,
     InvalidArgumentError,
     ModelChangedError,
+    NotFoundError,
     ResourceExhaustedError,
     UnavailableError,
 )
+from ipc.framing import notice_frame
 from ipc.ring import RingLayout, SlotRing, write_tensors
 from ipc.wire import (
     DESCRIPTORS,
@@ -74,15 +76,14 @@ class Attachment:
     def __init__(
         self,
         ring_id: int,
-        model_name: str,
-        lookup: Callable[[str], ServedModel],
+        model: ServedModel,
+        models: Mapping[str, ServedModel],
         slots: int,
-        send_notice: Callable[[int, int, int], None],
+        send: Callable[[bytes], None],
     ) -> None:
         self.ring_id = ring_id
-        self.model_name = model_name
-        self._lookup = lookup  # by name at every request, so a reload's replacement serves it
-        model = lookup(model_name)
+        self.model_name = model.spec.name
+        self._models = models  # by name at every request, so a reload's replacement serves it
         self.spec = model.slot_spec()
         self.layout = layout_for(self.spec, slots)
         self.ring = SlotRing.create(self.layout)
@@ -97,7 +98,7 @@ class Attachment:
         # slot -> (input count, descriptor block, payload) last accepted: a producer that sends
         # the same shapes again is not validated and given views again
         self._accepted: list[tuple[int, bytes, Any] | None] = [None] * slots
-        self._send_notice = send_notice
+        self._send = send  # the connection's: frames to the client, from any thread
         self._lock = threading.Lock()
         # slot -> its queued request (None between acceptance and queueing); the reactor thread
         # alone adds entries, and fills them in before it queues their requests
@@ -140,7 +141,9 @@ class Attachment:
                 raise InvalidArgumentError("slot header sequence number does not match the notice")
             if not 0 <= timeout_us <= MAX_TIMEOUT_US:
                 raise InvalidArgumentError(f"timeout of {timeout_us} µs is out of range")
-            model = self._lookup(self.model_name)
+            model = self._models.get(self.model_name)
+            if model is None:
+                raise NotFoundError(f"model {self.model_name!r} is no longer served (reloaded)")
             if model is not self._model:  # a reload replaced the model
                 if not model.layout_known or model.slot_spec() != self.spec:
                     raise ModelChangedError(
@@ -223,7 +226,8 @@ class Attachment:
             closing = self._closing
         if not closing:  # the slot is still in flight, so the ring stays mapped while we write
             try:
-                self._write(slot, seq, outcome)
+                status, used = self._encode(outcome, self._outputs[slot])
+                pack_done(self._headers[slot], seq, status, used, _timings_us(outcome.timings))
             except Exception:
                 log.exception("could not write a slot's answer", model=self.model_name, slot=slot)
                 with contextlib.suppress(Exception):
@@ -242,7 +246,7 @@ class Attachment:
                 self._in_flight.pop(slot, None)
             finished = self._closing and not self._in_flight
         if not closing:
-            self._send_notice(self.ring_id, slot, seq)
+            self._send(notice_frame(self.ring_id, slot, seq))
             self.answered += 1
         if finished:
             self._unmap()
@@ -254,10 +258,6 @@ class Attachment:
             finished = self._closing and not self._in_flight
         if finished:
             self._unmap()
-
-    def _write(self, slot: int, seq: int, outcome: Outcome) -> None:
-        status, used = self._encode(outcome, self._outputs[slot])
-        pack_done(self._headers[slot], seq, status, used, _timings_us(outcome.timings))
 
     def _encode(self, outcome: Outcome, area: memoryview) -> tuple[int, int]:
         if isinstance(outcome.result, WrittenInPlace):

@@ -32,7 +32,7 @@ from typing import Any
 import structlog
 
 from ipc.errors import DuomoError, ErrorCode
-from ipc.framing import FrameReader, ProtocolError, json_frame, notice_frame, parse_json, verify
+from ipc.framing import FrameReader, ProtocolError, json_frame, parse_json, verify
 from ipc.wire import CHALLENGE_BYTES, FRAME, NOTICE, FrameKind, frame
 from supervisor.attachment import Attachment
 
@@ -94,9 +94,6 @@ class Connection:
         if "id" in message:
             reply["id"] = message["id"]
         self.send(json_frame(reply))
-
-    def send_notice(self, ring: int, slot: int, seq: int) -> None:
-        self.send(notice_frame(ring, slot, seq))
 
     def send_error(self, code: int, message: str, **where: Any) -> None:
         self.send(json_frame({"event": "error", "code": int(code), "message": message, **where}))

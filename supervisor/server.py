@@ -296,7 +296,7 @@ class Supervisor:
             return None
         ring_id = conn.next_ring_id()
         try:
-            attachment = Attachment(ring_id, name, self.engine.model, slots, conn.send_notice)
+            attachment = Attachment(ring_id, model, self.engine.models, slots, conn.send)
         except OSError as err:  # out of shared memory or file descriptors
             raise ResourceExhaustedError(f"cannot create a ring for {name!r}: {err}") from None
         conn.attachments[ring_id] = attachment

@@ -15,10 +15,15 @@ is closed and empty, or once the calling worker's generation has been retired.
 Workers belong to a generation: ``retire_workers`` ends the current one (its idle workers return
 at once, a busy one after its batch) while queued requests stay for the next generation. That is
 how an unload, a re-initialization or a reload lets go of workers without losing the queue.
+
+A worker sleeps on a lock of its own, which whoever changes the queue releases (``_sleep``,
+``_wake_all``): what ``threading.Condition`` does inside, without its Python wrapper, whose
+four calls per hand-off run on every request's path, cold after every inference.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
@@ -53,11 +58,10 @@ class Batcher:
         self._clock = clock
         self._levels: dict[int, deque[Request]] = {}  # priority -> FIFO of its requests
         self._count = 0
-        self._lock = threading.Lock()  # entered directly: cheaper than the condition's wrapper
-        self._cond = threading.Condition(self._lock)
+        self._lock = threading.Lock()
+        self._sleepers: list[threading.Lock] = []  # one held lock per sleeping worker
         self._filling = False
         self._closed = False
-        self._waiting = 0  # workers asleep on the condition; none: nobody to notify
         self.generation = 0  # workers started now serve this generation
 
     @property
@@ -79,20 +83,20 @@ class Batcher:
                 level = self._levels[request.priority] = deque()
             level.append(request)
             self._count += 1
-            if self._waiting:
-                self._cond.notify_all()
+            if self._sleepers:
+                self._wake_all()
 
     def close(self) -> None:
         """Stop accepting; workers drain what is queued, then ``next_batch`` returns None."""
         with self._lock:
             self._closed = True
-            self._cond.notify_all()
+            self._wake_all()
 
     def retire_workers(self) -> int:
         """End the current worker generation; returns the new one (for the next workers)."""
         with self._lock:
             self.generation += 1
-            self._cond.notify_all()
+            self._wake_all()
             return self.generation
 
     def reopen(self) -> None:
@@ -131,9 +135,7 @@ class Batcher:
                 while not self._count or self._filling:
                     if (self._closed and not self._count) or generation != self.generation:
                         return None
-                    self._waiting += 1  # (an exception in wait only costs spare notifies)
-                    self._cond.wait()
-                    self._waiting -= 1
+                    self._sleep(None)
                 if generation != self.generation:
                     return None
                 self._filling = True
@@ -146,17 +148,36 @@ class Batcher:
                             remaining = fill_until - self._clock()
                             if remaining <= 0 or generation != self.generation or not self._count:
                                 break
-                            self._waiting += 1
-                            self._cond.wait(remaining)
-                            self._waiting -= 1
+                            self._sleep(remaining)
                     if generation != self.generation:
                         return None  # retired while filling: the queue stays for the next
                     if self._count:  # (a drain may have emptied it meanwhile)
                         return self._take()
                 finally:
                     self._filling = False
-                    if self._waiting:
-                        self._cond.notify_all()
+                    if self._sleepers:
+                        self._wake_all()
+
+    def _sleep(self, timeout_s: float | None) -> None:
+        """With the lock held: let it go and sleep until ``_wake_all`` or ``timeout_s``, then
+        hold it again. Callers check again what they wait for (a wake-up may be spare)."""
+        wake = threading.Lock()
+        wake.acquire()
+        self._sleepers.append(wake)
+        self._lock.release()
+        try:
+            woken = wake.acquire(True, -1 if timeout_s is None else timeout_s)
+        finally:
+            self._lock.acquire()
+        if not woken:
+            with contextlib.suppress(ValueError):  # (woken right after the timeout)
+                self._sleepers.remove(wake)
+
+    def _wake_all(self) -> None:
+        """With the lock held: wake every sleeping worker."""
+        for wake in self._sleepers:
+            wake.release()
+        self._sleepers.clear()
 
     def _best_level(self, now: float) -> int:
         """The priority level whose oldest request goes next.
