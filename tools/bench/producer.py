@@ -118,11 +118,14 @@ def duomo_sender(socket_path: str, model: str, client: list[Client]) -> Send:
     handle = c.model(model, slots=1)
 
     def send(image: np.ndarray) -> Reply:
-        with handle.slot() as slot:
+        slot = handle.slot()
+        try:
             slot.write(image)
             slot.submit(timeout_s=120)
             result = slot.wait(copy=True)
-            t = slot.timings_us
+        finally:
+            slot.release()
+        t = slot.timings_us
         return Reply(result, (t["preprocess"] + t["infer"] + t["postprocess"]) / 1e6)
 
     return send
