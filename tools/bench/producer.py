@@ -6,8 +6,8 @@ each was due), and checks every answer.
 
 With ``probe`` in its spec it measures the per-request overhead instead: one request at a time,
 blocks of requests that go round the same executor called in this process (one thread, as
-``alone``), the server and any servers the probe names ``also`` (Duomo's floors), so every p50
-comes from the same minutes, against the same in-process reference. Every server also says how
+``alone``) and every server the probe names (``targets``: each mode's, Duomo's floors), so every
+p50 comes from the same minutes, against the same in-process reference. Every server also says how
 long it spent in the executor for each request (``Reply.compute_s``), so the probe gives a
 second figure that no difference in compute speed between processes enters: the p50 of the
 round trip minus that time.
@@ -210,9 +210,8 @@ def produce(spec: dict[str, Any]) -> dict[str, Any]:
     threads = int(spec.get("threads", 8)) if open_loop else 1
     clients: list[Client] = []
     probe = spec.get("probe")
-    if probe:  # the overhead probe: the target, then the others it is compared with
-        probed = {"overhead": target, **probe.get("also", {})}
-        by_label = {label: _sender(t, model, clients) for label, t in probed.items()}
+    if probe:  # the overhead probe: every server it names, in turn
+        by_label = {label: _sender(t, model, clients) for label, t in probe["targets"].items()}
         print("ready", flush=True)
         window = json.loads(sys.stdin.readline())
         try:

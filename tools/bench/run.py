@@ -2,14 +2,15 @@
 
 1. **alone** — each model by itself in-process on one thread (``tools.bench.inprocess``): the
    weight of its work, its in-process p50 and every image's expected answer;
-2. **rounds** — the modes in order, then in reverse, and so on (A B C … C B A …), so drift
-   cancels. For each mode: start its servers; for ``duomo`` in the first round, the idle
-   supervisor's CPU; one client per ``overhead_models`` model alone, blocks of requests in turn
-   in-process and through the server (the p50 difference is the per-request overhead; for
-   ``duomo`` the two floor servers of ``tools.bench.floor`` take their turns in the same
-   client, against the same in-process reference); then every model at once with its
-   producers, a warm-up and the measured window, while the servers' memory and CPU are
-   sampled; stop;
+2. **rounds** — first the per-request overhead: every mode's servers at once, and the two floor
+   servers of ``tools.bench.floor``; one client per ``overhead_models`` model alone sends blocks
+   of requests in turn in-process and through each of them, so that every server is measured
+   against the same in-process reference in the same minutes (on a shared machine one model's
+   compute drifts by several per cent between minutes and between processes); stop them. Then
+   the modes in order, then in reverse, and so on (A B C … C B A …), so drift cancels. For each
+   mode: start its servers; for ``duomo`` in the first round, the idle supervisor's CPU; every
+   model at once with its producers, a warm-up and the measured window, while the servers'
+   memory and CPU are sampled; stop;
 3. **report** — ``tools.bench.report`` writes ``report.json``, ``report.md`` and the PNG charts.
 
 Called by ``duomo bench`` (``supervisor.cli``) and as ``python -m tools.bench.run``.
@@ -119,7 +120,6 @@ def _producers(
     servers: ModeServers,
     models: list[dict[str, Any]],
     producers: dict[str, int],
-    probe: dict[str, Any] | None = None,
 ) -> list[Child]:
     loads = {m.name: m for m in workload.models}
     children: list[Child] = []
@@ -132,9 +132,8 @@ def _producers(
             "model": model["name"],
             "images": model["images"],
             "expected": model["expected"],
-            "rate_per_s": None if probe else rate,
+            "rate_per_s": rate,
             "max_requests": workload.max_requests,
-            "probe": probe,
         }
         children.extend(Child("tools.bench.producer", [], spec) for _ in range(n))
     return children
@@ -155,36 +154,59 @@ def run_engine(workload: Workload, models: list[dict[str, Any]]) -> dict[str, An
     }
 
 
-def probe_overhead(
-    workload: Workload,
-    servers: ModeServers,
-    model: dict[str, Any],
-    workdir: Path,
-    floors: bool,
-) -> dict[str, dict[str, Any]]:
-    """One client, ``model`` alone: its p50 through ``servers`` and in-process, and the
-    difference (the per-request overhead), as ``overhead``; with ``floors`` (for duomo), the
-    one- and two-thread floor servers in the same rounds of blocks, as ``floor`` and
-    ``design_floor``. Each server probed gets ``overhead_s`` of the probe's time."""
-    name = model["name"]
-    floor_servers = (
-        {"floor": FloorServer(workload.config, [name], workdir),
-         "design_floor": FloorServer(workload.config, [name], workdir, handoff=True)}
-        if floors else {}
-    )  # fmt: skip
+def run_overheads(
+    workload: Workload, models: list[dict[str, Any]], workdir: Path
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """One round's per-request overheads: per served mode ``{"overhead": {model: probe}}``,
+    and for duomo also ``"floor"`` and ``"design_floor"``. Every mode's servers run at once (each
+    serving every model of the workload, as in its own phase), and per probed model one client
+    sends blocks in turn in-process and to each of them; each server gets ``overhead_s`` of the
+    probe's time."""
+    served: list[str] = [mode for mode in workload.modes if mode != "engine"]
+    probed = [m for m in models if m["name"] in workload.overhead_models]
+    labels: dict[str, dict[str, dict[str, Any]]] = {mode: {"overhead": {}} for mode in served}
+    if "duomo" in labels:
+        labels["duomo"].update(floor={}, design_floor={})
+    if not probed or workload.overhead_s <= 0:
+        return labels
+    names = [m["name"] for m in models]
+    servers: dict[str, ModeServers] = {}
     try:
-        for floor in floor_servers.values():
-            floor.start()
-        probe = {
-            "config": str(workload.config),
-            "also": {label: floor.target(name) for label, floor in floor_servers.items()},
-        }
-        one = _producers(workload, servers, [model], {name: 1}, probe)
-        _window(one, 1.0, workload.overhead_s * (1 + len(floor_servers)))
-        return dict(one[0].result())
+        for mode in served:
+            (workdir / mode).mkdir(parents=True)
+            servers[mode] = servers_for(mode, workload.config, names, workdir / mode)
+            servers[mode].start()
+        for model in probed:
+            name = model["name"]
+            floors = (
+                {"floor": FloorServer(workload.config, [name], workdir),
+                 "design_floor": FloorServer(workload.config, [name], workdir, handoff=True)}
+                if "duomo" in servers else {}
+            )  # fmt: skip
+            try:
+                for floor in floors.values():
+                    floor.start()
+                targets = {
+                    **{mode: s.target(name) for mode, s in servers.items()},
+                    **{label: floor.target(name) for label, floor in floors.items()},
+                }
+                probe = {"config": str(workload.config), "targets": targets}
+                spec = {"model": name, "images": model["images"], "expected": model["expected"],
+                        "target": None, "rate_per_s": None, "probe": probe,
+                        "max_requests": workload.max_requests}  # fmt: skip
+                child = Child("tools.bench.producer", [], spec)
+                _window([child], 1.0, workload.overhead_s * len(targets))
+                result = child.result()
+            finally:
+                for floor in floors.values():
+                    floor.stop()
+            for label, figures in result.items():
+                mode, key = ("duomo", label) if label in floors else (label, "overhead")
+                labels[mode][key][name] = figures
     finally:
-        for floor in floor_servers.values():
-            floor.stop()
+        for s in servers.values():
+            s.stop()
+    return labels
 
 
 def run_served(
@@ -200,15 +222,6 @@ def run_served(
         if idle and workload.idle_s > 0:
             now = time.time() + 1.0  # let start-up settle
             figures["idle"] = _sample(servers.pids(), now, now + workload.idle_s)
-        probes = ("overhead", "floor", "design_floor") if mode == "duomo" else ("overhead",)
-        for probe in probes:
-            figures[probe] = {}
-        for model in models:
-            if model["name"] not in workload.overhead_models or workload.overhead_s <= 0:
-                continue
-            probed = probe_overhead(workload, servers, model, workdir, floors=mode == "duomo")
-            for probe in probes:
-                figures[probe][model["name"]] = probed[probe]
         producers = {m.name: m.producers for m in workload.models}
         children = _producers(workload, servers, models, producers)
         start_at, end_at = _window(children, workload.warmup_s, workload.duration_s)
@@ -230,6 +243,8 @@ def run(workload: Workload, out: Path, workload_path: Path) -> dict[str, Any]:
     rounds: dict[str, list[dict[str, Any]]] = {mode: [] for mode in workload.modes}
     with tempfile.TemporaryDirectory(prefix="duomo-bench-") as tmp:
         for r in range(workload.rounds):
+            print(f"duomo bench: round {r + 1}/{workload.rounds}: overhead", file=log, flush=True)
+            overheads = run_overheads(workload, models, Path(tmp) / f"overhead-{r}")
             order = workload.modes if r % 2 == 0 else list(reversed(workload.modes))
             for mode in order:
                 print(f"duomo bench: round {r + 1}/{workload.rounds}: {mode}", file=log, flush=True)
@@ -239,7 +254,8 @@ def run(workload: Workload, out: Path, workload_path: Path) -> dict[str, Any]:
                     rounds[mode].append(run_engine(workload, models))
                 else:
                     idle = mode == "duomo" and r == 0
-                    rounds[mode].append(run_served(mode, workload, models, workdir, idle))
+                    figures = run_served(mode, workload, models, workdir, idle)
+                    rounds[mode].append({**figures, **overheads[mode]})
     raw = {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "workload_file": str(workload_path),
