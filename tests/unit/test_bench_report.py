@@ -110,6 +110,11 @@ def test_work_weights_each_model_by_its_rate_alone_and_targets_are_ratios() -> N
     assert floors["a overhead ÷ triton overhead"] == pytest.approx((0.3, 0.35))
     assert floors["a accounted overhead ÷ triton accounted overhead"] == pytest.approx((0.3, 0.35))
     assert floors["duomo work ÷ engine work"] == (None, None)
+    # an overhead below zero (served faster than in-process) is noise: no verdict
+    modes["duomo"] = _mode_figures([_round({"a": 60, "b": 4}, 500, {"a": -0.2})], alone)
+    noisy = {t["target"]: (round(t["value"], 3), t["held"]) for t in targets(modes)}
+    assert noisy["a overhead ÷ triton overhead"] == (-0.2, None)
+    assert noisy["a accounted overhead ÷ triton accounted overhead"] == (-0.2, None)
 
 
 def _report(modes: dict, overhead_models: list[str]) -> dict:
