@@ -31,7 +31,6 @@ import socket
 import struct
 import sys
 import threading
-import time
 from collections.abc import Callable
 from multiprocessing import resource_tracker, shared_memory
 from typing import Any
@@ -41,7 +40,7 @@ import orjson
 
 from supervisor.memory import tune_heap
 from tools.bench.answers import Reply
-from tools.bench.inprocess import open_executor, run_one
+from tools.bench.inprocess import open_executor, run_timed
 from worker.executors.base import IMAGE_SLOT_BYTES, JSON_RESULT_BYTES, Executor
 
 _SHAPE = struct.Struct("<3I")  # height, width, channels (0: a 2-D gray image)
@@ -86,9 +85,7 @@ def serve(config: str, model: str, socket_path: str, handoff: bool = False) -> N
 
 def _answer(executor: Executor, buf: memoryview, conn: socket.socket, head: bytes) -> None:
     """Run the request whose image shape is ``head`` and answer it."""
-    start = time.perf_counter()
-    result = run_one(executor, _image(buf, *_SHAPE.unpack(head)))
-    compute_us = int((time.perf_counter() - start) * 1e6)
+    result, compute_us = run_timed(executor, _image(buf, *_SHAPE.unpack(head)))
     blob = orjson.dumps(result)  # as Duomo encodes a result
     buf[IMAGE_SLOT_BYTES : IMAGE_SLOT_BYTES + len(blob)] = blob
     conn.sendall(_ANSWER.pack(len(blob), compute_us))

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 PEERS = ("triton", "mosec")
-# the two overhead figures: (name, Duomo's and every mode's key, the floor's, the design floor's)
+# the two overhead figures: (name, its key in a probe's figures and in a mode's, the key of the
+# floor's in Duomo's, of the design floor's)
 OVERHEADS = (
     ("overhead", "overhead_ms", "floor_ms", "design_floor_ms"),
     ("accounted overhead", "accounted_ms", "floor_accounted_ms", "design_floor_accounted_ms"),
@@ -73,13 +74,11 @@ def _mode_figures(rounds: list[dict[str, Any]], alone: dict[str, Any]) -> dict[s
             # the overhead probes check their answers too
             "wrong": sum(p["wrong"] for p in (*parts, *probes, *floors, *design_floors)),
             "errors": dict(errors),
-            "overhead_ms": _median(probes, "overhead_ms"),
-            "floor_ms": _median(floors, "overhead_ms"),
-            "design_floor_ms": _median(design_floors, "overhead_ms"),
-            "accounted_ms": _median(probes, "accounted_ms"),
-            "floor_accounted_ms": _median(floors, "accounted_ms"),
-            "design_floor_accounted_ms": _median(design_floors, "accounted_ms"),
         }
+        for _, key, floor_key, design_key in OVERHEADS:  # each probe's figure, median of rounds
+            models[name][key] = _median(probes, key)
+            models[name][floor_key] = _median(floors, key)
+            models[name][design_key] = _median(design_floors, key)
     res = [r["resources"] for r in rounds]
     idle = next((r["idle"] for r in rounds if "idle" in r), None)
     return {

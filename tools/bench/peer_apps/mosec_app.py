@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from typing import Any
 
 import numpy as np
@@ -27,9 +26,9 @@ class _DuomoTask(Worker):
 
     def __init__(self) -> None:
         super().__init__()
-        from tools.bench.inprocess import open_executor, run_one
+        from tools.bench.inprocess import open_executor, run_timed
 
-        self.run_one = run_one
+        self.run_timed = run_timed
         self.executor = open_executor(os.environ["DUOMO_BENCH_CONFIG"], self.model, threads=1)
 
     def deserialize(self, data: bytes) -> Any:
@@ -37,9 +36,8 @@ class _DuomoTask(Worker):
         return np.frombuffer(data, dtype=np.uint8, offset=12).reshape(h, w, c)
 
     def forward(self, data: Any) -> Any:
-        start = time.perf_counter()
-        result = self.run_one(self.executor, data)
-        return {"result": result, "compute_us": int((time.perf_counter() - start) * 1e6)}
+        result, compute_us = self.run_timed(self.executor, data)
+        return {"result": result, "compute_us": compute_us}
 
     def serialize(self, data: Any) -> bytes:
         return json.dumps(data).encode()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from typing import Any
 
 import numpy as np
@@ -23,9 +22,9 @@ class TritonPythonModel:
             k: v["string_value"] for k, v in json.loads(args["model_config"])["parameters"].items()
         }
         sys.path.append(params["duomo_root"])
-        from tools.bench.inprocess import open_executor, run_one
+        from tools.bench.inprocess import open_executor, run_timed
 
-        self.run_one = run_one
+        self.run_timed = run_timed
         self.executor = open_executor(params["duomo_config"], params["duomo_model"], threads=1)
 
     def execute(self, requests: list[Any]) -> list[Any]:
@@ -33,9 +32,7 @@ class TritonPythonModel:
         for request in requests:
             image = pb_utils.get_input_tensor_by_name(request, "IMAGE").as_numpy()
             try:
-                start = time.perf_counter()
-                result = self.run_one(self.executor, image)
-                compute_us = int((time.perf_counter() - start) * 1e6)
+                result, compute_us = self.run_timed(self.executor, image)
                 blob = json.dumps({"result": result, "compute_us": compute_us}).encode()
             except Exception as err:  # the client gets the reason; the model keeps serving
                 error = pb_utils.TritonError(f"{type(err).__name__}: {err}")
