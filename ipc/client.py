@@ -15,7 +15,9 @@ a control request) reads the socket itself while nobody else does ("leader"); ot
 sleep on a condition and are woken when the leader has dispatched their answer or stepped down
 — so a synchronous round trip costs no extra thread hop. While ``infer_async`` requests are
 outstanding, one background thread leads, so their futures complete and callbacks run without
-anybody waiting. Nothing spins. If the supervisor goes away, whoever reads sees it at once and
+anybody waiting. Nothing spins: a reader waiting for a slot's answer blocks in ``recv`` alone
+(one system call on the way back), waking every ``READ_SLICE_S`` to check its deadline; other
+waits also watch a wake pipe. If the supervisor goes away, whoever reads sees it at once and
 every waiting call raises ``UnavailableError``.
 Errors are the typed exceptions of ``ipc.errors``, carrying the supervisor's message.
 """
@@ -28,6 +30,7 @@ import os
 import queue
 import select
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -57,6 +60,10 @@ __all__ = ["Client", "ModelHandle", "Slot"]
 _NOTICE_FRAME_BYTES = FRAME.size + NOTICE.size
 _NOTICE_PREFIX = FRAME.pack(NOTICE.size, FrameKind.NOTICE)
 ATTACH_TIMEOUT_S = 300.0  # the supervisor's own bound on loading a model
+# A reader waiting for a frame blocks in ``recv`` for at most this long at a time (the socket's
+# SO_RCVTIMEO), then checks its deadline and whether it was closed meanwhile.
+READ_SLICE_S = 0.25
+_READ_SLICE = struct.pack("ll", int(READ_SLICE_S), int(READ_SLICE_S % 1 * 1e6))
 
 
 class Client:
@@ -95,6 +102,7 @@ class Client:
                 f"cannot reach the supervisor at {self.socket_path}: {err}"
             ) from None
         self._sock.settimeout(None)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _READ_SLICE)
         # The reading thread waits in poll on the socket and on a wake pipe: a slot released by
         # another thread (no frame arrives for that) must reach a reader waiting for one.
         self._sock_fd = self._sock.fileno()
@@ -225,18 +233,23 @@ class Client:
 
     # -- reading: leader/follower -----------------------------------------------------------
 
-    def wait_until(self, done: Callable[[], bool], deadline: float | None) -> None:
+    def wait_until(
+        self, done: Callable[[], bool], deadline: float | None, by_frame: bool = False
+    ) -> None:
         """Return once ``done()`` holds, the deadline passes, or the connection is lost.
 
         The caller reads and dispatches frames itself while no other thread does; otherwise it
-        sleeps until the reading thread dispatches something or steps down.
+        sleeps until the reading thread dispatches something or steps down. ``by_frame``: only
+        a frame from the supervisor makes ``done()`` hold (a slot's answer), so the reader
+        blocks in ``recv`` alone, without the ``poll`` that also watches the wake pipe; what
+        another thread does meanwhile (a handle closed) it sees within ``READ_SLICE_S``.
         """
         me = threading.get_ident()
         if self._leader == me:
             # A callback running on the reading thread waits for something else: it keeps
             # reading itself (waiting for the leader would wait for itself).
             if not done():
-                self._read_until(done, deadline)
+                self._read_until(done, deadline, by_frame)
             return
         with self._read_lock:
             while not done():
@@ -257,7 +270,7 @@ class Client:
             else:
                 return
         try:
-            self._read_until(done, deadline)
+            self._read_until(done, deadline, by_frame)
         finally:
             with self._read_lock:
                 self._leading = False
@@ -265,30 +278,40 @@ class Client:
                 if self._followers:  # one of them reads next
                     self._read_cond.notify_all()
 
-    def _read_until(self, done: Callable[[], bool], deadline: float | None) -> None:
+    def _read_until(
+        self, done: Callable[[], bool], deadline: float | None, by_frame: bool = False
+    ) -> None:
         """As the reading thread, once ``done()`` was found false: read and dispatch until it
         holds, the deadline passes, or the connection is lost."""
         while self._closed is None:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return
-            self._read_once(remaining)
+            self._read_once(remaining, by_frame and (remaining is None or remaining > READ_SLICE_S))
             if done():
                 return
 
-    def _read_once(self, timeout_s: float | None) -> None:
-        """One blocking read (bounded by ``timeout_s``) and the dispatch of whatever arrived."""
+    def _read_once(self, timeout_s: float | None, blocking: bool = False) -> None:
+        """One read (bounded by ``timeout_s``, or by ``READ_SLICE_S`` if ``blocking``) and the
+        dispatch of whatever arrived.
+
+        The socket itself stays blocking, with no timeout of Python's (which would make it
+        non-blocking inside), so a sender in another thread can never be cut off in the middle
+        of a frame: a read is bounded by ``poll`` on the socket and the wake pipe or, when
+        only a frame is waited for, by the socket's receive timeout (SO_RCVTIMEO).
+        """
         try:
-            # Wait with poll, never with a socket timeout: the socket stays blocking, so a
-            # sender in another thread can never be cut off in the middle of a frame.
-            wait_ms = None if timeout_s is None else max(0, int(timeout_s * 1000) + 1)
-            ready = self._poll.poll(wait_ms)
-            if len(ready) != 1 or ready[0][0] != self._sock_fd:
-                if any(fd == self._wake_r for fd, _ in ready):
-                    with contextlib.suppress(BlockingIOError):
-                        os.read(self._wake_r, 4096)
-                return  # woken or timed out: the caller checks what it waits for
+            if not blocking:
+                wait_ms = None if timeout_s is None else max(0, int(timeout_s * 1000) + 1)
+                ready = self._poll.poll(wait_ms)
+                if len(ready) != 1 or ready[0][0] != self._sock_fd:
+                    if any(fd == self._wake_r for fd, _ in ready):
+                        with contextlib.suppress(BlockingIOError):
+                            os.read(self._wake_r, 4096)
+                    return  # woken or timed out: the caller checks what it waits for
             data = self._sock.recv(1 << 16)
+        except BlockingIOError:  # the receive timeout: nothing arrived in READ_SLICE_S
+            return
         except OSError as err:
             self._connection_lost(err)
             return
@@ -360,10 +383,13 @@ class Client:
                     self._read_cond.wait()
             self.wait_until(lambda: self._async_pending == 0, None)
 
-    def _on_notice(self, ring: int, slot: int, seq: int) -> None:
+    def _on_notice(
+        self, ring: int, slot: int, seq: int | None, error: DuomoError | None = None
+    ) -> None:
+        """A slot's answer (``seq``, or None with the error the supervisor gave for it)."""
         handle = self._handles.get(ring)
-        if handle is not None:
-            handle._on_notice(slot, seq, None)
+        if handle is not None and 0 <= slot < len(handle._slots):
+            handle._slots[slot]._done(seq, error)
 
     def _on_frame(self, kind: FrameKind, payload: bytes) -> None:
         if kind is FrameKind.NOTICE:
@@ -379,9 +405,9 @@ class Client:
                 future.set_result(message)
         elif message.get("event") == "error":
             err = error_for(message.get("code", ErrorCode.INTERNAL), message.get("message", ""))
-            handle = self._handles.get(message.get("ring", -1))
-            slot = message.get("slot")
+            ring, slot = message.get("ring", -1), message.get("slot")
+            handle = self._handles.get(ring)
             if handle is not None and isinstance(slot, int) and 0 <= slot < handle.layout.slots:
-                handle._on_notice(slot, None, err)
+                self._on_notice(ring, slot, None, err)
             else:
                 self.events.put(err)

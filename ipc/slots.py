@@ -24,13 +24,12 @@ import orjson
 from ipc.errors import (
     DeadlineExceededError,
     DuomoError,
-    ErrorCode,
     InvalidArgumentError,
     ModelChangedError,
     UnavailableError,
     error_for,
 )
-from ipc.framing import notice_frame
+from ipc.framing import notice_packer
 from ipc.ring import SlotRing, TensorPlacement, read_tensors
 from ipc.wire import (
     SlotState,
@@ -44,6 +43,7 @@ from ipc.wire import (
 if TYPE_CHECKING:
     from ipc.client import Client
 
+_DONE = int(SlotState.DONE)
 NOTICE_GRACE_S = 5.0  # how long past its own deadline a request waits for the supervisor
 log = logging.getLogger("duomo.client")
 
@@ -189,10 +189,6 @@ class ModelHandle:
             slot._forget_views()
         self.ring.close()
 
-    def _on_notice(self, index: int, seq: int | None, error: DuomoError | None) -> None:
-        if 0 <= index < len(self._slots):
-            self._slots[index]._done(seq, error)
-
     def _fail_all(self, error: DuomoError) -> None:
         for slot in self._slots:
             slot._done(None, error, force=True)
@@ -229,13 +225,15 @@ class Slot:
         self._descriptors: tuple[int, bytes] | None = None  # packed for the cached views
         self._header = handle.ring.header(index)
         self._output = handle.ring.output(index)
+        self._notice = notice_packer(handle.ring_id, index)
+        self._json = handle.layout.result == "json"  # else raw output tensors
         self._result: TensorPlacement | None = None  # the last answer's records and views
         self._seq = 0
         self._error: DuomoError | None = None
         self._in_flight = False
         self._release_when_done = False
         self._deadline_s: float | None = None
-        self._timings: tuple[int, ...] = (0, 0, 0, 0)
+        self._timings: list[int] = [0, 0, 0, 0]
         self._lock = threading.Lock()  # in-flight state: the caller's thread vs the reader's
         self._held = False
         self.on_done: Callable[[Slot], None] | None = None
@@ -330,7 +328,7 @@ class Slot:
             self._error = None
             self._in_flight = True
         try:
-            self.handle.client._send(notice_frame(self.handle.ring_id, self.index, self._seq))
+            self.handle.client._send(self._notice(self._seq))
         except BaseException:
             self._in_flight = False
             raise
@@ -371,25 +369,24 @@ class Slot:
         if not self._answered:
             # without a timeout here, the request's own deadline (with its grace), if it has one
             deadline = self._deadline_s if timeout_s is None else time.monotonic() + timeout_s
-            self.handle.client.wait_until(self.answered, deadline)
+            self.handle.client.wait_until(self.answered, deadline, by_frame=True)
         if not self._answered:
             if self.handle.client._closed is not None:
                 raise UnavailableError(f"lost the supervisor: {self.handle.client._closed}")
             raise DeadlineExceededError(f"no answer from {self.handle.name!r} in time")
         if self._error is not None:
             raise self._failed(self._error)
-        state, seq, status, result_len, queue_us, pre_us, infer_us, post_us = unpack_done(
-            self._header
-        )
+        state, seq, status, result_len, *timings = unpack_done(self._header)
         area = self._output
-        if seq != self._seq or state != SlotState.DONE:
-            raise UnavailableError("the slot was not answered (stale or corrupt header)")
+        if seq != self._seq or state != _DONE or status:  # (ErrorCode.OK is 0)
+            if seq != self._seq or state != _DONE:
+                raise UnavailableError("the slot was not answered (stale or corrupt header)")
+            message = bytes(area[: min(result_len, len(area))]).decode("utf-8", "replace")
+            raise self._failed(error_for(status, message))
+        self._timings = timings
+        if self._json:
+            return orjson.loads(area[:result_len])
         used = min(result_len, len(area))
-        if status != ErrorCode.OK:
-            raise self._failed(error_for(status, bytes(area[:used]).decode("utf-8", "replace")))
-        self._timings = (queue_us, pre_us, infer_us, post_us)
-        if self.handle.layout.result == "json":
-            return orjson.loads(area[:used])
         names = self.handle.layout.outputs
         result = self._result
         if result is None or not result.describes(area, used):

@@ -39,7 +39,7 @@ from ipc.errors import (
     ResourceExhaustedError,
     UnavailableError,
 )
-from ipc.framing import notice_frame
+from ipc.framing import notice_packer
 from ipc.ring import RingLayout, SlotRing, write_tensors
 from ipc.wire import (
     DESCRIPTORS,
@@ -49,8 +49,8 @@ from ipc.wire import (
     SlotHeader,
     SlotState,
     TensorDesc,
+    done_packer,
     dtype_code,
-    pack_done,
     unpack_request,
 )
 from worker.executors.base import SlotSpec, WrittenInPlace
@@ -60,6 +60,7 @@ from worker.served_model import ServedModel
 log = structlog.get_logger("duomo.attachment")
 MAX_TIMEOUT_US = 24 * 3600 * 10**6
 PRIORITY_LIMIT = 1000  # producers' priorities are clamped to the range a config may use
+_SUBMITTED = int(SlotState.SUBMITTED)
 
 
 def layout_for(spec: SlotSpec, slots: int) -> RingLayout:
@@ -85,6 +86,7 @@ class Attachment:
         self.model_name = model.spec.name
         self._models = models  # by name at every request, so a reload's replacement serves it
         self.spec = model.slot_spec()
+        self._json = self.spec.result == "json"  # else tensors
         self.layout = layout_for(self.spec, slots)
         self.ring = SlotRing.create(self.layout)
         self._model = model  # the model the layout was made for; a reload may replace it
@@ -103,9 +105,12 @@ class Attachment:
         # slot -> its queued request (None between acceptance and queueing); the reactor thread
         # alone adds entries, and fills them in before it queues their requests
         self._in_flight: dict[int, Request | None] = {}
+        self.slots = slots
         self._seqs = [0] * slots  # the sequence number of each slot's request in flight
         # each slot's answer, made once: no callback is built per request
         self._answers = [functools.partial(self._complete, slot) for slot in range(slots)]
+        self._notices = [notice_packer(ring_id, slot) for slot in range(slots)]
+        self._write_done = [done_packer(header) for header in self._headers]
         self._closing = False
         self.closed = False
         self.answered = 0
@@ -116,50 +121,42 @@ class Attachment:
             return len(self._in_flight)
 
     def submit(self, slot: int, seq: int) -> None:
-        """Validate and queue slot ``slot``; an invalid slot is answered at once with an error."""
+        """Validate and queue slot ``slot``; an invalid slot is answered at once with an error.
+        Raises (nothing answered) for a slot that does not exist or is already in flight."""
+        if not 0 <= slot < self.slots:
+            raise InvalidArgumentError(
+                f"slot {slot} is out of range (ring {self.ring_id} has {self.slots})"
+            )
         with self._lock:
             if self._closing:
                 return
             if slot in self._in_flight:
-                held = self._in_flight[slot]
-                if held is not None and held.abandoned:
-                    raise UnavailableError(
-                        f"slot {slot} is still held by a batch the watchdog abandoned (it may "
-                        "still write into it); use another slot"
-                    )
-                raise InvalidArgumentError(f"slot {slot} is already in flight")
+                raise self._busy(slot)
             self._in_flight[slot] = None
         self._seqs[slot] = seq
         try:
             header = bytes(self._headers[slot])  # the one read; only this copy is used below
             magic, version, state, header_seq, priority, count, timeout_us = unpack_request(header)
-            if magic != MAGIC or version != PROTOCOL_VERSION:
-                raise InvalidArgumentError(f"bad slot header magic/version {magic!r}/{version}")
-            if state != SlotState.SUBMITTED:
-                raise InvalidArgumentError(f"slot state is {state}, not SUBMITTED")
-            if header_seq != seq:
-                raise InvalidArgumentError("slot header sequence number does not match the notice")
-            if not 0 <= timeout_us <= MAX_TIMEOUT_US:
-                raise InvalidArgumentError(f"timeout of {timeout_us} µs is out of range")
             model = self._models.get(self.model_name)
-            if model is None:
-                raise NotFoundError(f"model {self.model_name!r} is no longer served (reloaded)")
-            if model is not self._model:  # a reload replaced the model
-                if not model.layout_known or model.slot_spec() != self.spec:
-                    raise ModelChangedError(
-                        f"model {self.model_name!r} was reloaded with another input/output "
-                        "layout; attach it again (the client library does so by itself)"
-                    )
-                self._model, self._payload_from_slot = model, model.payload_builder()
-                self._accepted = [None] * self.layout.slots
+            if (
+                magic != MAGIC
+                or version != PROTOCOL_VERSION
+                or state != _SUBMITTED
+                or header_seq != seq
+                or not 0 <= timeout_us <= MAX_TIMEOUT_US
+                or model is not self._model
+            ):
+                model = self._check(magic, version, state, header_seq, seq, timeout_us, model)
+            if not -PRIORITY_LIMIT <= priority <= PRIORITY_LIMIT:
+                priority = max(-PRIORITY_LIMIT, min(PRIORITY_LIMIT, priority))
+            accepted = self._accepted[slot]  # the same inputs as last time: the same payload
+            if accepted is not None and accepted[0] == count and accepted[1] == header[DESCRIPTORS]:
+                payload = accepted[2]
+            else:
+                payload = self._accept(slot, count, header)
             now = time.monotonic()
-            request = Request(
-                payload=self._payload(slot, count, header),
-                on_done=self._answers[slot],
-                priority=max(-PRIORITY_LIMIT, min(PRIORITY_LIMIT, priority)),
-                deadline_s=now + timeout_us / 1e6 if timeout_us else None,
-                enqueued_s=now,
-            )
+            deadline_s = now + timeout_us / 1e6 if timeout_us else None
+            request = Request(payload, self._answers[slot], priority, deadline_s, now)
             self._in_flight[slot] = request  # cancellable by ``close`` from now on
             model.enqueue(request)
         except DuomoError as err:
@@ -170,17 +167,54 @@ class Attachment:
             log.exception("could not queue a slot", model=self.model_name, slot=slot)
             self._complete(slot, Outcome(error=InternalError("could not queue the request")))
 
-    def _payload(self, slot: int, count: int, header: bytes) -> Any:
-        """The executor's payload for the inputs ``header`` declares, validated; the same
-        object as last time when the slot declares the same inputs again."""
-        block = header[DESCRIPTORS]
-        accepted = self._accepted[slot]
-        if accepted is not None and accepted[0] == count and accepted[1] == block:
-            return accepted[2]
+    def _busy(self, slot: int) -> DuomoError:
+        held = self._in_flight[slot]
+        if held is not None and held.abandoned:
+            return UnavailableError(
+                f"slot {slot} is still held by a batch the watchdog abandoned (it may "
+                "still write into it); use another slot"
+            )
+        return InvalidArgumentError(f"slot {slot} is already in flight")
+
+    def _check(
+        self,
+        magic: bytes,
+        version: int,
+        state: int,
+        header_seq: int,
+        seq: int,
+        timeout_us: int,
+        model: ServedModel | None,
+    ) -> ServedModel:
+        """A header that is not the usual case: raise its error, or return the model that now
+        serves it (a reload that kept the layout)."""
+        if magic != MAGIC or version != PROTOCOL_VERSION:
+            raise InvalidArgumentError(f"bad slot header magic/version {magic!r}/{version}")
+        if state != SlotState.SUBMITTED:
+            raise InvalidArgumentError(f"slot state is {state}, not SUBMITTED")
+        if header_seq != seq:
+            raise InvalidArgumentError("slot header sequence number does not match the notice")
+        if not 0 <= timeout_us <= MAX_TIMEOUT_US:
+            raise InvalidArgumentError(f"timeout of {timeout_us} µs is out of range")
+        if model is None:
+            raise NotFoundError(f"model {self.model_name!r} is no longer served (reloaded)")
+        if model is not self._model:  # a reload replaced the model
+            if not model.layout_known or model.slot_spec() != self.spec:
+                raise ModelChangedError(
+                    f"model {self.model_name!r} was reloaded with another input/output "
+                    "layout; attach it again (the client library does so by itself)"
+                )
+            self._model, self._payload_from_slot = model, model.payload_builder()
+            self._accepted = [None] * self.layout.slots
+        return model
+
+    def _accept(self, slot: int, count: int, header: bytes) -> Any:
+        """The executor's payload for the inputs ``header`` declares (other inputs than the
+        slot's last request), validated, and kept for the next request that declares them."""
         self._accepted[slot] = None
         views = self._validate(slot, SlotHeader.unpack(header).inputs)
         payload = self._payload_from_slot(views, self._outputs[slot])
-        self._accepted[slot] = (count, block, payload)
+        self._accepted[slot] = (count, header[DESCRIPTORS], payload)
         return payload
 
     def _validate(self, slot: int, inputs: list[TensorDesc]) -> dict[str, np.ndarray]:
@@ -222,18 +256,17 @@ class Attachment:
         """Write the outcome into the slot and notify the client (any thread); every accepted
         slot gets exactly one answer, an INTERNAL one if writing the real one failed."""
         seq = self._seqs[slot]  # the slot stays reserved until below: nobody rewrites it
-        with self._lock:
-            closing = self._closing
-        if not closing:  # the slot is still in flight, so the ring stays mapped while we write
+        closing = self._closing  # (read once: the ring stays mapped while the slot is in flight)
+        if not closing:
             try:
                 status, used = self._encode(outcome, self._outputs[slot])
-                pack_done(self._headers[slot], seq, status, used, _timings_us(outcome.timings))
+                self._write_done[slot](seq, status, used, *_timings_us(outcome.timings))
             except Exception:
                 log.exception("could not write a slot's answer", model=self.model_name, slot=slot)
                 with contextlib.suppress(Exception):
                     message = b"internal error writing the result"
                     self._outputs[slot][: len(message)] = message
-                    pack_done(self._headers[slot], seq, ErrorCode.INTERNAL, len(message), _ZERO)
+                    self._write_done[slot](seq, ErrorCode.INTERNAL, len(message), 0, 0, 0, 0)
         with self._lock:
             # forgotten before the notice: the client may resubmit the slot the moment it hears;
             # a slot whose batch was abandoned stays reserved until that batch really ends
@@ -246,7 +279,7 @@ class Attachment:
                 self._in_flight.pop(slot, None)
             finished = self._closing and not self._in_flight
         if not closing:
-            self._send(notice_frame(self.ring_id, slot, seq))
+            self._send(self._notices[slot](seq))
             self.answered += 1
         if finished:
             self._unmap()
@@ -260,22 +293,22 @@ class Attachment:
             self._unmap()
 
     def _encode(self, outcome: Outcome, area: memoryview) -> tuple[int, int]:
-        if isinstance(outcome.result, WrittenInPlace):
-            return ErrorCode.OK, outcome.result.nbytes
-        if outcome.error is None:
+        result, error = outcome.result, outcome.error
+        if error is None:
             try:
-                if self.spec.result == "tensors":
-                    result: dict[str, Any] = outcome.result
-                    return ErrorCode.OK, write_tensors(area, [result[n] for n in self.spec.outputs])
-                blob = orjson.dumps(outcome.result)
-                if len(blob) > len(area):
-                    raise ValueError(f"result of {len(blob)} bytes exceeds the slot's {len(area)}")
-                area[: len(blob)] = blob
-                return ErrorCode.OK, len(blob)
+                if self._json:
+                    blob = orjson.dumps(result)
+                    if len(blob) > len(area):
+                        raise ValueError(
+                            f"result of {len(blob)} bytes exceeds the slot's {len(area)}"
+                        )
+                    area[: len(blob)] = blob
+                    return ErrorCode.OK, len(blob)
+                if isinstance(result, WrittenInPlace):
+                    return ErrorCode.OK, result.nbytes
+                return ErrorCode.OK, write_tensors(area, [result[n] for n in self.spec.outputs])
             except ValueError as err:
-                error: DuomoError = ResourceExhaustedError(str(err))
-        else:
-            error = outcome.error
+                error = ResourceExhaustedError(str(err))
         message = error.message.encode()[: len(area)]
         area[: len(message)] = message
         return error.code, len(message)
@@ -315,7 +348,6 @@ class Attachment:
         self.closed = self.ring.close()
 
 
-_ZERO = (0, 0, 0, 0)
 _US_MAX = 0xFFFFFFFF  # what a header's 32-bit stage timing holds
 
 

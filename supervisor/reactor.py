@@ -31,7 +31,7 @@ from typing import Any
 
 import structlog
 
-from ipc.errors import DuomoError, ErrorCode
+from ipc.errors import DuomoError, ErrorCode, NotFoundError
 from ipc.framing import FrameReader, ProtocolError, json_frame, parse_json, verify
 from ipc.wire import CHALLENGE_BYTES, FRAME, NOTICE, FrameKind, frame
 from supervisor.attachment import Attachment
@@ -281,20 +281,11 @@ class Reactor:
 
     def _notice(self, conn: Connection, ring: int, slot: int, seq: int) -> None:
         attachment = conn.attachments.get(ring)
-        if attachment is None:
-            conn.send_error(ErrorCode.NOT_FOUND, f"no attached ring {ring}", ring=ring, slot=slot)
-            return
-        if slot >= attachment.layout.slots:
-            conn.send_error(
-                ErrorCode.INVALID_ARGUMENT,
-                f"slot {slot} is out of range (ring {ring} has {attachment.layout.slots})",
-                ring=ring,
-                slot=slot,
-            )
-            return
         try:
-            attachment.submit(slot, seq)
-        except DuomoError as err:
+            if attachment is None:
+                raise NotFoundError(f"no attached ring {ring}")
+            attachment.submit(slot, seq)  # an invalid request is answered in its slot
+        except DuomoError as err:  # no slot to answer in
             conn.send_error(err.code, err.message, ring=ring, slot=slot)
 
     def detach(self, conn: Connection, ring: int) -> None:

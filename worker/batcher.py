@@ -28,16 +28,16 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ipc.errors import ResourceExhaustedError, UnavailableError
 from worker.request import Request
 
 
-@dataclass
+@dataclass(slots=True)
 class TakenBatch:
-    run: list[Request] = field(default_factory=list)
-    expired: list[Request] = field(default_factory=list)
+    run: list[Request]
+    expired: list[Request]
 
 
 class Batcher:
@@ -83,8 +83,10 @@ class Batcher:
                 level = self._levels[request.priority] = deque()
             level.append(request)
             self._count += 1
-            if self._sleepers:
-                self._wake_all()
+            if self._sleepers:  # (``_wake_all`` inline: this is every request's path)
+                for wake in self._sleepers:
+                    wake.release()
+                self._sleepers.clear()
 
     def close(self) -> None:
         """Stop accepting; workers drain what is queued, then ``next_batch`` returns None."""
@@ -138,17 +140,17 @@ class Batcher:
                     self._sleep(None)
                 if generation != self.generation:
                     return None
+                if self.max_delay_s <= 0 or self._count >= self.max_batch:
+                    return self._take()  # nothing to wait for: the batch is what is queued
                 self._filling = True
                 try:
-                    # (without a delay the batch is what is queued now: nothing to wait for)
-                    if self.max_delay_s > 0 and self._count < self.max_batch:
-                        first = self._levels[self._best_level(self._clock())][0]
-                        fill_until = first.enqueued_s + self.max_delay_s
-                        while self._count < self.max_batch and not self._closed:
-                            remaining = fill_until - self._clock()
-                            if remaining <= 0 or generation != self.generation or not self._count:
-                                break
-                            self._sleep(remaining)
+                    first = self._levels[self._best_level(self._clock())][0]
+                    fill_until = first.enqueued_s + self.max_delay_s
+                    while self._count < self.max_batch and not self._closed:
+                        remaining = fill_until - self._clock()
+                        if remaining <= 0 or generation != self.generation or not self._count:
+                            break
+                        self._sleep(remaining)
                     if generation != self.generation:
                         return None  # retired while filling: the queue stays for the next
                     if self._count:  # (a drain may have emptied it meanwhile)
@@ -192,6 +194,8 @@ class Batcher:
         best: int | None = None
         best_key = (0.0, 0)
         for priority, level in self._levels.items():
+            if not level:  # (the one level ``_take`` keeps when it empties)
+                continue
             head = level[0]
             key = (priority + (now - head.enqueued_s) * self.aging_per_s, -head.seq)
             if best is None or key > best_key:
@@ -201,12 +205,12 @@ class Batcher:
 
     def _take(self) -> TakenBatch:
         now = self._clock()
-        taken = TakenBatch()
+        taken = TakenBatch([], [])
         while self._count and len(taken.run) < self.max_batch:
             priority = self._best_level(now)
             level = self._levels[priority]
             request = level.popleft()
-            if not level:
+            if not level and len(self._levels) > 1:  # the last level stays for the next put
                 del self._levels[priority]
             self._count -= 1
             (taken.expired if request.expired(now) else taken.run).append(request)

@@ -9,7 +9,9 @@ it finishes its batch, closes its executor on its own thread and ends. ``busy_si
 Per batch: expired requests are answered DEADLINE_EXCEEDED; each request is prepared alone (a bad
 one fails alone with its own error); the rest execute together. An exception from ``execute``
 fails every member of the batch: a ``DuomoError`` with its own code, anything else as INTERNAL
-with the traceback in the log and not in the answer.
+with the traceback in the log and not in the answer. A request's stage timings add up to its
+time in the executor: ``prepare`` and the preprocess stage, the infer stage, then the rest of
+``execute`` as postprocess.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import structlog
 from ipc.errors import DeadlineExceededError, DuomoError, InternalError, UnavailableError
 from worker.batcher import Batcher, TakenBatch
 from worker.executors.base import Executor, StageTimer
-from worker.request import Request
+from worker.request import Outcome, Request
 
 log = structlog.get_logger("duomo.worker")
 
@@ -145,17 +147,18 @@ class ModelWorker:
         """Run the batch and answer it; True when the model failed it (what the watchdog counts:
         an exception other than a request's own error, or output it cannot split)."""
         timer = StageTimer()
+        start = time.perf_counter()
         try:
             results = executor.execute(prepared, timer)
         except DuomoError as err:
-            self._finish(live, timer, error=err)
+            self._finish(live, timer, time.perf_counter() - start, error=err)
             return isinstance(err, InternalError)
         except Exception:
             log.exception("batch failed", model=self.model, batch=len(live))
-            self._finish(
-                live, timer, error=InternalError(f"model {self.model!r}: inference failed")
-            )
+            failure = InternalError(f"model {self.model!r}: inference failed")
+            self._finish(live, timer, time.perf_counter() - start, error=failure)
             return True
+        spent_s = time.perf_counter() - start
         if not isinstance(results, list) or len(results) != len(live):
             log.error(
                 "executor returned the wrong number of results",
@@ -163,27 +166,33 @@ class ModelWorker:
                 expected=len(live),
                 got=len(results) if isinstance(results, list) else type(results).__name__,
             )
-            self._finish(
-                live, timer, error=InternalError(f"model {self.model!r}: bad executor output")
-            )
+            failure = InternalError(f"model {self.model!r}: bad executor output")
+            self._finish(live, timer, spent_s, error=failure)
             return True
-        self._finish(live, timer, results=results)
+        self._finish(live, timer, spent_s, results=results)
         return False
 
     def _finish(
         self,
         live: list[Request],
         timer: StageTimer,
+        spent_s: float,
         results: list[Any] | None = None,
         error: DuomoError | None = None,
     ) -> None:
+        """Answer the batch. Its time in ``execute`` is split over the stages: preprocess and
+        infer as the executor timed them, postprocess the rest (so the stages add up to all
+        the time the request spent in the executor)."""
+        preprocess_s, infer_s = timer.seconds["preprocess"], timer.seconds["infer"]
+        postprocess_s = spent_s - preprocess_s - infer_s  # (the postprocess stage and the rest)
+        size = len(live)
         for i, request in enumerate(live):
             t = request.timings
-            t.preprocess_s += timer.seconds["preprocess"]
-            t.infer_s = timer.seconds["infer"]
-            t.postprocess_s = timer.seconds["postprocess"]
+            t.preprocess_s += preprocess_s
+            t.infer_s = infer_s
+            t.postprocess_s = postprocess_s
             result = results[i] if results is not None else None
             if isinstance(result, DuomoError):
-                request.complete(error=result, batch_size=len(live))
+                request.deliver(Outcome(None, result, t, size, request.abandoned))
             else:
-                request.complete(result=result, error=error, batch_size=len(live))
+                request.deliver(Outcome(result, error, t, size, request.abandoned))

@@ -25,7 +25,7 @@ _sequence = itertools.count()
 _COMPLETION_LOCK = threading.Lock()
 
 
-@dataclass
+@dataclass(slots=True)
 class StageTimings:
     """Seconds a request spent in each stage; batch stages are shared by the batch's members."""
 

@@ -231,8 +231,9 @@ def markdown(report: dict[str, Any]) -> str:
             "same bare server with DESIGN §3's two threads (one receives and hands the request "
             "over, the other runs and answers it): what no server of Duomo's design can avoid. "
             "*accounted*: the p50 of each round trip minus the time the server itself says it "
-            "spent in the executor for that request (Duomo: the slot's stage timings; the "
-            "floors and the peers' apps time the same `run_one`), so no difference in compute "
+            "spent in the executor for that request (Duomo: the slot's stage timings, which "
+            "add up to its time in `prepare` and `execute`; the floors and the peers' apps time "
+            "the same `run_one`), so no difference in compute "
             "speed between processes enters it.",
             "",
             "| mode | " + " | ".join([*probed, *(f"{n}, accounted" for n in probed)]) + " |",
