@@ -32,11 +32,12 @@ from ipc.errors import (
 from ipc.framing import notice_packer
 from ipc.ring import SlotRing, TensorPlacement, read_tensors
 from ipc.wire import (
+    DESCRIPTORS,
     SlotState,
     TensorDesc,
     dtype_code,
     pack_descriptors,
-    pack_request,
+    request_packer,
     unpack_done,
 )
 
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from ipc.client import Client
 
 _DONE = int(SlotState.DONE)
+STAGES = ("queue", "preprocess", "infer", "postprocess")  # an answer's stage timings, in order
 NOTICE_GRACE_S = 5.0  # how long past its own deadline a request waits for the supervisor
 log = logging.getLogger("duomo.client")
 
@@ -135,12 +137,23 @@ class ModelHandle:
     def infer(self, data: Any, timeout_s: float | None = None, priority: int = 0) -> Any:
         """Run one request; the result dict (tensors are copied out of the slot). A request
         answered MODEL_CHANGED is sent again once, after the handle re-attached."""
+        return self._infer(data, timeout_s, priority)[0]
+
+    def infer_timed(
+        self, data: Any, timeout_s: float | None = None, priority: int = 0
+    ) -> tuple[Any, dict[str, int]]:
+        """``infer``, and the supervisor's stage times for its answer in µs (queue, then
+        preprocess, infer and postprocess, which add up to its time in the executor)."""
+        result, timings = self._infer(data, timeout_s, priority)
+        return result, dict(zip(STAGES, timings))
+
+    def _infer(self, data: Any, timeout_s: float | None, priority: int) -> tuple[Any, list[int]]:
         for retry in (False, True):
             slot = self.slot()
             try:  # (not ``with``: two calls fewer on every request)
                 slot.write(data)
                 slot.submit(timeout_s=timeout_s, priority=priority)
-                return slot.wait(copy=True)
+                return slot.wait(copy=True), slot._timings  # (read before the release)
             except ModelChangedError:
                 if retry:
                     raise
@@ -226,6 +239,7 @@ class Slot:
         self._header = handle.ring.header(index)
         self._output = handle.ring.output(index)
         self._notice = notice_packer(handle.ring_id, index)
+        self._pack_request = request_packer(self._header)
         self._json = handle.layout.result == "json"  # else raw output tensors
         self._result: TensorPlacement | None = None  # the last answer's records and views
         self._seq = 0
@@ -321,7 +335,9 @@ class Slot:
             self._descriptors = descriptors
         self._seq = next(self.handle._seq) & 0xFFFFFFFF
         timeout_us = int(timeout_s * 1e6) if timeout_s else 0
-        pack_request(self._header, self._seq, priority, timeout_us, descriptors)
+        count, block = descriptors
+        self._header[DESCRIPTORS] = block
+        self._pack_request(self._seq, priority, count, timeout_us)
         self._deadline_s = time.monotonic() + timeout_s + NOTICE_GRACE_S if timeout_s else None
         with self._lock:
             self._answered = False
@@ -359,7 +375,7 @@ class Slot:
     @property
     def timings_us(self) -> dict[str, int]:
         """The supervisor's stage times for the last answer, in µs."""
-        return dict(zip(("queue", "preprocess", "infer", "postprocess"), self._timings))
+        return dict(zip(STAGES, self._timings))
 
     def wait(self, timeout_s: float | None = None, copy: bool = False) -> Any:
         """The result: a dict for structured tasks, ``{output: array}`` for raw models.

@@ -17,8 +17,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ipc.client import Client, Slot
-from ipc.errors import InvalidArgumentError, ModelChangedError, NotFoundError, UnavailableError
+from ipc.client import READ_SLICE_S, Client, Slot
+from ipc.errors import (
+    DuomoError,
+    InvalidArgumentError,
+    ModelChangedError,
+    NotFoundError,
+    UnavailableError,
+)
 from ipc.framing import FrameReader, answer, json_frame, notice_frame, recv_frame
 from ipc.wire import FRAME, FrameKind, SlotHeader, SlotState, TensorDesc, dtype_code, frame
 from tests.conftest import IMAGES, ROOT
@@ -511,3 +517,42 @@ def test_threads_sharing_one_slot_all_finish(hostile_target: SupervisorProcess) 
         for thread in threads:
             thread.join(60)
         assert sorted(done) == [50, 200, 200]
+
+
+def test_infer_timed_gives_the_answers_stage_times(hostile_target: SupervisorProcess) -> None:
+    with Client(hostile_target.socket) as client:
+        affine = client.model("affine", slots=1)
+        start = time.perf_counter()
+        out, timings = affine.infer_timed(np.ones((1, 4), dtype=np.float32), timeout_s=30)
+        elapsed_us = (time.perf_counter() - start) * 1e6
+        np.testing.assert_array_equal(out["y"], np.full((1, 4), 3.0, dtype=np.float32))
+        assert set(timings) == {"queue", "preprocess", "infer", "postprocess"}
+        assert timings["infer"] > 0 and sum(timings.values()) <= elapsed_us
+
+
+def test_a_wait_for_an_answer_sees_its_handle_closed_by_another_thread(
+    hostile_target: SupervisorProcess,
+) -> None:
+    """The reader of an answer blocks in ``recv`` alone: what another thread does without a
+    frame arriving (closing the handle) reaches it within the read slice."""
+    with Client(hostile_target.socket) as client:
+        affine = client.model("affine", slots=1)
+        slot = affine.slot()
+        slot._in_flight, slot._answered = True, False  # in flight, but never sent: no answer
+        errors: list[BaseException] = []
+
+        def wait() -> None:
+            try:
+                slot.wait(timeout_s=30)
+            except DuomoError as err:
+                errors.append(err)
+
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        time.sleep(0.3)  # the waiter is reading the socket by now
+        closed_at = time.monotonic()
+        affine.close()
+        waiter.join(10)
+        assert not waiter.is_alive() and isinstance(errors[0], UnavailableError)
+        assert time.monotonic() - closed_at < READ_SLICE_S + 1.0
+    still_serving(hostile_target)

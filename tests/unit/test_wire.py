@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ipc.framing import FrameReader, ProtocolError, json_frame, notice_frame
+from ipc.framing import FrameReader, ProtocolError, json_frame, notice_frame, notice_packer
 from ipc.ring import place_tensors, read_tensors, write_tensors
 from ipc.wire import (
+    DESCRIPTORS,
     FRAME,
     HEADER_BYTES,
     MAX_JSON_BYTES,
@@ -15,8 +16,12 @@ from ipc.wire import (
     SlotHeader,
     SlotState,
     TensorDesc,
+    done_packer,
     frame,
+    pack_descriptors,
     pack_done,
+    pack_request,
+    request_packer,
     unpack_done,
 )
 
@@ -33,6 +38,26 @@ def test_slot_header_round_trip() -> None:
     assert [(d.dtype, d.shape) for d in back.inputs] == [(0, (480, 640, 3)), (7, (2, 5))]
     pack_done(memoryview(buffer), 7, 4, 123, (1, 2, 3, 4))
     assert unpack_done(memoryview(buffer)) == (SlotState.DONE, 7, 4, 123, 1, 2, 3, 4)
+
+
+def test_the_packers_write_what_the_header_layout_says() -> None:
+    inputs = [TensorDesc(0, (480, 640, 3))]
+    reference = bytearray(HEADER_BYTES)
+    SlotHeader(
+        seq=9, state=SlotState.SUBMITTED, priority=-2, timeout_us=70, inputs=inputs
+    ).pack_into(memoryview(reference))
+    written = bytearray(HEADER_BYTES)
+    pack_request(memoryview(written), 9, -2, 70, pack_descriptors(inputs))
+    assert written == reference
+    request_packer(memoryview(written))(9, -2, 1, 70)  # the fixed fields alone
+    assert written == reference
+    answered = bytearray(written)
+    done_packer(memoryview(answered))(9, 3, 40, 1, 2, 3, 4)
+    pack_done(memoryview(written), 9, 3, 40, (1, 2, 3, 4))
+    assert answered == written
+    assert unpack_done(memoryview(answered)) == (SlotState.DONE, 9, 3, 40, 1, 2, 3, 4)
+    assert answered[DESCRIPTORS] == reference[DESCRIPTORS]  # the inputs' block stays
+    assert notice_packer(3, 4)(5) == notice_frame(3, 4, 5)
 
 
 def test_header_that_lies_about_counts_is_rejected() -> None:

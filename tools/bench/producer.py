@@ -112,20 +112,13 @@ def mosec_sender(port: int, model: str) -> Send:
 
 
 def duomo_sender(socket_path: str, model: str, client: list[Client]) -> Send:
-    """Through a slot, as ``ModelHandle.infer`` runs it, keeping the answer's stage timings."""
+    """``ModelHandle.infer`` through one slot, with the answer's stage timings."""
     c = Client(socket_path, timeout_s=120)
     client.append(c)
     handle = c.model(model, slots=1)
 
     def send(image: np.ndarray) -> Reply:
-        slot = handle.slot()
-        try:
-            slot.write(image)
-            slot.submit(timeout_s=120)
-            result = slot.wait(copy=True)
-        finally:
-            slot.release()
-        t = slot.timings_us
+        result, t = handle.infer_timed(image, timeout_s=120)
         return Reply(result, (t["preprocess"] + t["infer"] + t["postprocess"]) / 1e6)
 
     return send
