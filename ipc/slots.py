@@ -394,9 +394,9 @@ class Slot:
             raise self._failed(self._error)
         state, seq, status, result_len, *timings = unpack_done(self._header)
         area = self._output
-        if seq != self._seq or state != _DONE or status:  # (ErrorCode.OK is 0)
-            if seq != self._seq or state != _DONE:
-                raise UnavailableError("the slot was not answered (stale or corrupt header)")
+        if seq != self._seq or state != _DONE:
+            raise UnavailableError("the slot was not answered (stale or corrupt header)")
+        if status:  # (ErrorCode.OK is 0)
             message = bytes(area[: min(result_len, len(area))]).decode("utf-8", "replace")
             raise self._failed(error_for(status, message))
         self._timings = timings

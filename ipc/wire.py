@@ -122,20 +122,6 @@ def request_packer(buffer: memoryview) -> Callable[[int, int, int, int], None]:
     )
 
 
-def pack_request(
-    buffer: memoryview,
-    seq: int,
-    priority: int,
-    timeout_us: int,
-    descriptors: tuple[int, bytes],
-) -> None:
-    """A producer's request header (the same layout ``SlotHeader.pack_into`` writes), with the
-    inputs as ``pack_descriptors`` encoded them."""
-    count, block = descriptors
-    buffer[DESCRIPTORS] = block
-    request_packer(buffer)(seq, priority, count, timeout_us)
-
-
 # (magic, version, state, seq, priority, input count, timeout µs) of a request header; the
 # struct's own method, since the reactor calls it for every request
 unpack_request = _REQUEST.unpack_from
@@ -152,13 +138,6 @@ def done_packer(buffer: memoryview) -> Callable[..., None]:
     (every request's path): ``(seq, status, result_len, queue_us, preprocess_us, infer_us,
     postprocess_us)``."""
     return functools.partial(_ANSWER.pack_into, buffer, 0, MAGIC, PROTOCOL_VERSION, SlotState.DONE)
-
-
-def pack_done(
-    buffer: memoryview, seq: int, status: int, result_len: int, timings_us: tuple[int, ...]
-) -> None:
-    """The supervisor's answer: only the fixed header fields (the inputs stay as written)."""
-    done_packer(buffer)(seq, status, result_len, *timings_us)
 
 
 # (state, seq, status, result_len, then the four stage timings in µs) of an answered header;

@@ -105,7 +105,6 @@ class Attachment:
         # slot -> its queued request (None between acceptance and queueing); the reactor thread
         # alone adds entries, and fills them in before it queues their requests
         self._in_flight: dict[int, Request | None] = {}
-        self.slots = slots
         self._seqs = [0] * slots  # the sequence number of each slot's request in flight
         # each slot's answer, made once: no callback is built per request
         self._answers = [functools.partial(self._complete, slot) for slot in range(slots)]
@@ -123,9 +122,9 @@ class Attachment:
     def submit(self, slot: int, seq: int) -> None:
         """Validate and queue slot ``slot``; an invalid slot is answered at once with an error.
         Raises (nothing answered) for a slot that does not exist or is already in flight."""
-        if not 0 <= slot < self.slots:
+        if not 0 <= slot < self.layout.slots:
             raise InvalidArgumentError(
-                f"slot {slot} is out of range (ring {self.ring_id} has {self.slots})"
+                f"slot {slot} is out of range (ring {self.ring_id} has {self.layout.slots})"
             )
         with self._lock:
             if self._closing:

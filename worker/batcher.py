@@ -83,10 +83,8 @@ class Batcher:
                 level = self._levels[request.priority] = deque()
             level.append(request)
             self._count += 1
-            if self._sleepers:  # (``_wake_all`` inline: this is every request's path)
-                for wake in self._sleepers:
-                    wake.release()
-                self._sleepers.clear()
+            if self._sleepers:
+                self._wake_all()
 
     def close(self) -> None:
         """Stop accepting; workers drain what is queued, then ``next_batch`` returns None."""
@@ -194,8 +192,6 @@ class Batcher:
         best: int | None = None
         best_key = (0.0, 0)
         for priority, level in self._levels.items():
-            if not level:  # (the one level ``_take`` keeps when it empties)
-                continue
             head = level[0]
             key = (priority + (now - head.enqueued_s) * self.aging_per_s, -head.seq)
             if best is None or key > best_key:
@@ -210,7 +206,7 @@ class Batcher:
             priority = self._best_level(now)
             level = self._levels[priority]
             request = level.popleft()
-            if not level and len(self._levels) > 1:  # the last level stays for the next put
+            if not level:
                 del self._levels[priority]
             self._count -= 1
             (taken.expired if request.expired(now) else taken.run).append(request)

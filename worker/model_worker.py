@@ -26,7 +26,7 @@ import structlog
 from ipc.errors import DeadlineExceededError, DuomoError, InternalError, UnavailableError
 from worker.batcher import Batcher, TakenBatch
 from worker.executors.base import Executor, StageTimer
-from worker.request import Outcome, Request
+from worker.request import Request
 
 log = structlog.get_logger("duomo.worker")
 
@@ -193,6 +193,6 @@ class ModelWorker:
             t.postprocess_s = postprocess_s
             result = results[i] if results is not None else None
             if isinstance(result, DuomoError):
-                request.deliver(Outcome(None, result, t, size, request.abandoned))
+                request.complete(error=result, batch_size=size)
             else:
-                request.deliver(Outcome(result, error, t, size, request.abandoned))
+                request.complete(result=result, error=error, batch_size=size)

@@ -120,7 +120,6 @@ class ServedModel:
         self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self._pending = 0  # accepted and not yet answered: queued + being processed
         self._pending_lock = threading.Lock()
-        self._on_finished = self._finished  # each request's bookkeeping (made once)
         self.device_room_bytes: int | None = None  # set by the engine before a load (budgets)
         self._slot_spec: SlotSpec | None = None  # kept across unloads: attached clients stay
         self._payload_builder: Callable[[dict[str, np.ndarray], memoryview], Any] | None = None
@@ -388,7 +387,7 @@ class ServedModel:
             if not waits:
                 raise UnavailableError(self._refusal(state))
         self.last_used_s = request.enqueued_s
-        request.on_finished = self._on_finished
+        request.on_finished = self._finished
         with self._pending_lock:
             self._pending += 1
         try:

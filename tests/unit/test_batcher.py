@@ -186,11 +186,11 @@ def test_expired_requests_are_taken_out_while_no_worker_runs() -> None:
     assert taken is not None and names(taken.run) == ["a", "b"]
 
 
-def test_a_drained_level_stays_and_other_priorities_still_go_first() -> None:
+def test_priorities_order_a_queue_that_emptied_and_filled_again() -> None:
     b = Batcher("m", max_batch=1, max_delay_s=0.0, queue_size=10)
     b.put(request("a"))
     taken = b.next_batch()
-    assert taken is not None and names(taken.run) == ["a"]  # priority 0's level stays, empty
+    assert taken is not None and names(taken.run) == ["a"]  # the queue is empty again
     for n, priority in (("low", 0), ("high", 5), ("low2", 0)):
         b.put(request(n, priority=priority))
     order = []
