@@ -1,10 +1,12 @@
 """The supervisor's side of one attached ring: one client's slots for one model.
 
-Created by the reactor on ``attach``. ``submit`` runs on the reactor thread when a "slot ready"
-notice arrives: it copies the slot header out of shared memory once, validates every field
-against the model's slot layout (the client may rewrite the header afterwards; only the copy is
-used), builds numpy views of the inputs and queues the request. Input descriptors byte-equal to
-the ones last accepted for that slot were validated then: their payload is reused as it is.
+Created by the reactor on ``attach``. ``submit`` runs when a "slot ready" notice arrives, on the
+thread reading the client's connection (the reactor, or the model's idle worker it is lent to:
+one at a time, see ``Reactor``): it copies the slot header out of shared memory once,
+validates every field against the model's slot layout (the client may rewrite the header
+afterwards; only the copy is used), builds numpy views of the inputs and queues the request.
+Input descriptors byte-equal to the ones last accepted for that slot were validated then: their
+payload is reused as it is.
 ``_complete`` runs on the model's worker thread: it writes the result (or the error) into the
 slot and sends the "slot done" notice.
 
@@ -102,8 +104,8 @@ class Attachment:
         self._accepted: list[tuple[int, bytes, Any] | None] = [None] * slots
         self._send = send  # the connection's: frames to the client, from any thread
         self._lock = threading.Lock()
-        # slot -> its queued request (None between acceptance and queueing); the reactor thread
-        # alone adds entries, and fills them in before it queues their requests
+        # slot -> its queued request (None between acceptance and queueing); the thread reading
+        # the connection alone adds entries, and fills them in before it queues their requests
         self._in_flight: dict[int, Request | None] = {}
         self._seqs = [0] * slots  # the sequence number of each slot's request in flight
         # each slot's answer, made once: no callback is built per request

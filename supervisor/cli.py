@@ -207,7 +207,8 @@ def render_status(status: dict[str, Any]) -> str:
             lines.append(f"  {name}: {m['last_error']}")
     for c in status["clients"]:
         rings = ", ".join(f"{r['model']}×{r['slots']}" for r in c["rings"]) or "no models"
-        lines.append(f"client {c['id']} (pid {c['pid']}): {rings}")
+        lent = " (read by its idle worker)" if c.get("lent") else ""
+        lines.append(f"client {c['id']} (pid {c['pid']}): {rings}{lent}")
     return "\n".join(lines)
 
 

@@ -39,6 +39,7 @@ from supervisor.config import LoadedConfig, ResolvedModel
 from supervisor.memory import Footprint, Resident, choose_victims, mb, resident_bytes, trim_heap
 from worker.backends import Backend, create_backend
 from worker.backends.base import NotEnoughDeviceMemory
+from worker.batcher import IdleReader
 from worker.executors.image_ops import limit_opencv_threads
 from worker.request import Outcome
 from worker.served_model import SERVING, ModelSpec, ModelState, ServedModel
@@ -70,6 +71,8 @@ class Engine:
         self._demand_lock = threading.Lock()
         self._demanded: set[str] = set()
         self._closed = False
+        # the supervisor's reactor, once it runs: idle workers read their lent connections
+        self.idle_reader: IdleReader | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -379,7 +382,21 @@ class Engine:
         )
         self._signatures[name] = self._signature(resolved)
         on_demand = None if self._only else self._on_demand
-        return ServedModel(spec, backend, self.gate, on_demand=on_demand)
+        return ServedModel(
+            spec, backend, self.gate, on_demand=on_demand, idle_reader=self._read_when_idle
+        )
+
+    def wake_idle(self, name: str) -> None:
+        """Wake ``name``'s sleeping workers: a connection has become theirs to read."""
+        model = self.models.get(name)
+        if model is not None:
+            model.batcher.wake_idle()
+
+    def _read_when_idle(self, model: str, wake_fd: int) -> bool:
+        """A model's idle worker waits in the supervisor's reactor, if there is one (see
+        ``Reactor.read_when_idle``); False: it sleeps in its batcher."""
+        reader = self.idle_reader
+        return reader is not None and reader(model, wake_fd)
 
     @staticmethod
     def _signature(resolved: ResolvedModel) -> tuple[Any, ...]:

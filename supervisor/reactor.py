@@ -8,6 +8,17 @@ the only slow thing it does is create a shared-memory segment on ``attach``. It 
 is every request's path, and each Python call on it costs about a microsecond when it runs cold
 after an inference.
 
+**Lending.** A connection whose rings all attach one model (the usual producer) is *lent* to
+that model's idle worker while it is idle (``read_when_idle``, called by the model's batcher on
+the worker's thread): the worker disarms the socket in the reactor's epoll, waits on it itself,
+queues the notice that arrives (so no thread hands the request to another, which on this kind of
+machine costs a wake-up and a cold start more per request) and gives the socket back before it
+runs the batch. The worker handles only a lone notice; anything else it read (a control
+message, several frames, a partial one) it leaves to the reactor (``carried``), EOF it leaves
+in the socket, and the connection is not lent again until the reactor has read it. A
+connection's ``owner`` lock is held by whichever thread reads it or changes whether it is lent,
+so exactly one thread reads a socket at a time.
+
 Workers send "slot done" notices from their own threads through ``Connection.send``, which
 serialises writers with a per-connection lock. A connection that breaks the protocol gets an
 error event and is closed; one that goes away has its attachments closed (queued work dropped,
@@ -17,6 +28,7 @@ segments unmapped once nothing reads them). Nothing a client sends can stop the 
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import os
 import secrets
@@ -42,6 +54,7 @@ HOUSEKEEPING_S = 0.1  # auth deadlines and unmap retries are checked this often
 _PEERCRED = struct.Struct("3i")
 NOTICE_FRAME_BYTES = FRAME.size + NOTICE.size
 NOTICE_PREFIX = FRAME.pack(NOTICE.size, FrameKind.NOTICE)
+_NOW = int(socket.MSG_DONTWAIT)
 
 
 class Connection:
@@ -57,6 +70,15 @@ class Connection:
         self.auth_deadline = time.monotonic() + AUTH_TIMEOUT_S
         self.attachments: dict[int, Attachment] = {}
         self.closed = False
+        # who reads the socket (see the module's docstring): held while reading it and while
+        # lending it or taking it back; reentrant, since a read may end in ``Reactor._drop``
+        self.owner = threading.RLock()
+        self.model: str | None = None  # the one model its rings attach (lendable), or None
+        self.lent = False  # read by that model's idle worker, out of the reactor's epoll
+        self.needs_reactor = False  # holds what only the reactor reads: not lent until read
+        self.carried = b""  # data its idle worker read but only the reactor handles
+        self.dropped = False  # the reactor let go of it; the socket closes once not lent
+        self.refused = False  # an idle worker found it not lendable: tell it once it is
         self._send_lock = threading.Lock()
         self.pid = _peer_pid(sock)
         self._ring_ids = itertools.count(1)
@@ -120,6 +142,9 @@ class Reactor:
         self._wake_r, self._wake_w = socket.socketpair()
         self._connections: dict[int, Connection] = {}
         self._by_fd: dict[int, Connection] = {}  # the registered client sockets
+        # model -> the connections whose rings all attach it (replaced whole, never changed in
+        # place: an idle worker reads it from its own thread)
+        self._lendable: dict[str, tuple[Connection, ...]] = {}
         self._ids = itertools.count(1)
         self._lingering: list[Attachment] = []
         self._thread: threading.Thread | None = None
@@ -127,6 +152,8 @@ class Reactor:
         self._stop_accepting = False
         self._next_housekeeping = 0.0
         self._soon: deque[Callable[[], None]] = deque()
+        # wakes a model's idle workers, to borrow a connection that has become lendable
+        self.on_lendable: Callable[[str], None] | None = None
 
     def call_soon(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the reactor thread (from any thread): what touches the connections'
@@ -231,12 +258,29 @@ class Reactor:
         conn.send(frame(FrameKind.CHALLENGE, conn.challenge))
 
     def _readable(self, conn: Connection) -> None:
-        try:
-            data = conn.sock.recv(65536)
-        except (BlockingIOError, InterruptedError, TimeoutError):
-            return
-        except OSError:
-            data = b""
+        with conn.owner:
+            if not conn.lent:  # (else its idle worker reads it: this event came before)
+                conn.needs_reactor = False
+                self._read(conn)
+                if conn.refused and conn.reader.empty and not conn.closed:
+                    conn.refused = False
+                    self._lendable_again(conn)
+
+    def _lendable_again(self, conn: Connection) -> None:
+        if conn.model is not None and self.on_lendable is not None:
+            self.on_lendable(conn.model)
+
+    def _read(self, conn: Connection) -> None:
+        data = conn.carried  # what its idle worker read and left to the reactor, first
+        if data:
+            conn.carried = b""
+        else:
+            try:
+                data = conn.sock.recv(65536)
+            except (BlockingIOError, InterruptedError, TimeoutError):
+                return
+            except OSError:
+                data = b""
         if not data:
             self._drop(conn)
             return
@@ -288,24 +332,118 @@ class Reactor:
         except DuomoError as err:  # no slot to answer in
             conn.send_error(err.code, err.message, ring=ring, slot=slot)
 
+    def attach(self, conn: Connection, ring: int, attachment: Attachment) -> None:
+        """Record a ring attached by ``conn`` (on the reactor thread)."""
+        conn.attachments[ring] = attachment
+        self._rededicate(conn)
+
     def detach(self, conn: Connection, ring: int) -> None:
         attachment = conn.attachments.pop(ring, None)
         if attachment is not None:
             attachment.close()
             if not attachment.closed:
                 self._lingering.append(attachment)
+        self._rededicate(conn)
+
+    def _rededicate(self, conn: Connection) -> None:
+        """Keep ``_lendable`` in step with the models ``conn`` attaches (reactor thread)."""
+        models = {a.model_name for a in conn.attachments.values()}
+        model = models.pop() if len(models) == 1 and not conn.closed else None
+        if model == conn.model:
+            return
+        if conn.model is not None:
+            rest = tuple(c for c in self._lendable.get(conn.model, ()) if c is not conn)
+            if rest:
+                self._lendable[conn.model] = rest
+            else:
+                self._lendable.pop(conn.model, None)
+        if model is not None:
+            self._lendable[model] = (*self._lendable.get(model, ()), conn)
+        conn.model = model
+        self._lendable_again(conn)
 
     def _drop(self, conn: Connection) -> None:
-        if self._by_fd.pop(conn.fd, None) is conn:  # before the close: fds are reused
+        with conn.owner:  # not while an idle worker queues one of its notices
+            if self._by_fd.pop(conn.fd, None) is conn:  # before the close: fds are reused
+                with contextlib.suppress(OSError):
+                    self._epoll.unregister(conn.fd)
+            self._connections.pop(conn.id, None)
+            with conn._send_lock:
+                conn.closed = True
+            conn.dropped = True
+            for ring in list(conn.attachments):
+                self.detach(conn, ring)
             with contextlib.suppress(OSError):
-                self._epoll.unregister(conn.fd)
-        self._connections.pop(conn.id, None)
-        with conn._send_lock:
-            conn.closed = True
-        for ring in list(conn.attachments):
-            self.detach(conn, ring)
-        with contextlib.suppress(OSError):
-            conn.sock.close()
+                if conn.lent:  # its worker wakes up and closes it as it gives it back
+                    conn.sock.shutdown(socket.SHUT_RDWR)
+                else:
+                    conn.sock.close()
+
+    def read_when_idle(self, model: str, wake_fd: int) -> bool:
+        """As ``model``'s idle worker, on its thread: borrow the connections lent to it, wait
+        until one of them or ``wake_fd`` is readable, queue the notices that arrived, and give
+        the connections back. False (at once) when there is none to borrow."""
+        lent = [conn for conn in self._lendable.get(model, ()) if self._lend(conn)]
+        if not lent:
+            return False
+        try:
+            poller = select.poll()
+            poller.register(wake_fd, select.POLLIN)
+            for conn in lent:
+                poller.register(conn.fd, select.POLLIN)
+            ready = {fd for fd, _ in poller.poll()}
+            for conn in lent:
+                if conn.fd in ready:
+                    self._read_lent(conn)
+        finally:
+            for conn in lent:
+                self._take_back(conn)
+        return True
+
+    def _lend(self, conn: Connection) -> bool:
+        with conn.owner:  # (if the reactor is reading it, once it has: an idle worker may wait)
+            if conn.closed or conn.lent:
+                return False
+            if conn.needs_reactor or not conn.reader.empty:
+                conn.refused = True  # the reactor has yet to read it
+                return False
+            try:  # (one-shot: a hang-up meanwhile is reported once, not until it is read)
+                self._epoll.modify(conn.fd, select.EPOLLONESHOT)
+            except (OSError, ValueError):  # (ValueError: the reactor has stopped)
+                return False
+            conn.lent = True
+            return True
+
+    def _read_lent(self, conn: Connection) -> None:
+        """Queue the notice that arrived on a lent connection (its worker's thread); anything
+        else is the reactor's to read (EOF stays in the socket, data is carried over)."""
+        with conn.owner:
+            if conn.dropped:
+                return
+            try:
+                data = conn.sock.recv(65536, _NOW)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data = b""
+            if len(data) == NOTICE_FRAME_BYTES and data.startswith(NOTICE_PREFIX):
+                self._notice(conn, *NOTICE.unpack_from(data, FRAME.size))
+                return
+            conn.needs_reactor = True  # a control message, several frames, a part, or EOF
+            conn.carried = data  # (EOF stays in the socket for the reactor to read)
+
+    def _take_back(self, conn: Connection) -> None:
+        with conn.owner:
+            conn.lent = False
+            try:
+                if conn.dropped:
+                    conn.sock.close()
+                else:  # (one the supervisor stopped writing to: the reactor now reads its EOF)
+                    self._epoll.modify(conn.fd, select.EPOLLIN)
+                    if conn.carried:  # no event may come for it: the reactor reads it anyway
+                        self.call_soon(functools.partial(self._readable, conn))
+            except (OSError, ValueError):
+                pass
 
     def _housekeeping(self) -> None:
         now = time.monotonic()

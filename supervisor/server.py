@@ -98,6 +98,8 @@ class Supervisor:
         listener.listen(128)
         self.reactor = Reactor(listener, key, self.handle)
         self.reactor.start()
+        self.engine.idle_reader = self.reactor.read_when_idle  # (see Reactor: lending)
+        self.reactor.on_lendable = self.engine.wake_idle
         pid_path(path).write_text(f"{os.getpid()}\n")
         self._own(pid_path(path))
         log.info("supervisor ready", socket=str(path), models=list(self.engine.models))
@@ -157,6 +159,7 @@ class Supervisor:
         cut = self.engine.close(self.loaded.config.shutdown_grace_s)
         for conn, message in self._stop_waiters:
             conn.reply(message, {"ok": True, "cut": cut})
+        self.engine.idle_reader = None
         if self.reactor is not None:
             self.reactor.stop()
         for path, inode in self._created.items():
@@ -299,7 +302,8 @@ class Supervisor:
             attachment = Attachment(ring_id, model, self.engine.models, slots, conn.send)
         except OSError as err:  # out of shared memory or file descriptors
             raise ResourceExhaustedError(f"cannot create a ring for {name!r}: {err}") from None
-        conn.attachments[ring_id] = attachment
+        assert self.reactor is not None
+        self.reactor.attach(conn, ring_id, attachment)
         return {
             "ok": True,
             "ring": ring_id,
@@ -322,6 +326,7 @@ class Supervisor:
                 {
                     "id": conn.id,
                     "pid": conn.pid,
+                    "lent": conn.lent,  # read by its model's idle worker (see Reactor)
                     "rings": [
                         {
                             "ring": a.ring_id,

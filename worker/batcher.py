@@ -18,20 +18,33 @@ how an unload, a re-initialization or a reload lets go of workers without losing
 
 A worker sleeps on a lock of its own, which whoever changes the queue releases (``_sleep``,
 ``_wake_all``): what ``threading.Condition`` does inside, without its Python wrapper, whose
-four calls per hand-off run on every request's path, cold after every inference.
+four calls per hand-off run on every request's path, cold after every inference. Or, with an
+``idle_reader`` (the supervisor's reactor) and nothing queued, one idle worker at a time waits
+in the idle reader instead: it reads the notices of the connections lent to its model and
+queues them itself, so the request it then takes was never handed from one thread to another;
+``_wake_all`` wakes it through its ``wake_fd`` (an eventfd).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import structlog
+
 from ipc.errors import ResourceExhaustedError, UnavailableError
 from worker.request import Request
+
+log = structlog.get_logger("duomo.batcher")
+
+
+# (model, wake fd) -> False at once if it has nothing to read, else True once it has read
+IdleReader = Callable[[str, int], bool]
 
 
 @dataclass(slots=True)
@@ -49,6 +62,7 @@ class Batcher:
         queue_size: int,
         clock: Callable[[], float] = time.monotonic,
         aging_per_s: float = 0.0,
+        idle_reader: IdleReader | None = None,
     ) -> None:
         self.model = model
         self.max_batch = max_batch
@@ -60,6 +74,10 @@ class Batcher:
         self._count = 0
         self._lock = threading.Lock()
         self._sleepers: list[threading.Lock] = []  # one held lock per sleeping worker
+        self._idle_reader = idle_reader
+        self._reader: tuple[int, int] | None = None  # (thread, wake fd) of the one reading
+        self._reader_woken = False
+        self._look_again = False  # ``wake_idle`` came while the idle reader had nothing
         self._filling = False
         self._closed = False
         self.generation = 0  # workers started now serve this generation
@@ -83,7 +101,7 @@ class Batcher:
                 level = self._levels[request.priority] = deque()
             level.append(request)
             self._count += 1
-            if self._sleepers:
+            if self._sleepers or self._reader is not None:
                 self._wake_all()
 
     def close(self) -> None:
@@ -91,6 +109,13 @@ class Batcher:
         with self._lock:
             self._closed = True
             self._wake_all()
+
+    def wake_idle(self) -> None:
+        """Wake the sleeping workers to look again for something to read (``idle_reader``)."""
+        with self._lock:
+            self._look_again = True
+            if self._sleepers:
+                self._wake_all()
 
     def retire_workers(self) -> int:
         """End the current worker generation; returns the new one (for the next workers)."""
@@ -128,13 +153,23 @@ class Batcher:
             self._count = 0
             return sorted(taken, key=lambda r: (-r.priority, r.seq))
 
-    def next_batch(self, generation: int = 0) -> TakenBatch | None:
-        """The next batch for a worker of ``generation``; None when that worker should stop."""
+    def next_batch(self, generation: int = 0, wake_fd: int | None = None) -> TakenBatch | None:
+        """The next batch for a worker of ``generation``; None when that worker should stop.
+        A worker that gives its ``wake_fd`` may wait in the idle reader."""
         with self._lock:
             while True:
                 while not self._count or self._filling:
                     if (self._closed and not self._count) or generation != self.generation:
                         return None
+                    if (
+                        wake_fd is not None
+                        and self._idle_reader is not None
+                        and self._reader is None
+                        and not self._count
+                    ):
+                        self._look_again = False
+                        if self._read_when_idle(wake_fd) or self._look_again:
+                            continue
                     self._sleep(None)
                 if generation != self.generation:
                     return None
@@ -173,11 +208,35 @@ class Batcher:
             with contextlib.suppress(ValueError):  # (woken right after the timeout)
                 self._sleepers.remove(wake)
 
+    def _read_when_idle(self, wake_fd: int) -> bool:
+        """With the lock held: wait in the idle reader (without the lock); False if it had
+        nothing to read."""
+        assert self._idle_reader is not None
+        self._reader = (threading.get_ident(), wake_fd)
+        self._lock.release()
+        try:
+            return self._idle_reader(self.model, wake_fd)
+        except Exception:  # a bug there must not end the worker: it sleeps here instead
+            log.exception("idle reader failed", model=self.model)
+            return False
+        finally:
+            self._lock.acquire()
+            self._reader = None
+            if self._reader_woken:
+                self._reader_woken = False
+                with contextlib.suppress(BlockingIOError):
+                    os.eventfd_read(wake_fd)
+
     def _wake_all(self) -> None:
-        """With the lock held: wake every sleeping worker."""
+        """With the lock held: wake every sleeping worker, and the one in the idle reader
+        (unless it is the caller: it queues what it read)."""
         for wake in self._sleepers:
             wake.release()
         self._sleepers.clear()
+        reader = self._reader
+        if reader is not None and not self._reader_woken and reader[0] != threading.get_ident():
+            self._reader_woken = True
+            os.eventfd_write(reader[1], 1)
 
     def _best_level(self, now: float) -> int:
         """The priority level whose oldest request goes next.

@@ -16,6 +16,7 @@ time in the executor: ``prepare`` and the preprocess stage, the infer stage, the
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -91,8 +92,9 @@ class ModelWorker:
             self._ready.set()
             return
         self._ready.set()
+        wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)  # wakes it in the idle reader
         try:
-            while (taken := self._batcher.next_batch(self.generation)) is not None:
+            while (taken := self._batcher.next_batch(self.generation, wake_fd)) is not None:
                 self.busy_since = time.monotonic()
                 self.current = batch = (*taken.run, *taken.expired)
                 try:
@@ -110,6 +112,7 @@ class ModelWorker:
                         for request in batch:
                             request.batch_over()
         finally:
+            os.close(wake_fd)
             self.executor = None
             executor.close()
 

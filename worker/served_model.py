@@ -38,7 +38,7 @@ import structlog
 
 from ipc.errors import DeadlineExceededError, UnavailableError
 from worker.backends.base import Backend, ModelSession, SessionSettings
-from worker.batcher import Batcher
+from worker.batcher import Batcher, IdleReader
 from worker.config_model import StrictModel
 from worker.executors.base import Executor, SlotSpec
 from worker.health import HealthPolicy, RestartHistory
@@ -92,6 +92,7 @@ class ServedModel:
         backend: Backend,
         gate: ComputeGate | None,
         on_demand: Callable[[ServedModel], None] | None = None,
+        idle_reader: IdleReader | None = None,
     ) -> None:
         self.spec = spec
         self._backend = backend
@@ -104,6 +105,7 @@ class ServedModel:
             spec.max_delay_s,
             spec.queue_size,
             aging_per_s=spec.priority_aging_per_s,
+            idle_reader=idle_reader,
         )
         self.workers: list[ModelWorker] = []
         self.abandoned: list[ModelWorker] = []  # hung workers let go of; they end on their own

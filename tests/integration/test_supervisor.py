@@ -452,6 +452,52 @@ def test_a_client_that_does_not_read_is_dropped_without_stalling_others(
     still_serving(hostile_target)
 
 
+def test_a_connection_lent_to_its_models_idle_worker(hostile_target: SupervisorProcess) -> None:
+    """A connection whose rings all attach one model is read by that model's idle worker;
+    whatever else arrives on it still reaches the reactor, in order."""
+    from supervisor.image_files import read_image
+
+    def rings_of(client_rings: int) -> list[dict[str, object]]:
+        shown = status(hostile_target)["clients"]
+        return [c for c in shown if len(c["rings"]) == client_rings]  # type: ignore[arg-type, attr-defined]
+
+    def lent(client_rings: int = 1) -> bool:
+        return any(c["lent"] for c in rings_of(client_rings))
+
+    image = read_image(IMAGES / "coffee.png")
+    x = np.ones((1, 4), dtype=np.float32)
+    with Client(hostile_target.socket) as client:
+        classify = client.model("classify", slots=2)
+        assert classify.infer(image)["top"][0]["label"] == "espresso"
+        poll(lent)  # idle: the classify worker waits on this connection itself
+        assert client.request("ping")["ok"]  # a control message on it reaches the reactor
+        poll(lent)
+        both = [classify.infer_async(image) for _ in range(2)]  # notices maybe in one read
+        assert [f.result(60)["top"][0]["label"] for f in both] == ["espresso"] * 2
+        affine = client.model("affine", slots=1)  # a second model: not lent any more
+        assert affine.infer(x)["y"][0, 0] == 3.0
+        assert classify.infer(image)["top"][0]["label"] == "espresso"
+        assert not lent(client_rings=2)
+        affine.close()  # one model again: lent again
+        poll(lent)
+        assert classify.infer(image)["top"][0]["label"] == "espresso"
+        poll(lent)
+    poll(lambda: not rings_of(1))  # closed while lent: its ring is released
+    poll(lambda: our_segments() == set())
+
+    hostile = Client(hostile_target.socket)  # garbage on a lent connection
+    hostile.model("affine", slots=1).infer(x)
+    poll(lent)
+    hostile._send(frame(FrameKind.JSON, b"\xff\xfe this is not json"))
+    event = hostile.next_event(timeout_s=10)
+    assert event is not None and "protocol error" in event.message
+    hostile.wait_until(lambda: not hostile.connected, time.monotonic() + 10)
+    assert not hostile.connected
+    hostile.close()
+    poll(lambda: not rings_of(1))
+    still_serving(hostile_target)
+
+
 def test_a_second_start_on_a_live_socket_leaves_the_first_alone(
     hostile_target: SupervisorProcess,
 ) -> None:

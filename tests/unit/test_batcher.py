@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import select
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -201,3 +204,88 @@ def test_priorities_order_a_queue_that_emptied_and_filled_again() -> None:
     assert order == ["high", "low", "low2"]
     b.put(request("late", priority=5))
     assert names(b.drain()) == ["late"]
+
+
+# -- the idle reader: a worker with nothing queued reads notices itself ------------------------
+
+
+class IdleReader:
+    """Stands in for the reactor's ``read_when_idle``: what it "reads" it queues on the calling
+    thread; with nothing scripted it waits on the wake fd like the real one (or has nothing)."""
+
+    def __init__(self, batcher: Batcher, script: list[str], lendable: bool = True) -> None:
+        self.batcher, self.script, self.lendable = batcher, script, lendable
+        self.threads: list[int] = []
+
+    def __call__(self, model: str, wake_fd: int) -> bool:
+        self.threads.append(threading.get_ident())
+        if not self.lendable:
+            return False
+        if self.script:
+            self.batcher.put(request(self.script.pop(0)))  # queued by the reading worker
+            return True
+        select.select([wake_fd], [], [], 30)
+        return True
+
+
+def with_wake_fd() -> int:
+    return os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+
+
+def test_an_idle_worker_takes_what_it_read_itself() -> None:
+    b = Batcher("m", max_batch=4, max_delay_s=0.0, queue_size=10)
+    reader = IdleReader(b, ["a"])
+    b._idle_reader = reader
+    wake = with_wake_fd()
+    taken = b.next_batch(0, wake)
+    assert taken is not None and names(taken.run) == ["a"]
+    assert reader.threads == [threading.get_ident()]
+    os.close(wake)
+
+
+def test_a_request_queued_elsewhere_wakes_the_worker_in_the_idle_reader() -> None:
+    b = Batcher("m", max_batch=4, max_delay_s=0.0, queue_size=10)
+    b._idle_reader = IdleReader(b, [])
+    wake = with_wake_fd()
+    got: list[list[str]] = []
+    worker = threading.Thread(target=lambda: got.append(names(b.next_batch(0, wake).run)))  # type: ignore[union-attr]
+    worker.start()
+    poll_until(lambda: b._reader is not None)
+    b.put(request("x"))  # the engine's in-process path, or another connection's notice
+    worker.join(10)
+    assert got == [["x"]]
+    with pytest.raises(BlockingIOError):  # the wake-up was consumed: the next wait is real
+        os.eventfd_read(wake)
+    b._idle_reader = IdleReader(b, [])
+    ended: list[object] = []
+    worker = threading.Thread(target=lambda: ended.append(b.next_batch(0, wake)))
+    worker.start()
+    poll_until(lambda: b._reader is not None)
+    b.close()  # closing (or retiring the workers) ends the wait too
+    worker.join(10)
+    assert ended == [None]
+    os.close(wake)
+
+
+def test_with_nothing_to_read_the_worker_sleeps_until_told_to_look_again() -> None:
+    b = Batcher("m", max_batch=4, max_delay_s=0.0, queue_size=10)
+    reader = IdleReader(b, [], lendable=False)
+    b._idle_reader = reader
+    wake = with_wake_fd()
+    got: list[list[str]] = []
+    worker = threading.Thread(target=lambda: got.append(names(b.next_batch(0, wake).run)))  # type: ignore[union-attr]
+    worker.start()
+    poll_until(lambda: len(b._sleepers) == 1)
+    assert len(reader.threads) == 1
+    reader.lendable, reader.script = True, ["y"]
+    b.wake_idle()  # a connection became its to read
+    worker.join(10)
+    assert got == [["y"]] and len(reader.threads) == 2
+    os.close(wake)
+
+
+def poll_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.005)
