@@ -17,7 +17,7 @@ runs the batch. The worker handles only a lone notice; anything else it read (a 
 message, several frames, a partial one) it leaves to the reactor (``carried``), EOF it leaves
 in the socket, and the connection is not lent again until the reactor has read it. A
 connection's ``owner`` lock is held by whichever thread reads it or changes whether it is lent,
-so exactly one thread reads a socket at a time.
+so exactly one thread reads a socket at a time (also held to attach and detach its rings).
 
 Workers send "slot done" notices from their own threads through ``Connection.send``, which
 serialises writers with a per-connection lock. A connection that breaks the protocol gets an
@@ -54,7 +54,6 @@ HOUSEKEEPING_S = 0.1  # auth deadlines and unmap retries are checked this often
 _PEERCRED = struct.Struct("3i")
 NOTICE_FRAME_BYTES = FRAME.size + NOTICE.size
 NOTICE_PREFIX = FRAME.pack(NOTICE.size, FrameKind.NOTICE)
-_NOW = int(socket.MSG_DONTWAIT)
 
 
 class Connection:
@@ -176,6 +175,7 @@ class Reactor:
         self._listener.setblocking(False)
         self._epoll.register(self._listener, select.EPOLLIN)
         self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)  # a byte already waiting wakes the loop as well
         self._epoll.register(self._wake_r, select.EPOLLIN)
         self._running = True
         self._thread = threading.Thread(target=self._loop, name="duomo-reactor", daemon=True)
@@ -259,7 +259,7 @@ class Reactor:
 
     def _readable(self, conn: Connection) -> None:
         with conn.owner:
-            if not conn.lent:  # (else its idle worker reads it: this event came before)
+            if not conn.lent and not conn.dropped:  # (lent: its idle worker reads it)
                 conn.needs_reactor = False
                 self._read(conn)
                 if conn.refused and conn.reader.empty and not conn.closed:
@@ -334,16 +334,18 @@ class Reactor:
 
     def attach(self, conn: Connection, ring: int, attachment: Attachment) -> None:
         """Record a ring attached by ``conn`` (on the reactor thread)."""
-        conn.attachments[ring] = attachment
-        self._rededicate(conn)
+        with conn.owner:
+            conn.attachments[ring] = attachment
+            self._rededicate(conn)
 
     def detach(self, conn: Connection, ring: int) -> None:
-        attachment = conn.attachments.pop(ring, None)
-        if attachment is not None:
-            attachment.close()
-            if not attachment.closed:
-                self._lingering.append(attachment)
-        self._rededicate(conn)
+        with conn.owner:
+            attachment = conn.attachments.pop(ring, None)
+            if attachment is not None:
+                attachment.close()
+                if not attachment.closed:
+                    self._lingering.append(attachment)
+            self._rededicate(conn)
 
     def _rededicate(self, conn: Connection) -> None:
         """Keep ``_lendable`` in step with the models ``conn`` attaches (reactor thread)."""
@@ -364,7 +366,8 @@ class Reactor:
 
     def _drop(self, conn: Connection) -> None:
         with conn.owner:  # not while an idle worker queues one of its notices
-            if self._by_fd.pop(conn.fd, None) is conn:  # before the close: fds are reused
+            if self._by_fd.get(conn.fd) is conn:  # before the close: fds are reused
+                del self._by_fd[conn.fd]
                 with contextlib.suppress(OSError):
                     self._epoll.unregister(conn.fd)
             self._connections.pop(conn.id, None)
@@ -383,10 +386,11 @@ class Reactor:
         """As ``model``'s idle worker, on its thread: borrow the connections lent to it, wait
         until one of them or ``wake_fd`` is readable, queue the notices that arrived, and give
         the connections back. False (at once) when there is none to borrow."""
-        lent = [conn for conn in self._lendable.get(model, ()) if self._lend(conn)]
-        if not lent:
-            return False
+        lent: list[Connection] = []
         try:
+            lent.extend(conn for conn in self._lendable.get(model, ()) if self._lend(conn))
+            if not lent:
+                return False
             poller = select.poll()
             poller.register(wake_fd, select.POLLIN)
             for conn in lent:
@@ -401,11 +405,11 @@ class Reactor:
         return True
 
     def _lend(self, conn: Connection) -> bool:
-        with conn.owner:  # (if the reactor is reading it, once it has: an idle worker may wait)
-            if conn.closed or conn.lent:
+        with conn.owner:  # (waits while the reactor reads it: this worker is idle anyway)
+            if conn.closed:
                 return False
-            if conn.needs_reactor or not conn.reader.empty:
-                conn.refused = True  # the reactor has yet to read it
+            if conn.lent or conn.needs_reactor or not conn.reader.empty:
+                conn.refused = True  # another worker or the reactor has it: told when done
                 return False
             try:  # (one-shot: a hang-up meanwhile is reported once, not until it is read)
                 self._epoll.modify(conn.fd, select.EPOLLONESHOT)
@@ -421,7 +425,7 @@ class Reactor:
             if conn.dropped:
                 return
             try:
-                data = conn.sock.recv(65536, _NOW)
+                data = conn.sock.recv(65536)  # (non-blocking, as every client socket)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
@@ -442,6 +446,9 @@ class Reactor:
                     self._epoll.modify(conn.fd, select.EPOLLIN)
                     if conn.carried:  # no event may come for it: the reactor reads it anyway
                         self.call_soon(functools.partial(self._readable, conn))
+                    elif conn.refused:  # another model's worker wanted it meanwhile
+                        conn.refused = False
+                        self._lendable_again(conn)
             except (OSError, ValueError):
                 pass
 

@@ -1,6 +1,7 @@
 """Dynamic batching for one model: a bounded priority queue and the rule that forms batches.
 
-Shared by all worker threads of one model; requests are put by the engine (or the reactor).
+Shared by all worker threads of one model; requests are put by the engine, the reactor, or the
+model's own idle worker (below).
 
 The rule, as Mosec and Triton do it: a worker blocks for the first request, then fills the batch
 until ``max_batch`` requests are queued or ``max_delay_ms`` has passed since that first request
@@ -77,7 +78,7 @@ class Batcher:
         self._idle_reader = idle_reader
         self._reader: tuple[int, int] | None = None  # (thread, wake fd) of the one reading
         self._reader_woken = False
-        self._look_again = False  # ``wake_idle`` came while the idle reader had nothing
+        self._look_again = False  # ``wake_idle`` came during a wait in the idle reader
         self._filling = False
         self._closed = False
         self.generation = 0  # workers started now serve this generation
@@ -165,10 +166,10 @@ class Batcher:
                         wake_fd is not None
                         and self._idle_reader is not None
                         and self._reader is None
-                        and not self._count
+                        and not self._count  # (not while another worker fills a batch)
                     ):
                         self._look_again = False
-                        if self._read_when_idle(wake_fd) or self._look_again:
+                        if self._wait_in_reader(wake_fd) or self._look_again:
                             continue
                     self._sleep(None)
                 if generation != self.generation:
@@ -208,17 +209,17 @@ class Batcher:
             with contextlib.suppress(ValueError):  # (woken right after the timeout)
                 self._sleepers.remove(wake)
 
-    def _read_when_idle(self, wake_fd: int) -> bool:
+    def _wait_in_reader(self, wake_fd: int) -> bool:
         """With the lock held: wait in the idle reader (without the lock); False if it had
         nothing to read."""
         assert self._idle_reader is not None
         self._reader = (threading.get_ident(), wake_fd)
         self._lock.release()
+        read = False
         try:
-            return self._idle_reader(self.model, wake_fd)
+            read = self._idle_reader(self.model, wake_fd)
         except Exception:  # a bug there must not end the worker: it sleeps here instead
             log.exception("idle reader failed", model=self.model)
-            return False
         finally:
             self._lock.acquire()
             self._reader = None
@@ -226,6 +227,9 @@ class Batcher:
                 self._reader_woken = False
                 with contextlib.suppress(BlockingIOError):
                     os.eventfd_read(wake_fd)
+        if read and self._sleepers and not self._count:  # (woken, not by a request: the
+            self._wake_all()  # next worker of a new generation, say, reads from now on)
+        return read
 
     def _wake_all(self) -> None:
         """With the lock held: wake every sleeping worker, and the one in the idle reader

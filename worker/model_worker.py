@@ -85,6 +85,11 @@ class ModelWorker:
             except BaseException:
                 executor.close()
                 raise
+            try:  # wakes it in the idle reader
+                wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            except BaseException:
+                executor.close()
+                raise
             self.executor = executor
             log_.info("instance ready", load_ms=round((time.perf_counter() - started) * 1e3, 1))
         except BaseException as err:  # the caller re-raises it with the model's name
@@ -92,7 +97,6 @@ class ModelWorker:
             self._ready.set()
             return
         self._ready.set()
-        wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)  # wakes it in the idle reader
         try:
             while (taken := self._batcher.next_batch(self.generation, wake_fd)) is not None:
                 self.busy_since = time.monotonic()

@@ -213,8 +213,9 @@ class IdleReader:
     """Stands in for the reactor's ``read_when_idle``: what it "reads" it queues on the calling
     thread; with nothing scripted it waits on the wake fd like the real one (or has nothing)."""
 
-    def __init__(self, batcher: Batcher, script: list[str], lendable: bool = True) -> None:
-        self.batcher, self.script, self.lendable = batcher, script, lendable
+    def __init__(self, script: list[str], lendable: bool = True) -> None:
+        self.batcher: Batcher | None = None
+        self.script, self.lendable = script, lendable
         self.threads: list[int] = []
 
     def __call__(self, model: str, wake_fd: int) -> bool:
@@ -222,6 +223,7 @@ class IdleReader:
         if not self.lendable:
             return False
         if self.script:
+            assert self.batcher is not None
             self.batcher.put(request(self.script.pop(0)))  # queued by the reading worker
             return True
         select.select([wake_fd], [], [], 30)
@@ -232,10 +234,15 @@ def with_wake_fd() -> int:
     return os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
 
 
+def reading(reader: IdleReader) -> Batcher:
+    b = Batcher("m", max_batch=4, max_delay_s=0.0, queue_size=10, idle_reader=reader)
+    reader.batcher = b
+    return b
+
+
 def test_an_idle_worker_takes_what_it_read_itself() -> None:
-    b = Batcher("m", max_batch=4, max_delay_s=0.0, queue_size=10)
-    reader = IdleReader(b, ["a"])
-    b._idle_reader = reader
+    reader = IdleReader(["a"])
+    b = reading(reader)
     wake = with_wake_fd()
     taken = b.next_batch(0, wake)
     assert taken is not None and names(taken.run) == ["a"]
@@ -244,8 +251,7 @@ def test_an_idle_worker_takes_what_it_read_itself() -> None:
 
 
 def test_a_request_queued_elsewhere_wakes_the_worker_in_the_idle_reader() -> None:
-    b = Batcher("m", max_batch=4, max_delay_s=0.0, queue_size=10)
-    b._idle_reader = IdleReader(b, [])
+    b = reading(IdleReader([]))
     wake = with_wake_fd()
     got: list[list[str]] = []
     worker = threading.Thread(target=lambda: got.append(names(b.next_batch(0, wake).run)))  # type: ignore[union-attr]
@@ -256,7 +262,6 @@ def test_a_request_queued_elsewhere_wakes_the_worker_in_the_idle_reader() -> Non
     assert got == [["x"]]
     with pytest.raises(BlockingIOError):  # the wake-up was consumed: the next wait is real
         os.eventfd_read(wake)
-    b._idle_reader = IdleReader(b, [])
     ended: list[object] = []
     worker = threading.Thread(target=lambda: ended.append(b.next_batch(0, wake)))
     worker.start()
@@ -268,9 +273,8 @@ def test_a_request_queued_elsewhere_wakes_the_worker_in_the_idle_reader() -> Non
 
 
 def test_with_nothing_to_read_the_worker_sleeps_until_told_to_look_again() -> None:
-    b = Batcher("m", max_batch=4, max_delay_s=0.0, queue_size=10)
-    reader = IdleReader(b, [], lendable=False)
-    b._idle_reader = reader
+    reader = IdleReader([], lendable=False)
+    b = reading(reader)
     wake = with_wake_fd()
     got: list[list[str]] = []
     worker = threading.Thread(target=lambda: got.append(names(b.next_batch(0, wake).run)))  # type: ignore[union-attr]
