@@ -270,27 +270,36 @@ class Reactor:
         if conn.model is not None and self.on_lendable is not None:
             self.on_lendable(conn.model)
 
-    def _read(self, conn: Connection) -> None:
-        data = conn.carried  # what its idle worker read and left to the reactor, first
-        if data:
-            conn.carried = b""
-        else:
-            try:
-                data = conn.sock.recv(65536)
-            except (BlockingIOError, InterruptedError, TimeoutError):
-                return
-            except OSError:
-                data = b""
-        if not data:
-            self._drop(conn)
-            return
+    def _receive(self, conn: Connection) -> bytes | None:
+        """One read of ``conn`` (the reactor's, or a lent connection's worker's); a lone notice,
+        every request's way, is queued here. None when nothing is left to handle, else what
+        arrived instead (b"": EOF, or the connection failed)."""
+        try:
+            data = conn.sock.recv(65536)
+        except (BlockingIOError, InterruptedError, TimeoutError):
+            return None
+        except OSError:
+            return b""
         if (
             len(data) == NOTICE_FRAME_BYTES
             and data.startswith(NOTICE_PREFIX)
             and conn.authenticated
             and conn.reader.empty
         ):
-            self._notice(conn, *NOTICE.unpack_from(data, FRAME.size))  # the hot path
+            self._notice(conn, *NOTICE.unpack_from(data, FRAME.size))
+            return None
+        return data
+
+    def _read(self, conn: Connection) -> None:
+        data: bytes | None = conn.carried  # what its idle worker read and left to it, first
+        if data:
+            conn.carried = b""
+        else:
+            data = self._receive(conn)
+            if data is None:
+                return
+        if not data:
+            self._drop(conn)
             return
         try:
             for kind, payload in conn.reader.feed(data):
@@ -424,17 +433,10 @@ class Reactor:
         with conn.owner:
             if conn.dropped:
                 return
-            try:
-                data = conn.sock.recv(65536)  # (non-blocking, as every client socket)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                data = b""
-            if len(data) == NOTICE_FRAME_BYTES and data.startswith(NOTICE_PREFIX):
-                self._notice(conn, *NOTICE.unpack_from(data, FRAME.size))
-                return
-            conn.needs_reactor = True  # a control message, several frames, a part, or EOF
-            conn.carried = data  # (EOF stays in the socket for the reactor to read)
+            data = self._receive(conn)
+            if data is not None:  # a control message, several frames, a part, or EOF
+                conn.needs_reactor = True
+                conn.carried = data  # (EOF stays in the socket for the reactor to read)
 
     def _take_back(self, conn: Connection) -> None:
         with conn.owner:

@@ -82,11 +82,7 @@ class ModelWorker:
             executor = self._load()
             try:
                 executor.warmup()  # every batch size it will run: nothing is sized under load
-            except BaseException:
-                executor.close()
-                raise
-            try:  # wakes it in the idle reader
-                wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+                wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)  # (the idle reader's)
             except BaseException:
                 executor.close()
                 raise
