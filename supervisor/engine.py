@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,6 @@ from supervisor.config import LoadedConfig, ResolvedModel
 from supervisor.memory import Footprint, Resident, choose_victims, mb, resident_bytes, trim_heap
 from worker.backends import Backend, create_backend
 from worker.backends.base import NotEnoughDeviceMemory
-from worker.batcher import IdleReader
 from worker.executors.image_ops import limit_opencv_threads
 from worker.request import Outcome
 from worker.served_model import SERVING, ModelSpec, ModelState, ServedModel
@@ -51,6 +50,8 @@ from worker.thread_budget import (
     plan_threads,
 )
 
+# the reactor's ``read_when_idle``: (model, wake fd, spin seconds, keep spinning) -> read
+LentReader = Callable[[str, int, float, Callable[[], bool]], bool]
 log = structlog.get_logger("duomo.engine")
 LOAD_TIMEOUT_S = 300.0
 
@@ -72,7 +73,9 @@ class Engine:
         self._demanded: set[str] = set()
         self._closed = False
         # the supervisor's reactor, once it runs: idle workers read their lent connections
-        self.idle_reader: IdleReader | None = None
+        self.idle_reader: LentReader | None = None
+        self._spin_s = loaded.config.idle_spin_us / 1e6
+        self._spin_pays: dict[str, bool] = {}  # model -> its last idle wait ended within the spin
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -394,9 +397,29 @@ class Engine:
 
     def _read_when_idle(self, model: str, wake_fd: int) -> bool:
         """A model's idle worker waits in the supervisor's reactor, if there is one (see
-        ``Reactor.read_when_idle``); False: it sleeps in its batcher."""
+        ``Reactor.read_when_idle``); False: it sleeps in its batcher.
+
+        **Idle spin.** It polls without sleeping for up to ``idle_spin_us`` before it sleeps,
+        while no instance of the process serves a batch, and only if its model's last wait
+        ended within that time: a thread that has just run an inference takes 50–100 µs more
+        to wake from sleep than one that has not (measured on the 2-vCPU host), and a producer
+        that sends its next request at once does so within about half a millisecond. So a
+        process that is otherwise idle answers such a producer sooner; one with work elsewhere
+        never spins (its cores and the GIL are the work's), nor does an idle one."""
         reader = self.idle_reader
-        return reader is not None and reader(model, wake_fd)
+        if reader is None:
+            return False
+        spin_s = self._spin_s if self._spin_pays.get(model, True) else 0.0
+        start = time.perf_counter()
+        read = reader(model, wake_fd, spin_s, self._nothing_served)
+        self._spin_pays[model] = time.perf_counter() - start <= self._spin_s
+        return read
+
+    def _nothing_served(self) -> bool:
+        """No instance of any model is serving a batch at this moment."""
+        return not any(
+            w.busy_since is not None for m in list(self.models.values()) for w in m.workers
+        )
 
     @staticmethod
     def _signature(resolved: ResolvedModel) -> tuple[Any, ...]:

@@ -10,11 +10,12 @@ after an inference.
 
 **Lending.** A connection whose rings all attach one model (the usual producer) is *lent* to
 that model's idle worker while it is idle (``read_when_idle``, called by the model's batcher on
-the worker's thread): the worker disarms the socket in the reactor's epoll, waits on it itself,
-queues the notice that arrives (so no thread hands the request to another, which on this kind of
-machine costs a wake-up and a cold start more per request) and gives the socket back before it
-runs the batch. The worker handles only a lone notice; anything else it read (a control
-message, several frames, a partial one) it leaves to the reactor (``carried``), EOF it leaves
+the worker's thread): the worker disarms the socket in the reactor's epoll, waits on it itself
+(first polling without sleeping for a while: ``Engine``'s idle spin), queues the notice that
+arrives (so no thread hands the request to another, which on this kind of machine costs a
+wake-up and a cold start more per request) and gives the socket back before it runs the batch.
+The worker handles only a lone notice; anything else it read (a control message, several
+frames, a partial one) it leaves to the reactor (``carried``), EOF it leaves
 in the socket, and the connection is not lent again until the reactor has read it. A
 connection's ``owner`` lock is held by whichever thread reads it or changes whether it is lent,
 so exactly one thread reads a socket at a time (also held to attach and detach its rings).
@@ -391,10 +392,19 @@ class Reactor:
                 else:
                     conn.sock.close()
 
-    def read_when_idle(self, model: str, wake_fd: int) -> bool:
+    def read_when_idle(
+        self,
+        model: str,
+        wake_fd: int,
+        spin_s: float = 0.0,
+        keep_spinning: Callable[[], bool] | None = None,
+    ) -> bool:
         """As ``model``'s idle worker, on its thread: borrow the connections lent to it, wait
         until one of them or ``wake_fd`` is readable, queue the notices that arrived, and give
-        the connections back. False (at once) when there is none to borrow."""
+        the connections back. False (at once) when there is none to borrow.
+
+        The wait polls without sleeping for up to ``spin_s`` first, for as long as
+        ``keep_spinning()`` is true, and only then sleeps (see ``Engine``: idle spin)."""
         lent: list[Connection] = []
         try:
             lent.extend(conn for conn in self._lendable.get(model, ()) if self._lend(conn))
@@ -404,7 +414,7 @@ class Reactor:
             poller.register(wake_fd, select.POLLIN)
             for conn in lent:
                 poller.register(conn.fd, select.POLLIN)
-            ready = {fd for fd, _ in poller.poll()}
+            ready = {fd for fd, _ in _poll(poller, spin_s, keep_spinning)}
             for conn in lent:
                 if conn.fd in ready:
                     self._read_lent(conn)
@@ -462,3 +472,16 @@ class Reactor:
                 self._drop(conn)
         if self._lingering:
             self._lingering = [a for a in self._lingering if not a.retry_unmap()]
+
+
+def _poll(
+    poller: select.poll, spin_s: float, keep_spinning: Callable[[], bool] | None
+) -> list[tuple[int, int]]:
+    """``poller``'s events: polled without sleeping for up to ``spin_s`` while
+    ``keep_spinning()``, then in one poll that sleeps until there are some."""
+    events = poller.poll(0)
+    if not events and spin_s > 0 and keep_spinning is not None:
+        end = time.perf_counter() + spin_s
+        while not events and time.perf_counter() < end and keep_spinning():
+            events = poller.poll(0)
+    return events or poller.poll()

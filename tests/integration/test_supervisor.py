@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 from ipc.client import READ_SLICE_S, Client, Slot
@@ -470,6 +471,11 @@ def test_a_connection_lent_to_its_models_idle_worker(hostile_target: SupervisorP
         classify = client.model("classify", slots=2)
         assert classify.infer(image)["top"][0]["label"] == "espresso"
         poll(lent)  # idle: the classify worker waits on this connection itself
+        # ... asleep: its idle spin ended within a millisecond of the answer
+        supervisor = psutil.Process(hostile_target.pid)
+        before = sum(supervisor.cpu_times()[:2])
+        time.sleep(0.5)
+        assert sum(supervisor.cpu_times()[:2]) - before < 0.1  # a spinning thread: about 0.5
         assert client.request("ping")["ok"]  # a control message on it reaches the reactor
         poll(lent)
         both = [classify.infer_async(image) for _ in range(2)]  # notices maybe in one read
