@@ -87,7 +87,7 @@ class DuomoConfig(StrictModel):
     backends: BackendsConfig = Field(default_factory=BackendsConfig)
     watchdog: WatchdogConfig = Field(default_factory=WatchdogConfig)
     shutdown_grace_s: float = Field(default=30.0, ge=0, le=3600)
-    idle_spin_us: int = Field(default=1000, ge=0, le=100_000)
+    idle_spin_us: int = Field(default=1000, ge=0, le=10_000)
     models: list[ModelConfig] = Field(min_length=1)
 
 

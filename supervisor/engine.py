@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ from worker.executors.image_ops import limit_opencv_threads
 from worker.request import Outcome
 from worker.served_model import SERVING, ModelSpec, ModelState, ServedModel
 from worker.thread_budget import (
+    Activity,
     ComputeGate,
     InstanceDemand,
     ThreadPlan,
@@ -54,6 +56,26 @@ from worker.thread_budget import (
 LentReader = Callable[[str, int, float, Callable[[], bool]], bool]
 log = structlog.get_logger("duomo.engine")
 LOAD_TIMEOUT_S = 300.0
+
+
+@dataclass
+class IdleWaits:
+    """One model's waits in the reactor while idle (``status``: ``idle_spin``)."""
+
+    waits: int = 0
+    spun: int = 0  # began with a spin
+    caught: int = 0  # of those, ended within the spin's time
+    pays: bool = False  # the last wait ended within ``idle_spin_us``: the next one spins
+
+    def record(self, spun: bool) -> None:
+        self.waits += 1
+        if spun:
+            self.spun += 1
+            if self.pays:
+                self.caught += 1
+
+    def to_dict(self) -> dict[str, int]:
+        return {"waits": self.waits, "spun": self.spun, "caught": self.caught}
 
 
 class Engine:
@@ -74,8 +96,9 @@ class Engine:
         self._closed = False
         # the supervisor's reactor, once it runs: idle workers read their lent connections
         self.idle_reader: LentReader | None = None
-        self._spin_s = loaded.config.idle_spin_us / 1e6
-        self._spin_pays: dict[str, bool] = {}  # model -> its last idle wait ended within the spin
+        self.activity = Activity()  # instances at work: an idle worker spins only while none is
+        self._idle_waits: dict[str, IdleWaits] = {}  # by model, since start
+        self._clock = time.perf_counter
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -386,7 +409,12 @@ class Engine:
         self._signatures[name] = self._signature(resolved)
         on_demand = None if self._only else self._on_demand
         return ServedModel(
-            spec, backend, self.gate, on_demand=on_demand, idle_reader=self._read_when_idle
+            spec,
+            backend,
+            self.gate,
+            on_demand=on_demand,
+            idle_reader=self._read_when_idle,
+            activity=self.activity,
         )
 
     def wake_idle(self, name: str) -> None:
@@ -399,27 +427,26 @@ class Engine:
         """A model's idle worker waits in the supervisor's reactor, if there is one (see
         ``Reactor.read_when_idle``); False: it sleeps in its batcher.
 
-        **Idle spin.** It polls without sleeping for up to ``idle_spin_us`` before it sleeps,
-        while no instance of the process serves a batch, and only if its model's last wait
-        ended within that time: a thread that has just run an inference takes 50–100 µs more
-        to wake from sleep than one that has not (measured on the 2-vCPU host), and a producer
-        that sends its next request at once does so within about half a millisecond. So a
-        process that is otherwise idle answers such a producer sooner; one with work elsewhere
-        never spins (its cores and the GIL are the work's), nor does an idle one."""
+        **Idle spin** (README "Idle spin"). The wait polls without sleeping for up to
+        ``idle_spin_us`` before it sleeps, only if the model's last wait ended within that
+        time, and only while no instance of the process is at work (``Activity``): a thread
+        that has just run an inference wakes from sleep about 50 µs later than one that has not
+        (``tools/bench_wake.py`` on the 2-vCPU host), and a producer that sends its next
+        request at once does so within about half a millisecond."""
         reader = self.idle_reader
         if reader is None:
             return False
-        spin_s = self._spin_s if self._spin_pays.get(model, True) else 0.0
-        start = time.perf_counter()
-        read = reader(model, wake_fd, spin_s, self._nothing_served)
-        self._spin_pays[model] = time.perf_counter() - start <= self._spin_s
+        waits = self._idle_waits.get(model)
+        if waits is None:
+            waits = self._idle_waits[model] = IdleWaits()
+        window_s = self.loaded.config.idle_spin_us / 1e6  # (read here: a reload may change it)
+        spin_s = window_s if waits.pays else 0.0
+        start = self._clock()
+        read = reader(model, wake_fd, spin_s, self.activity.idle)
+        if read:  # it waited: did (or would) a spin see the wait's end?
+            waits.pays = self._clock() - start <= window_s
+            waits.record(spun=spin_s > 0)
         return read
-
-    def _nothing_served(self) -> bool:
-        """No instance of any model is serving a batch at this moment."""
-        return not any(
-            w.busy_since is not None for m in list(self.models.values()) for w in m.workers
-        )
 
     @staticmethod
     def _signature(resolved: ResolvedModel) -> tuple[Any, ...]:
@@ -498,6 +525,8 @@ class Engine:
             ),
             "budget_bytes": self._model_budget(resolved) if resolved else None,
         }
+        waits = self._idle_waits.get(name)
+        shown["idle_spin"] = (waits or IdleWaits()).to_dict()
         shown["preload"] = resolved.config.preload if resolved else None
         shown["evictable"] = resolved.config.evictable if resolved else None
         return shown

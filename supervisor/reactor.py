@@ -396,8 +396,8 @@ class Reactor:
         self,
         model: str,
         wake_fd: int,
-        spin_s: float = 0.0,
-        keep_spinning: Callable[[], bool] | None = None,
+        spin_s: float,
+        keep_spinning: Callable[[], bool],
     ) -> bool:
         """As ``model``'s idle worker, on its thread: borrow the connections lent to it, wait
         until one of them or ``wake_fd`` is readable, queue the notices that arrived, and give
@@ -414,7 +414,7 @@ class Reactor:
             poller.register(wake_fd, select.POLLIN)
             for conn in lent:
                 poller.register(conn.fd, select.POLLIN)
-            ready = {fd for fd, _ in _poll(poller, spin_s, keep_spinning)}
+            ready = {fd for fd, _ in _poll_spinning_first(poller, spin_s, keep_spinning)}
             for conn in lent:
                 if conn.fd in ready:
                     self._read_lent(conn)
@@ -474,14 +474,16 @@ class Reactor:
             self._lingering = [a for a in self._lingering if not a.retry_unmap()]
 
 
-def _poll(
-    poller: select.poll, spin_s: float, keep_spinning: Callable[[], bool] | None
+def _poll_spinning_first(
+    poller: select.poll, spin_s: float, keep_spinning: Callable[[], bool]
 ) -> list[tuple[int, int]]:
     """``poller``'s events: polled without sleeping for up to ``spin_s`` while
-    ``keep_spinning()``, then in one poll that sleeps until there are some."""
+    ``keep_spinning()``, then in one poll that sleeps until there are some. Each turn of the
+    spin yields the core (and the GIL) to whatever else is ready to run."""
     events = poller.poll(0)
-    if not events and spin_s > 0 and keep_spinning is not None:
+    if not events and spin_s > 0:
         end = time.perf_counter() + spin_s
         while not events and time.perf_counter() < end and keep_spinning():
+            os.sched_yield()
             events = poller.poll(0)
     return events or poller.poll()

@@ -12,8 +12,14 @@ The server's ways to wait:
   without the idle spin);
 - ``after-sleep``: the same, but the "inference" is a sleep of the same length: no CPU used;
 - ``separate-reader``: a thread that never computes waits and hands the request to a second
-  thread that runs it (DESIGN §3's reactor and worker, the bench's *design floor*);
-- ``spin``: as ``after-inference``, but it polls without sleeping for up to 1 ms first.
+  thread that runs it (DESIGN §3's reactor and worker, the bench's *design floor*); only the
+  reader's wake is counted, not the second one, of the thread it hands the request to;
+- ``spin``: as ``after-inference``, but it polls without sleeping for up to 1 ms first,
+  yielding the core at every turn, as a model worker's idle spin does.
+
+Then what a spin costs the process's other threads: round trips to a thread that only echoes
+(it waits in a blocking ``recv``), in a process where another thread spins as an idle worker
+does all the time, or sleeps (``gil``: the spinner holds the GIL between its polls).
 
 Run on an otherwise idle machine, after ``make models``::
 
@@ -57,12 +63,20 @@ def inference() -> Callable[[], object]:
     return lambda: session.run(None, {"input": x})
 
 
-def wait_readable(poller: select.poll, spin_s: float) -> None:
+def spin(poller: select.poll, spin_s: float) -> bool:
+    """Poll without sleeping for up to ``spin_s``, yielding the core at every turn, as a model
+    worker's idle spin does; True if an event came."""
     end = time.perf_counter() + spin_s
     while not poller.poll(0):
         if time.perf_counter() >= end:
-            poller.poll()
-            return
+            return False
+        os.sched_yield()
+    return True
+
+
+def wait_readable(poller: select.poll, spin_s: float) -> None:
+    if not spin(poller, spin_s):
+        poller.poll()
 
 
 def serve(sock: socket.socket, mode: str) -> None:
@@ -102,17 +116,59 @@ def serve(sock: socket.socket, mode: str) -> None:
         handed.put(woke)
 
 
-def probe(mode: str, requests: int) -> list[float]:
-    """Wake-ups in µs of one server process in ``mode`` (its first 20 requests not counted)."""
+def echo_beside(sock: socket.socket, spinning: bool) -> None:
+    never, _ = os.pipe()
+    idle = select.poll()
+    idle.register(never, select.POLLIN)
+    done = threading.Event()
+
+    def neighbour() -> None:
+        while not done.is_set():
+            if spinning:
+                spin(idle, SPIN_S)
+            else:
+                time.sleep(0.01)
+
+    thread = threading.Thread(target=neighbour)
+    thread.start()
+    while data := sock.recv(64):
+        sock.sendall(data)
+    done.set()
+    thread.join()
+
+
+def forked(server: Callable[[socket.socket], None]) -> tuple[socket.socket, int]:
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     pid = os.fork()
     if pid == 0:
         ours.close()
         try:
-            serve(theirs, mode)
+            server(theirs)
         finally:
             os._exit(0)
     theirs.close()
+    return ours, pid
+
+
+def gil_probe(spinning: bool, requests: int) -> list[float]:
+    """Round trips in µs to the echoing thread (its first 100 not counted)."""
+    ours, pid = forked(functools.partial(echo_beside, spinning=spinning))
+    trips: list[float] = []
+    for i in range(requests + 100):
+        sent = time.perf_counter()
+        ours.sendall(b"x")
+        ours.recv(64)
+        if i >= 100:
+            trips.append((time.perf_counter() - sent) * 1e6)
+        time.sleep(0.0005)
+    ours.close()
+    os.waitpid(pid, 0)
+    return trips
+
+
+def probe(mode: str, requests: int) -> list[float]:
+    """Wake-ups in µs of one server process in ``mode`` (its first 20 requests not counted)."""
+    ours, pid = forked(functools.partial(serve, mode=mode))
     wakes: list[float] = []
     for i in range(requests + 20):
         sent = time.perf_counter()
@@ -138,18 +194,29 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{MODEL} is missing: run `make models` first", file=sys.stderr)
         return 2
     wakes: dict[str, list[float]] = {mode: [] for mode in MODES}
+    trips: dict[str, list[float]] = {"sleeps": [], "spins": []}
     for _ in range(args.rounds):  # modes interleaved round by round: drift hits all alike
         for mode in MODES:
             wakes[mode] += probe(mode, args.requests)
-    report = {}
+        for neighbour in trips:
+            trips[neighbour] += gil_probe(neighbour == "spins", 5 * args.requests)
+    report: dict[str, dict[str, dict[str, float]]] = {"wake_us": {}, "echo_round_trip_us": {}}
     print(f"{'server waits':16} {'p10':>7} {'p50':>7} {'p90':>7}  µs from send to awake")
     for mode, values in wakes.items():
-        deciles = statistics.quantiles(values, n=10)
-        report[mode] = {"p10": deciles[0], "p50": statistics.median(values), "p90": deciles[-1]}
-        print(f"{mode:16} {deciles[0]:7.1f} {statistics.median(values):7.1f} {deciles[-1]:7.1f}")
+        shown = report["wake_us"][mode] = percentiles(values, (10, 50, 90))
+        print(f"{mode:16} " + " ".join(f"{v:7.1f}" for v in shown.values()))
+    print(f"{'neighbour':16} {'p50':>7} {'p90':>7} {'p99':>7}  µs round trip to an echo thread")
+    for neighbour, values in trips.items():
+        shown = report["echo_round_trip_us"][neighbour] = percentiles(values, (50, 90, 99))
+        print(f"{neighbour:16} " + " ".join(f"{v:7.1f}" for v in shown.values()))
     if args.json is not None:
-        args.json.write_text(json.dumps({"rounds": args.rounds, "wake_us": report}, indent=2))
+        args.json.write_text(json.dumps({"rounds": args.rounds, **report}, indent=2))
     return 0
+
+
+def percentiles(values: list[float], which: tuple[int, ...]) -> dict[str, float]:
+    cuts = statistics.quantiles(values, n=100)
+    return {f"p{p}": statistics.median(values) if p == 50 else cuts[p - 1] for p in which}
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ for ACL the context and stream) is created on this thread and used only by it. A
 one generation of its model's batcher: once that generation is retired (unload, re-initialization)
 it finishes its batch, closes its executor on its own thread and ends. ``busy_since`` and
 ``current`` show the watchdog the batch in progress; a hung worker is abandoned, never joined.
+The process's ``Activity`` counts it from its load to its warm-up's end and through each batch.
 
 Per batch: expired requests are answered DEADLINE_EXCEEDED; each request is prepared alone (a bad
 one fails alone with its own error); the rest execute together. An exception from ``execute``
@@ -28,6 +29,7 @@ from ipc.errors import DeadlineExceededError, DuomoError, InternalError, Unavail
 from worker.batcher import Batcher, TakenBatch
 from worker.executors.base import Executor, StageTimer
 from worker.request import Request
+from worker.thread_budget import Activity
 
 log = structlog.get_logger("duomo.worker")
 
@@ -41,6 +43,7 @@ class ModelWorker:
         batcher: Batcher,
         on_batch: Callable[[ModelWorker, int, bool], None],
         generation: int = 0,
+        activity: Activity | None = None,
     ) -> None:
         self.model = model
         self.index = index
@@ -48,6 +51,7 @@ class ModelWorker:
         self._load = load
         self._batcher = batcher
         self._on_batch = on_batch  # (worker, batch size, whether the model failed it)
+        self._activity = activity or Activity()  # the process's, shared by every instance
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self.load_error: BaseException | None = None
@@ -77,6 +81,8 @@ class ModelWorker:
 
     def _run(self) -> None:
         log_ = log.bind(model=self.model, instance=self.index)
+        activity = self._activity
+        activity.enter()  # loading and warming up take the cores as a batch does
         try:
             started = time.perf_counter()
             executor = self._load()
@@ -92,9 +98,12 @@ class ModelWorker:
             self.load_error = err
             self._ready.set()
             return
+        finally:
+            activity.leave()
         self._ready.set()
         try:
             while (taken := self._batcher.next_batch(self.generation, wake_fd)) is not None:
+                activity.enter()
                 self.busy_since = time.monotonic()
                 self.current = batch = (*taken.run, *taken.expired)
                 try:
@@ -108,6 +117,7 @@ class ModelWorker:
                     log.exception("serving loop error", model=self.model)
                 finally:
                     self.busy_since, self.current = None, ()
+                    activity.leave()
                     if self.abandoned:  # whatever was held back for this batch is free now
                         for request in batch:
                             request.batch_over()

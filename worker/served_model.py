@@ -45,7 +45,7 @@ from worker.health import HealthPolicy, RestartHistory
 from worker.model_worker import ModelWorker
 from worker.request import Outcome, Request
 from worker.stats import ModelStats
-from worker.thread_budget import ComputeGate
+from worker.thread_budget import Activity, ComputeGate
 
 log = structlog.get_logger("duomo.model")
 HISTORY = 16  # state changes kept for ``status``
@@ -93,10 +93,12 @@ class ServedModel:
         gate: ComputeGate | None,
         on_demand: Callable[[ServedModel], None] | None = None,
         idle_reader: IdleReader | None = None,
+        activity: Activity | None = None,
     ) -> None:
         self.spec = spec
         self._backend = backend
         self._gate = gate
+        self._activity = activity  # the process's count of instances at work
         self._on_demand = on_demand  # asks the engine to load this model for a waiting request
         self.stats = ModelStats()
         self.batcher = Batcher(
@@ -156,7 +158,13 @@ class ServedModel:
         generation = self.batcher.retire_workers()
         workers = [
             ModelWorker(
-                self.spec.name, i, self._load_executor, self.batcher, self._batch_done, generation
+                self.spec.name,
+                i,
+                self._load_executor,
+                self.batcher,
+                self._batch_done,
+                generation,
+                self._activity,
             )
             for i in range(self.spec.instances)
         ]

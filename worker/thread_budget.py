@@ -1,8 +1,10 @@
-"""The process's one CPU thread budget: how many intra-op threads each model instance gets, and
-the gate that keeps the threads computing at once within the cores.
+"""The process's one CPU thread budget: how many intra-op threads each model instance gets, the
+gate that keeps the threads computing at once within the cores, and the count of instances at
+work right now.
 
-Called by the engine when it plans its models (``plan_threads``) and by every backend session
-around each execution (``ComputeGate.hold``).
+Called by the engine when it plans its models (``plan_threads``), by every backend session
+around each execution (``ComputeGate.hold``), and by every model instance around its warm-up and
+each batch (``Activity``, which the engine's idle spin reads).
 
 Invariants:
 - every instance gets at least one intra-op thread and never more than the budget;
@@ -134,3 +136,23 @@ class ComputeGate:
             yield
         finally:
             self.release(n)
+
+
+class Activity:
+    """How many model instances of the process are warming up or serving a batch right now."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._working = 0
+
+    def enter(self) -> None:
+        with self._lock:
+            self._working += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self._working -= 1
+
+    def idle(self) -> bool:
+        """No instance is at work (a racy read: it is asked again and again while it matters)."""
+        return self._working == 0

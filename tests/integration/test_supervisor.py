@@ -469,9 +469,12 @@ def test_a_connection_lent_to_its_models_idle_worker(hostile_target: SupervisorP
     x = np.ones((1, 4), dtype=np.float32)
     with Client(hostile_target.socket) as client:
         classify = client.model("classify", slots=2)
-        assert classify.infer(image)["top"][0]["label"] == "espresso"
+        for _ in range(5):  # one request after another: the waits between them spin
+            assert classify.infer(image)["top"][0]["label"] == "espresso"
         poll(lent)  # idle: the classify worker waits on this connection itself
-        # ... asleep: its idle spin ended within a millisecond of the answer
+        spin = status(hostile_target)["models"]["classify"]["idle_spin"]
+        assert spin["waits"] >= 4 and spin["spun"] >= 1, spin
+        # ... asleep: its spin ended within a millisecond of the last answer
         supervisor = psutil.Process(hostile_target.pid)
         before = sum(supervisor.cpu_times()[:2])
         time.sleep(0.5)
