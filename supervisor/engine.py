@@ -67,11 +67,13 @@ class IdleWaits:
     caught: int = 0  # of those, ended within the spin's time
     pays: bool = False  # the last wait ended within ``idle_spin_us``: the next one spins
 
-    def record(self, spun: bool) -> None:
+    def record(self, spun: bool, within: bool) -> None:
+        """A wait that began with a spin or not and ended ``within`` ``idle_spin_us``."""
         self.waits += 1
+        self.pays = within
         if spun:
             self.spun += 1
-            if self.pays:
+            if within:
                 self.caught += 1
 
     def to_dict(self) -> dict[str, int]:
@@ -430,7 +432,7 @@ class Engine:
         **Idle spin** (README "Idle spin"). The wait polls without sleeping for up to
         ``idle_spin_us`` before it sleeps, only if the model's last wait ended within that
         time, and only while no instance of the process is at work (``Activity``): a thread
-        that has just run an inference wakes from sleep about 50 µs later than one that has not
+        that has just run an inference wakes from sleep 50–70 µs later than one that has not
         (``tools/bench_wake.py`` on the 2-vCPU host), and a producer that sends its next
         request at once does so within about half a millisecond."""
         reader = self.idle_reader
@@ -444,8 +446,7 @@ class Engine:
         start = self._clock()
         read = reader(model, wake_fd, spin_s, self.activity.idle)
         if read:  # it waited: did (or would) a spin see the wait's end?
-            waits.pays = self._clock() - start <= window_s
-            waits.record(spun=spin_s > 0)
+            waits.record(spun=spin_s > 0, within=self._clock() - start <= window_s)
         return read
 
     @staticmethod
