@@ -480,10 +480,9 @@ def _poll_spinning_first(
     """``poller``'s events: polled without sleeping for up to ``spin_s`` while
     ``keep_spinning()``, then in one poll that sleeps until there are some. Each turn of the
     spin yields the core (and the GIL) to whatever else is ready to run."""
-    events = poller.poll(0)
-    if not events and spin_s > 0:
+    events: list[tuple[int, int]] = []
+    if spin_s > 0:  # (no spin: straight to the poll that sleeps, one call as before)
         end = time.perf_counter() + spin_s
-        while not events and time.perf_counter() < end and keep_spinning():
+        while not (events := poller.poll(0)) and time.perf_counter() < end and keep_spinning():
             os.sched_yield()
-            events = poller.poll(0)
     return events or poller.poll()
