@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tools.bench.answers import is_correct, summary
 from tools.bench.report import _mode_figures, markdown, targets
+from tools.bench.sampler import machine_cores, machine_cpu
 from tools.bench.tally import Tally, merge
 from tools.bench.workload import load_workload
 
@@ -115,6 +117,34 @@ def test_work_weights_each_model_by_its_rate_alone_and_targets_are_ratios() -> N
     noisy = {t["target"]: (round(t["value"], 3), t["held"]) for t in targets(modes)}
     assert noisy["a overhead ÷ triton overhead"] == (-0.2, None)
     assert noisy["a accounted overhead ÷ triton accounted overhead"] == (-0.2, None)
+
+
+def test_machine_cores_are_busy_and_stolen_shares_of_all_cpus_time() -> None:
+    cpus = psutil.cpu_count()
+    # 10 s of every CPU's time in all: 6 busy, 1 stolen, 3 idle
+    got = machine_cores((100.0, 5.0, 1000.0), (106.0, 6.0, 1010.0))
+    assert got == pytest.approx(
+        {"machine_busy_cores": 0.6 * cpus, "machine_steal_cores": 0.1 * cpus}
+    )
+    assert machine_cores((1.0, 0.0, 5.0), (1.0, 0.0, 5.0))["machine_busy_cores"] == 0.0
+    busy, steal, total = machine_cpu()  # the real counters: consistent, and moving forward
+    assert 0 <= busy <= total and 0 <= steal <= total
+    assert machine_cpu()[2] >= total
+
+
+def test_machine_cores_are_averaged_over_rounds_and_absent_from_older_rounds() -> None:
+    alone = {"a": {"rps": 100.0, "p50_ms": 10.0}}
+    rounds = [_round({"a": 50}, 500), _round({"a": 50}, 500)]
+    for r, busy in zip(rounds, (1.9, 2.0)):
+        r["resources"].update(machine_busy_cores=busy, machine_steal_cores=0.1)
+    figures = _mode_figures(rounds, alone)
+    assert figures["machine_busy_cores"] == pytest.approx(1.95)
+    assert figures["machine_steal_cores"] == pytest.approx(0.1)
+    lines = markdown(_report({"duomo": figures}, []))
+    assert "| 2.00 + 0.10 | 1.95 (0.10) |" in lines
+    older = _mode_figures([_round({"a": 50}, 500), rounds[0]], alone)  # one round lacks them
+    assert older["machine_busy_cores"] is None
+    assert "| 2.00 + 0.10 | — (—) |" in markdown(_report({"duomo": older}, []))
 
 
 def _report(modes: dict, overhead_models: list[str]) -> dict:

@@ -49,6 +49,12 @@ def _median(probes: list[dict[str, Any]], key: str) -> float | None:
     return statistics.median(values) if values else None
 
 
+def _mean_of(values: list[dict[str, Any]], key: str) -> float | None:
+    """The mean of ``key`` over ``values``; None if any lacks it (a report of an older run)."""
+    present = [v[key] for v in values if key in v]
+    return statistics.fmean(present) if present and len(present) == len(values) else None
+
+
 def _mode_figures(rounds: list[dict[str, Any]], alone: dict[str, Any]) -> dict[str, Any]:
     models: dict[str, Any] = {}
     work_rounds = [0.0] * len(rounds)
@@ -91,6 +97,8 @@ def _mode_figures(rounds: list[dict[str, Any]], alone: dict[str, Any]) -> dict[s
         "processes": max(x["processes"] for x in res),
         "server_cpu_cores": statistics.fmean(x["cpu_cores"] for x in res),
         "client_cpu_cores": statistics.fmean(r["client_cpu_cores"] for r in rounds),
+        "machine_busy_cores": _mean_of(res, "machine_busy_cores"),
+        "machine_steal_cores": _mean_of(res, "machine_steal_cores"),
         "idle_cpu_percent": 100 * idle["cpu_cores"] if idle else None,
         "start_s": (
             statistics.fmean(r["start_s"] for r in rounds) if "start_s" in rounds[0] else None
@@ -181,8 +189,9 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         "| mode | " + " | ".join(f"{n} answers/s (× engine)" for n in names)
         + " | work (× engine) | p99 ms " + "/".join(names)
-        + " | wrong + errors | RSS peak MiB | PSS MiB | procs | cores server + clients |",
-        "|---|" + "--:|" * len(names) + "--:|---|--:|--:|--:|--:|---|",
+        + " | wrong + errors | RSS peak MiB | PSS MiB | procs | cores server + clients "
+        "| machine cores busy (stolen) |",
+        "|---|" + "--:|" * len(names) + "--:|---|--:|--:|--:|--:|---|---|",
     ]  # fmt: skip
     errors: list[str] = []
     for mode, f in modes.items():
@@ -198,7 +207,8 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {mode} | " + " | ".join(cells) + f" | **{f['work']:.3f}**{work_ratio} | "
             + "/".join(_fmt(f["models"][n]["p99_ms"], ".0f") for n in names)
             + f" | {bad} | {f['rss_peak_mib']:.0f} | {f['pss_end_mib']:.0f} | {f['processes']} "
-            f"| {f['server_cpu_cores']:.2f} + {f['client_cpu_cores']:.2f} |"
+            f"| {f['server_cpu_cores']:.2f} + {f['client_cpu_cores']:.2f} "
+            f"| {_fmt(f['machine_busy_cores'], '.2f')} ({_fmt(f['machine_steal_cores'], '.2f')}) |"
         )  # fmt: skip
     if errors:
         lines += ["", "Errors: " + "; ".join(errors) + " (first messages in report.json)."]

@@ -4,7 +4,9 @@ descendants), sampled on a thread while the load runs.
 Used by ``tools.bench.run`` around every measured window: resident memory is the peak of the sum
 over the tree (sampled every ``period_s``), plus the proportional set size at the end of the
 window (shared pages split between the processes that map them); CPU is the tree's user + system
-time over the window, in cores.
+time over the window, in cores; and the whole machine's cores busy (every process and the
+kernel) and stolen by the hypervisor over the same window, which show whether a layout left a
+core idle and whether the host took one away meanwhile.
 """
 
 from __future__ import annotations
@@ -58,8 +60,33 @@ def tree_cpu_seconds(roots: list[int]) -> float:
     return _tree_sum(roots, _cpu_seconds)
 
 
+def machine_cpu() -> tuple[float, float, float]:
+    """The machine's CPU seconds so far, summed over its CPUs: (busy, stolen, all)."""
+    t = psutil.cpu_times()
+    steal = float(getattr(t, "steal", 0.0))
+    idle = float(t.idle) + float(getattr(t, "iowait", 0.0))
+    busy = sum(float(getattr(t, f)) for f in ("user", "nice", "system", "irq", "softirq")
+               if hasattr(t, f))  # fmt: skip
+    return busy, steal, busy + idle + steal
+
+
+def machine_cores(
+    before: tuple[float, float, float], after: tuple[float, float, float]
+) -> dict[str, float]:
+    """Cores busy and stolen between two ``machine_cpu()`` readings."""
+    cpus = psutil.cpu_count() or 1
+    span = after[2] - before[2]
+    if span <= 0:
+        return {"machine_busy_cores": 0.0, "machine_steal_cores": 0.0}
+    return {
+        "machine_busy_cores": cpus * (after[0] - before[0]) / span,
+        "machine_steal_cores": cpus * (after[1] - before[1]) / span,
+    }
+
+
 class TreeSampler:
-    """``start()`` … ``stop()`` → peak RSS, PSS at stop, CPU cores used in between."""
+    """``start()`` … ``stop()`` → peak RSS, PSS at stop, CPU cores used in between (the tree's,
+    and the machine's busy and stolen)."""
 
     def __init__(self, roots: list[int], period_s: float = 0.25) -> None:
         self.roots = roots
@@ -70,6 +97,7 @@ class TreeSampler:
         self._thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
         self._cpu0 = 0.0
         self._t0 = 0.0
+        self._machine0 = (0.0, 0.0, 0.0)
 
     def _run(self) -> None:
         while not self._stop.wait(self.period_s):
@@ -77,6 +105,7 @@ class TreeSampler:
 
     def start(self) -> TreeSampler:
         self._cpu0 = tree_cpu_seconds(self.roots)
+        self._machine0 = machine_cpu()
         self._t0 = time.monotonic()
         self.peak_rss = tree_rss(self.roots)
         self._thread.start()
@@ -86,6 +115,7 @@ class TreeSampler:
         self._stop.set()
         self._thread.join()
         cpu = tree_cpu_seconds(self.roots) - self._cpu0
+        machine = machine_cores(self._machine0, machine_cpu())
         elapsed = time.monotonic() - self._t0
         self.peak_rss = max(self.peak_rss, tree_rss(self.roots))
         return {
@@ -93,4 +123,5 @@ class TreeSampler:
             "pss_end_mib": tree_pss(self.roots) / 2**20,
             "processes": len(process_tree(self.roots)),
             "cpu_cores": cpu / elapsed if elapsed > 0 else 0.0,
+            **machine,
         }
