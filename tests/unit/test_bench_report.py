@@ -112,6 +112,12 @@ def test_work_weights_each_model_by_its_rate_alone_and_targets_are_ratios() -> N
     assert floors["a overhead ÷ triton overhead"] == pytest.approx((0.3, 0.35))
     assert floors["a accounted overhead ÷ triton accounted overhead"] == pytest.approx((0.3, 0.35))
     assert floors["duomo work ÷ engine work"] == (None, None)
+    # what the engine itself reached against the same mode: the most Duomo's design could
+    engines = {t["target"]: t["engine"] for t in targets(modes)}
+    assert engines["duomo work ÷ triton work (the better peer)"] == pytest.approx(1.0 / 0.8)
+    assert engines["duomo work ÷ per-model work"] == pytest.approx(1.0 / 0.7)
+    assert engines["duomo work ÷ engine work"] is None
+    assert engines["a overhead ÷ triton overhead"] is None
     # an overhead below zero (served faster than in-process) is noise: no verdict
     modes["duomo"] = _mode_figures([_round({"a": 60, "b": 4}, 500, {"a": -0.2})], alone)
     noisy = {t["target"]: (round(t["value"], 3), t["held"]) for t in targets(modes)}
@@ -176,10 +182,10 @@ def test_overhead_table_has_the_floors_under_duomo_and_none_when_nothing_is_prob
         "| floor | 0.10 | 0.05 |",
         "| design floor | 0.15 | 0.07 |",
     ]
-    assert "| a overhead ÷ triton overhead | 0.200 | ≤ 0.25 | yes | 0.100 | 0.150 |" in lines
+    assert "| a overhead ÷ triton overhead | 0.200 | ≤ 0.25 | yes | 0.100 | 0.150 | — |" in lines
     assert (
         "| a accounted overhead ÷ triton accounted overhead | 0.200 | ≤ 0.25 | yes | 0.100 "
-        "| 0.150 |"
+        "| 0.150 | — |"
     ) in lines
     unprobed = markdown(_report(modes, []))
     assert "Per-request overhead" not in unprobed and "| floor |" not in unprobed
