@@ -1,12 +1,16 @@
 """Where the cores go with the three models at once and no IPC at all: the executors in one
 process behind the compute gate (the supervisor's layout), in one process with the gate opened
 to one token per model, and in one process per model (the layout of ``per-model-tuned`` and the
-peers). Every instance runs one intra-op thread in a closed loop on its fixture image.
+peers). Every instance runs one intra-op thread in a closed loop on its model's first image of
+the bench workload (``configs/bench/mixed.yaml``).
 
 Per layout and round: each model's answers/s, the **work** (Σ answers/s ÷ that model's
 answers/s alone, measured in the same round, one model at a time on one thread), and the whole
 machine's cores busy and stolen by the hypervisor over the window (``/proc/stat``). Layouts
 interleave (A B C, then C B A, …) so drift cancels; each round starts with the alone weights.
+A rate is the calls that ended inside the window over the time from its start to the last one's
+end, alone and together alike, so a model at one answer per second is not counted in whole
+answers per window.
 
     python tools/bench_layout.py --rounds 3 --seconds 20 [--out FILE.json]
 
@@ -18,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -29,128 +32,126 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-CONFIG = ROOT / "configs" / "default.yaml"
-IMAGES = {
-    "ocr": ROOT / "tests/fixtures/images/page.png",
-    "face": ROOT / "tests/fixtures/images/astronaut.png",
-    "classify": ROOT / "tests/fixtures/images/coffee.png",
-}
+WORKLOAD = ROOT / "configs" / "bench" / "mixed.yaml"
 CORES = len(os.sched_getaffinity(0))
-# layout → the processes it runs: (models, gate tokens; 0 = no gate)
-LAYOUTS: dict[str, list[tuple[list[str], int]]] = {
-    "one process, gate of the cores": [(list(IMAGES), CORES)],
-    "one process, a token per model": [(list(IMAGES), len(IMAGES))],
-    "a process per model": [([name], 0) for name in IMAGES],
-}
-SETTLE_S = 2.0  # the machine's counters start this long into the window
+SETTLE_S = 2.0  # the machine's counters start this long into the window, end this long before
 
 
-def _child(models: list[str], tokens: int, mode: str) -> None:
-    """Load ``models``, say ``ready``, read the window's start and length, and drive: ``alone``
-    runs the models one after the other, ``together`` one thread each at once. Prints, per
-    model, the calls that ended inside the window, the seconds they took, and the seconds from
-    the window's start to the last one's end (so a model at one answer per second is not
-    counted in whole answers per window)."""
+def layouts(names: list[str]) -> dict[str, list[tuple[list[str], int]]]:
+    """Layout → the processes it runs: (models, gate tokens; 0 = no gate)."""
+    return {
+        "one process, gate of the cores": [(names, CORES)],
+        "one process, a token per model": [(names, len(names))],
+        "a process per model": [([name], 0) for name in names],
+    }
+
+
+def _child(spec: dict[str, Any]) -> dict[str, Any]:
+    """Load the spec's models, wait for the window, and drive them: ``alone`` one after the
+    other (the window split between them), ``together`` one thread each at once. Per model: the
+    calls that ended inside its window and the seconds from its start to the last one's end."""
     from supervisor.config import load_config
     from supervisor.image_files import read_image
     from supervisor.memory import tune_heap
-    from tools.bench.inprocess import open_executor, run_one
+    from tools.bench.inprocess import await_window, open_executor, run_one
     from worker.thread_budget import ComputeGate
 
-    tune_heap()
-    loaded = load_config(CONFIG)
-    gate = ComputeGate(tokens) if tokens else None
+    tune_heap()  # as the supervisor process does
+    loaded = load_config(spec["config"])
+    gate = ComputeGate(spec["tokens"]) if spec["tokens"] else None
+    models: dict[str, str] = spec["models"]
     executors = {name: open_executor(loaded, name, 1, gate) for name in models}
-    images = {name: read_image(IMAGES[name]) for name in models}
-    print("ready", flush=True)
-    start_at, seconds = (float(x) for x in sys.stdin.readline().split())
-    figures: dict[str, dict[str, float]] = {}
+    images = {name: read_image(path) for name, path in models.items()}
+    start_at, end_at = await_window()
+    figures: dict[str, Any] = {}
 
     def drive(name: str, begin: float, end: float) -> None:
         while time.time() < begin:
             time.sleep(0.001)
-        calls, busy, last = 0, 0.0, begin
+        calls, last = 0, begin
         while True:
-            t0 = time.time()
             run_one(executors[name], images[name])
-            t1 = time.time()
-            if t1 > end:
+            now = time.time()
+            if now > end:
                 break
-            calls, busy, last = calls + 1, busy + (t1 - t0), t1
-        figures[name] = {"calls": calls, "busy_s": busy, "span_s": last - begin}
+            calls, last = calls + 1, now
+        figures[name] = {"calls": calls, "span_s": last - begin}
 
-    if mode == "alone":
+    if spec["mode"] == "alone":
+        share = (end_at - start_at) / len(models)
         for i, name in enumerate(models):
-            begin = start_at + i * seconds
-            drive(name, begin, begin + seconds)
+            drive(name, start_at + i * share, start_at + (i + 1) * share)
     else:
-        threads = [
-            threading.Thread(target=drive, args=(n, start_at, start_at + seconds)) for n in models
-        ]
+        threads = [threading.Thread(target=drive, args=(n, start_at, end_at)) for n in models]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-    print(json.dumps(figures), flush=True)
+    return figures
 
 
-def _run(processes: list[tuple[list[str], int]], mode: str, seconds: float) -> dict[str, Any]:
-    """Start ``processes``, give them one window, read the machine's CPU across it."""
+def _rate(figures: dict[str, Any]) -> float:
+    return figures["calls"] / figures["span_s"] if figures["calls"] else 0.0
+
+
+def _run(
+    config: Path,
+    images: dict[str, str],
+    processes: list[tuple[list[str], int]],
+    mode: str,
+    seconds: float,
+) -> dict[str, Any]:
+    """Start ``processes``, give them one window of ``seconds``, read the machine's CPU across
+    it (``together`` only): each model's answers/s and the machine's cores."""
+    from tools.bench.run import Child, open_window
     from tools.bench.sampler import machine_cores, machine_cpu
 
-    children = [
-        subprocess.Popen(
-            [sys.executable, __file__, "--child", json.dumps([models, tokens, mode])],
-            cwd=ROOT,
-            text=True,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-        )
-        for models, tokens in processes
-    ]
-    for child in children:
-        assert child.stdout is not None and child.stdin is not None
-        if child.stdout.readline().strip() != "ready":
-            raise RuntimeError(f"{child.args!r} did not start")
-    start_at = time.time() + 1.0
-    for child in children:
-        assert child.stdin is not None
-        child.stdin.write(f"{start_at} {seconds}\n")
-        child.stdin.flush()
-    machine: dict[str, float] = {}
-    if mode == "together":
-        time.sleep(max(0.0, start_at + SETTLE_S - time.time()))
-        before = machine_cpu()
-        time.sleep(max(0.0, start_at + seconds - SETTLE_S - time.time()))
-        machine = machine_cores(before, machine_cpu())
-    figures: dict[str, Any] = {}
-    for child in children:
-        out, _ = child.communicate(timeout=600)
-        if child.returncode != 0:
-            raise RuntimeError(f"{child.args!r} exited {child.returncode}")
-        figures.update(json.loads(out.strip().splitlines()[-1]))
-    return {"models": figures, **machine}
+    children: list[Child] = []
+    try:
+        for models, tokens in processes:
+            spec = {"config": str(config), "models": {n: images[n] for n in models},
+                    "tokens": tokens, "mode": mode}  # fmt: skip
+            children.append(Child("tools.bench_layout", ["--child"], spec))
+        start_at, end_at = open_window(children, 1.0, seconds)
+        machine: dict[str, float] = {}
+        if mode == "together":
+            settle = min(SETTLE_S, seconds / 4)
+            time.sleep(max(0.0, start_at + settle - time.time()))
+            before = machine_cpu()
+            time.sleep(max(0.0, end_at - settle - time.time()))
+            machine = machine_cores(before, machine_cpu())
+        rates: dict[str, float] = {}
+        for child in children:
+            rates.update({name: _rate(f) for name, f in child.result().items()})
+    finally:
+        for child in children:
+            if child.process.poll() is None:
+                child.process.kill()
+    return {"rps": rates, **machine}
 
 
 def measure(rounds: int, seconds: float) -> dict[str, Any]:
-    names = list(IMAGES)
-    results: dict[str, list[dict[str, Any]]] = {layout: [] for layout in LAYOUTS}
+    from tools.bench.workload import load_workload
+
+    workload = load_workload(WORKLOAD)
+    images = {m.name: str(m.images[0]) for m in workload.models}
+    names = list(images)
+    plan = layouts(names)
+    results: dict[str, list[dict[str, Any]]] = {layout: [] for layout in plan}
     alone_rounds = []
     for r in range(rounds):
-        alone = _run([(names, 0)], "alone", seconds / 2)["models"]
-        weights = {n: alone[n]["calls"] / alone[n]["busy_s"] for n in names}
-        alone_rounds.append(weights)
-        order = list(LAYOUTS) if r % 2 == 0 else list(reversed(LAYOUTS))
-        for layout in order:
-            got = _run(LAYOUTS[layout], "together", seconds)
-            rps = {n: got["models"][n]["calls"] / got["models"][n]["span_s"] for n in names}
-            work = sum(rps[n] / weights[n] for n in names)
-            row = {"rps": rps, "work": work, **{k: v for k, v in got.items() if k != "models"}}
-            results[layout].append(row)
+        weights = _run(workload.config, images, [(names, 0)], "alone", seconds / 2 * len(names))
+        if not all(weights["rps"].values()):
+            raise RuntimeError(f"a model ran no call alone in {seconds / 2:g} s: {weights}")
+        alone_rounds.append(weights["rps"])
+        for layout in list(plan) if r % 2 == 0 else list(reversed(plan)):
+            got = _run(workload.config, images, plan[layout], "together", seconds)
+            work = sum(got["rps"][n] / weights["rps"][n] for n in names)
+            results[layout].append({**got, "work": work})
             print(
                 f"round {r + 1}: {layout:32s} work {work:.3f}  cores busy "
-                f"{row['machine_busy_cores']:.2f} (stolen {row['machine_steal_cores']:.2f})  "
-                + "  ".join(f"{n} {v:.2f}/s" for n, v in rps.items()),
+                f"{got['machine_busy_cores']:.2f} (stolen {got['machine_steal_cores']:.2f})  "
+                + "  ".join(f"{n} {v:.2f}/s" for n, v in got["rps"].items()),
                 file=sys.stderr,
                 flush=True,
             )
@@ -168,11 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=20.0, help="each layout's window")
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
-    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.child:
-        models, tokens, mode = json.loads(args.child)
-        _child(models, tokens, mode)
+    if args.child:  # tools.bench.run.Child's protocol: spec on stdin, one JSON line back
+        print(json.dumps(_child(json.loads(sys.stdin.readline()))), flush=True)
         return 0
     result = measure(args.rounds, args.seconds)
     for layout, rows in result["layouts"].items():

@@ -73,7 +73,9 @@ def run_timed(executor: Executor, image: Any) -> tuple[Any, int]:
     return result, int((time.perf_counter() - start) * 1e6)
 
 
-def _await_window() -> tuple[float, float]:
+def await_window() -> tuple[float, float]:
+    """The child's side of the window protocol (``tools.bench.run.Child``): say ``ready``, read
+    the window's start and end (wall-clock seconds)."""
     print("ready", flush=True)
     window = json.loads(sys.stdin.readline())
     return float(window["start_at"]), float(window["end_at"])
@@ -85,7 +87,7 @@ def alone(spec: dict[str, Any]) -> dict[str, Any]:
     loaded = load_config(spec["config"])
     executors = {m["name"]: open_executor(loaded, m["name"], threads=1) for m in spec["models"]}
     images = {m["name"]: [read_image(p) for p in m["images"]] for m in spec["models"]}
-    _await_window()
+    await_window()
     figures: dict[str, Any] = {}
     for name, executor in executors.items():
         expected = [summary(run_one(executor, image)) for image in images[name]]
@@ -121,7 +123,7 @@ def engine(spec: dict[str, Any]) -> dict[str, Any]:
     images = {m["name"]: [read_image(p) for p in m["images"]] for m in spec["models"]}
     expected = {m["name"]: m["expected"] for m in spec["models"]}
     tallies = {name: Tally() for name in names}
-    start_at, end_at = _await_window()
+    start_at, end_at = await_window()
 
     def drive(name: str, executor: Executor) -> None:
         i = 0

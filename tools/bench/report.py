@@ -116,9 +116,10 @@ def _target(
     engine: float | None = None,
 ) -> dict[str, Any]:
     """One target; ``floor`` and ``design_floor`` are the values the one- and two-thread floor
-    servers reached, where they were measured; ``engine`` the value the ``engine`` mode reached
-    (a work target's: the most a server of Duomo's design could reach in this run, since
-    Duomo runs the engine's executors, thread plan and gate, with IPC on top)."""
+    servers reached, where they were measured; ``engine`` the same ratio for the ``engine`` mode
+    (a work target's: the issue's in-process limit, Duomo's executors, thread plan and gate
+    without IPC, in this run; a reference, not a bound, since a run's noise can put Duomo
+    above it)."""
     held = None if value is None else (value >= limit if at_least else value <= limit)
     return {
         "target": name, "value": value, "limit": limit, "at_least": at_least, "held": held,
@@ -217,7 +218,8 @@ def markdown(report: dict[str, Any]) -> str:
             + "/".join(_fmt(f["models"][n]["p99_ms"], ".0f") for n in names)
             + f" | {bad} | {f['rss_peak_mib']:.0f} | {f['pss_end_mib']:.0f} | {f['processes']} "
             f"| {f['server_cpu_cores']:.2f} + {f['client_cpu_cores']:.2f} "
-            f"| {_fmt(f['machine_busy_cores'], '.2f')} ({_fmt(f['machine_steal_cores'], '.2f')}) |"
+            f"| {_fmt(f.get('machine_busy_cores'), '.2f')} "
+            f"({_fmt(f.get('machine_steal_cores'), '.2f')}) |"
         )  # fmt: skip
     if errors:
         lines += ["", "Errors: " + "; ".join(errors) + " (first messages in report.json)."]

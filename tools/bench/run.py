@@ -75,7 +75,9 @@ class Child:
         return dict(json.loads(out.strip().splitlines()[-1]))
 
 
-def _window(children: list[Child], warmup_s: float, duration_s: float) -> tuple[float, float]:
+def open_window(children: list[Child], warmup_s: float, duration_s: float) -> tuple[float, float]:
+    """Wait until every child is ready, then send them all one window: ``warmup_s`` from now,
+    ``duration_s`` long (wall-clock start and end)."""
     for child in children:
         child.wait_ready()
     start_at = time.time() + warmup_s
@@ -111,7 +113,7 @@ def run_alone(workload: Workload) -> dict[str, Any]:
         "alone_s": workload.alone_s,
     }
     child = Child("tools.bench.inprocess", ["alone"], spec)
-    _window([child], 0.0, 0.0)
+    open_window([child], 0.0, 0.0)
     return child.result()
 
 
@@ -142,7 +144,7 @@ def _producers(
 def run_engine(workload: Workload, models: list[dict[str, Any]]) -> dict[str, Any]:
     spec = {"config": str(workload.config), "models": models, "max_requests": workload.max_requests}
     child = Child("tools.bench.inprocess", ["engine"], spec)
-    start_at, end_at = _window([child], workload.warmup_s, workload.duration_s)
+    start_at, end_at = open_window([child], workload.warmup_s, workload.duration_s)
     resources = _sample([child.process.pid], start_at, end_at)
     figures = child.result()
     return {
@@ -195,7 +197,7 @@ def run_overheads(
                         "target": None, "rate_per_s": None, "probe": probe,
                         "max_requests": workload.max_requests}  # fmt: skip
                 child = Child("tools.bench.producer", [], spec)
-                _window([child], 1.0, workload.overhead_s * len(targets))
+                open_window([child], 1.0, workload.overhead_s * len(targets))
                 result = child.result()
             finally:
                 for floor in floors.values():
@@ -224,7 +226,7 @@ def run_served(
             figures["idle"] = _sample(servers.pids(), now, now + workload.idle_s)
         producers = {m.name: m.producers for m in workload.models}
         children = _producers(workload, servers, models, producers)
-        start_at, end_at = _window(children, workload.warmup_s, workload.duration_s)
+        start_at, end_at = open_window(children, workload.warmup_s, workload.duration_s)
         figures["resources"] = _sample(servers.pids(), start_at, end_at)
         tallies = [child.result() for child in children]
     finally:
