@@ -60,6 +60,10 @@ __all__ = ["Client", "ModelHandle", "Slot"]
 _NOTICE_FRAME_BYTES = FRAME.size + NOTICE.size
 _NOTICE_PREFIX = FRAME.pack(NOTICE.size, FrameKind.NOTICE)
 ATTACH_TIMEOUT_S = 300.0  # the supervisor's own bound on loading a model
+# connecting while the supervisor's listen backlog is full: retry after this, doubling up to
+# the most, within the client's timeout
+CONNECT_RETRY_FIRST_S = 0.001
+CONNECT_RETRY_MAX_S = 0.1
 # A reader waiting for a frame blocks in ``recv`` for at most this long at a time (the socket's
 # SO_RCVTIMEO), then checks its deadline and whether it was closed meanwhile.
 READ_SLICE_S = 0.25
@@ -94,8 +98,11 @@ class Client:
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.settimeout(timeout_s)
         try:
-            self._sock.connect(str(self.socket_path))
+            self._connect(time.monotonic() + timeout_s)
             self._handshake(key)
+        except DuomoError:  # refused: too many connections, or out of file descriptors
+            self._sock.close()
+            raise
         except (OSError, ConnectionError) as err:
             self._sock.close()
             raise UnavailableError(
@@ -111,9 +118,32 @@ class Client:
         self._poll.register(self._sock, select.POLLIN)
         self._poll.register(self._wake_r, select.POLLIN)
 
+    def _connect(self, deadline: float) -> None:
+        """Connect, retrying with back-off while the listen backlog is full (a burst of
+        connections: EAGAIN) until ``deadline``."""
+        delay_s = CONNECT_RETRY_FIRST_S
+        while True:
+            try:
+                self._sock.connect(str(self.socket_path))
+                return
+            except BlockingIOError:
+                if time.monotonic() + delay_s > deadline:
+                    raise ConnectionError(
+                        "the supervisor's listen backlog stayed full "
+                        f"for {self.timeout_s}s (connection attempts in a burst)"
+                    ) from None
+            time.sleep(delay_s)
+            delay_s = min(delay_s * 2, CONNECT_RETRY_MAX_S)
+
     def _handshake(self, key: bytes) -> None:
         reader = FrameReader()
         kind, challenge = recv_frame(self._sock, reader)
+        if kind is FrameKind.JSON:  # not admitted: the supervisor says why
+            refusal = parse_json(challenge)
+            raise error_for(
+                refusal.get("code", ErrorCode.UNAVAILABLE),
+                str(refusal.get("message", "the supervisor refused the connection")),
+            )
         if kind is not FrameKind.CHALLENGE:
             raise ConnectionError("the supervisor did not send a challenge")
         self._sock.sendall(frame(FrameKind.RESPONSE, answer(key, challenge)))

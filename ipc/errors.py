@@ -91,6 +91,18 @@ _BY_CODE: dict[ErrorCode, type[DuomoError]] = {
 }
 
 
+ECHO_CHARS = 200  # the most of a peer's value that a message quotes back
+
+
+def echoed(value: object, limit: int = ECHO_CHARS) -> str:
+    """``repr(value)`` for a message that quotes what a peer sent, cut to ``limit`` characters
+    (a 340 000-character model name must not make the reply too large to send)."""
+    shown = repr(value)
+    if len(shown) <= limit:
+        return shown
+    return f"{shown[:limit]}… ({len(shown)} characters)"
+
+
 def error_for(code: int, message: str) -> DuomoError:
     """The exception instance for a status code received from the other side."""
     try:

@@ -3,7 +3,10 @@
 ``FrameReader`` is fed whatever bytes arrived and yields complete frames; the supervisor's
 reactor uses it on non-blocking reads, the client's reader thread on blocking ones. A frame larger
 than its kind allows, or of an unknown kind, is a ``ProtocolError`` and the connection is closed:
-there is no way to resynchronise a byte stream after a lie about a length.
+there is no way to resynchronise a byte stream after a lie about a length. A reader told to
+expect ``only`` one kind (the supervisor's, before a peer has authenticated: the challenge
+response) refuses any other kind at its 5-byte prefix, so an unauthenticated peer never makes
+it buffer more than that one small frame.
 
 Authentication is a challenge–response over the first two frames: the server sends 32 random
 bytes, the client answers HMAC-SHA256(key, challenge); ``hmac.compare_digest`` checks it.
@@ -34,12 +37,18 @@ class ProtocolError(Exception):
     """The peer broke the framing; the connection cannot continue."""
 
 
+class FrameTooLargeError(ValueError):
+    """A message too large for one control frame (``MAX_JSON_BYTES``)."""
+
+
 class FrameReader:
-    def __init__(self) -> None:
+    def __init__(self, only: FrameKind | None = None) -> None:
         self._buffer = bytearray()
         # no partial frame is waiting for more bytes (a plain attribute: both readers test it
         # on every notice)
         self.empty = True
+        # the one kind accepted now, or None for any (read at every frame: may change between)
+        self.only = only
 
     def feed(self, data: bytes) -> Iterator[tuple[FrameKind, bytes]]:
         self._buffer += data
@@ -50,6 +59,8 @@ class FrameReader:
                 kind = FrameKind(kind_code)
             except ValueError:
                 raise ProtocolError(f"unknown frame kind {kind_code}") from None
+            if self.only is not None and kind is not self.only:
+                raise ProtocolError(f"expected a {self.only.name} frame, got {kind.name}")
             if length > _LIMITS[kind] or (kind is not FrameKind.JSON and length != _LIMITS[kind]):
                 raise ProtocolError(f"{kind.name} frame of {length} bytes (limit {_LIMITS[kind]})")
             end = FRAME.size + length
@@ -64,7 +75,7 @@ class FrameReader:
 def json_frame(message: dict[str, Any]) -> bytes:
     payload = json.dumps(message, separators=(",", ":")).encode()
     if len(payload) > MAX_JSON_BYTES:
-        raise ValueError(f"control message of {len(payload)} bytes is too large")
+        raise FrameTooLargeError(f"control message of {len(payload)} bytes is too large")
     return frame(FrameKind.JSON, payload)
 
 
@@ -73,6 +84,8 @@ def parse_json(payload: bytes) -> dict[str, Any]:
         message = json.loads(payload)
     except (UnicodeDecodeError, ValueError):
         raise ProtocolError("control frame is not valid JSON") from None
+    except RecursionError:  # (the decoder recurses per level; Python's limit stops it)
+        raise ProtocolError("control message is nested too deeply") from None
     if not isinstance(message, dict):
         raise ProtocolError("control message must be a JSON object")
     return message

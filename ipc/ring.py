@@ -56,6 +56,18 @@ class RingLayout:
     def slot_bytes(self) -> int:
         return align(self.output_offset + self.output_capacity)
 
+    @property
+    def reserves_output(self) -> bool:
+        """Whether creating the ring commits the output areas (``SlotRing._reserve``)."""
+        return self.output_capacity <= RESERVE_OUTPUT_LIMIT
+
+    @property
+    def reserved_bytes(self) -> int:
+        """What creating the ring commits in /dev/shm: every header, and the output areas up
+        to ``RESERVE_OUTPUT_LIMIT`` each (what the supervisor itself writes)."""
+        output = self.output_capacity if self.reserves_output else 0
+        return self.slots * (HEADER_BYTES + output)
+
     @classmethod
     def build(
         cls,
@@ -160,6 +172,7 @@ class SlotRing:
         except OSError:
             ring.close()
             raise
+        ring._close_fd()
         return ring
 
     def _reserve(self) -> None:
@@ -173,7 +186,7 @@ class SlotRing:
         for slot in range(layout.slots):
             start = slot * self._slot_bytes
             os.posix_fallocate(fd, start, HEADER_BYTES)
-            if layout.output_capacity <= RESERVE_OUTPUT_LIMIT:
+            if layout.reserves_output:
                 os.posix_fallocate(fd, start + layout.output_offset, layout.output_capacity)
 
     @classmethod
@@ -185,7 +198,16 @@ class SlotRing:
         if shm.size < layout.slots * layout.slot_bytes:
             ring.close()
             raise ValueError(f"segment {name} is smaller than its layout")
+        ring._close_fd()
         return ring
+
+    def _close_fd(self) -> None:
+        """The mapping stays valid without its file descriptor: give it back, so a ring costs
+        neither side a descriptor (a supervisor's connections are what its fd limit is for)."""
+        fd = self._shm._fd  # type: ignore[attr-defined]
+        if fd >= 0:
+            self._shm._fd = -1  # type: ignore[attr-defined]  # (close() skips a closed fd)
+            os.close(fd)
 
     def unlink(self) -> None:
         """Remove the name from /dev/shm (the mapping stays valid); safe to call twice."""
