@@ -81,16 +81,21 @@ class Attachment:
         ring_id: int,
         model: ServedModel,
         models: Mapping[str, ServedModel],
-        slots: int,
+        layout: RingLayout,
         send: Callable[[bytes], None],
+        on_close: Callable[[], None] | None = None,
     ) -> None:
+        """``layout``: ``layout_for(model.slot_spec(), slots)``; ``on_close`` runs once when
+        the ring is detached (the supervisor gives back what it charged for it)."""
         self.ring_id = ring_id
         self.model_name = model.spec.name
         self._models = models  # by name at every request, so a reload's replacement serves it
         self.spec = model.slot_spec()
         self._json = self.spec.result == "json"  # else tensors
-        self.layout = layout_for(self.spec, slots)
+        self.layout = layout
+        slots = layout.slots
         self.ring = SlotRing.create(self.layout)
+        self._on_close = on_close
         self._model = model  # the model the layout was made for; a reload may replace it
         self._payload_from_slot: Callable[[dict[str, np.ndarray], memoryview], Any] = (
             model.payload_builder()
@@ -316,6 +321,9 @@ class Attachment:
 
     def close(self) -> None:
         """The client detached or went away: drop its queued work, unmap once nothing reads."""
+        on_close, self._on_close = self._on_close, None
+        if on_close is not None:
+            on_close()
         with self._lock:
             self._closing = True
             for request in self._in_flight.values():

@@ -205,10 +205,20 @@ def render_status(status: dict[str, Any]) -> str:
         )
         if m.get("last_error") and m["state"] != "READY":
             lines.append(f"  {name}: {m['last_error']}")
+    limits = status.get("limits") or {}
+    if limits:
+        lines.append(
+            f"clients {len(status['clients'])} of {limits['max_connections']}, "
+            f"{status['shm_bytes'] / 2**20:.1f} of {limits['shm_total_bytes'] / 2**20:.0f} MiB "
+            f"of /dev/shm committed, {status['connections_refused']} connection(s) refused, "
+            f"{status['clients_cut_off']} cut off"
+        )
     for c in status["clients"]:
         rings = ", ".join(f"{r['model']}×{r['slots']}" for r in c["rings"]) or "no models"
         lent = " (read by its idle worker)" if c.get("lent") else ""
-        lines.append(f"client {c['id']} (pid {c['pid']}): {rings}{lent}")
+        unread = c.get("unread_bytes", 0)
+        waiting = f", {unread} bytes of answers unread" if unread else ""
+        lines.append(f"client {c['id']} (pid {c['pid']}): {rings}{lent}{waiting}")
     return "\n".join(lines)
 
 

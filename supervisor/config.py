@@ -20,6 +20,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
+from supervisor.limits import LimitsConfig
 from worker.backends.acl import AclOptions
 from worker.backends.ort_backend import OrtOptions
 from worker.config_model import StrictModel
@@ -88,6 +89,7 @@ class DuomoConfig(StrictModel):
     watchdog: WatchdogConfig = Field(default_factory=WatchdogConfig)
     shutdown_grace_s: float = Field(default=30.0, ge=0, le=3600)
     idle_spin_us: int = Field(default=1000, ge=0, le=10_000)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
     models: list[ModelConfig] = Field(min_length=1)
 
 

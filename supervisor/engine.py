@@ -35,7 +35,13 @@ from typing import Any
 
 import structlog
 
-from ipc.errors import DuomoError, NotFoundError, ResourceExhaustedError, UnavailableError
+from ipc.errors import (
+    DuomoError,
+    NotFoundError,
+    ResourceExhaustedError,
+    UnavailableError,
+    echoed,
+)
 from supervisor.config import LoadedConfig, ResolvedModel
 from supervisor.memory import Footprint, Resident, choose_victims, mb, resident_bytes, trim_heap
 from worker.backends import Backend, create_backend
@@ -167,7 +173,7 @@ class Engine:
             self._refuse_if_closed()
             names = list(new.models)
             if only is not None and only not in new.models and only not in self.models:
-                raise NotFoundError(f"no model named {only!r} in {new.path} or being served")
+                raise NotFoundError(f"no model named {echoed(only)} in {new.path} or being served")
             added = [n for n in names if n not in self.models]
             removed = [n for n in self.models if n not in new.models]
             changed = [
@@ -420,7 +426,8 @@ class Engine:
         )
 
     def wake_idle(self, name: str) -> None:
-        """Wake ``name``'s sleeping workers: a connection has become theirs to read."""
+        """Wake ``name``'s idle workers: a connection has become theirs to read, or the one
+        borrowed has answers waiting to be sent (``Batcher.wake_idle``)."""
         model = self.models.get(name)
         if model is not None:
             model.batcher.wake_idle()
@@ -487,7 +494,7 @@ class Engine:
             return self.models[name]
         except KeyError:
             raise NotFoundError(
-                f"no model named {name!r} (serving: {sorted(self.models)})"
+                f"no model named {echoed(name)} (serving: {sorted(self.models)})"
             ) from None
 
     def submit(

@@ -19,23 +19,33 @@ frames, a partial one) it leaves to the reactor (``carried``), EOF it leaves
 in the socket, and the connection is not lent again until the reactor has read it. A
 connection's ``owner`` lock is held by whichever thread reads it or changes whether it is lent,
 so exactly one thread reads a socket at a time (also held to attach and detach its rings).
+A connection with answers waiting in its outbox is not lent: the reactor watches it for room
+(``EPOLLOUT``), and wakes the worker that holds it to give it back.
 
 Workers send "slot done" notices from their own threads through ``Connection.send``, which
-serialises writers with a per-connection lock. A connection that breaks the protocol gets an
-error event and is closed; one that goes away has its attachments closed (queued work dropped,
-segments unmapped once nothing reads them). Nothing a client sends can stop the loop.
+never blocks (its send rule: ``supervisor.connection``). A connection that breaks the protocol
+gets an error event and is closed; one that goes away has its attachments closed (queued work
+dropped, segments unmapped once nothing reads them). Nothing a client sends can stop the loop.
+
+**Admission** (``limits``): at most ``max_connections`` connections, authenticated or not; one
+more is accepted only to be told RESOURCE_EXHAUSTED and closed. When the process runs out of
+file descriptors (``EMFILE``/``ENFILE``) the reactor closes a spare one it keeps for this,
+accepts the waiting peer, tells it so and closes it; with no spare left it stops accepting for
+``ACCEPT_BACKOFF_S``. Either way a level-triggered listener never spins, and refusals are
+logged at most once per ``REFUSAL_LOG_S``. A peer must authenticate within ``auth_timeout_s``;
+an authenticated one that holds no ring and sends nothing for ``idle_timeout_s`` is closed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import itertools
 import os
 import secrets
 import select
 import socket
-import struct
 import threading
 import time
 from collections import deque
@@ -45,88 +55,22 @@ from typing import Any
 import structlog
 
 from ipc.errors import DuomoError, ErrorCode, NotFoundError
-from ipc.framing import FrameReader, ProtocolError, json_frame, parse_json, verify
+from ipc.framing import ProtocolError, parse_json, verify
 from ipc.wire import CHALLENGE_BYTES, FRAME, NOTICE, FrameKind, frame
 from supervisor.attachment import Attachment
+from supervisor.connection import Connection, fitted_json
+from supervisor.limits import Limits
 
 log = structlog.get_logger("duomo.reactor")
-AUTH_TIMEOUT_S = 5.0
-HOUSEKEEPING_S = 0.1  # auth deadlines and unmap retries are checked this often
-_PEERCRED = struct.Struct("3i")
+HOUSEKEEPING_S = 0.1  # deadlines, timeouts and unmap retries are checked this often
+ACCEPT_BATCH = 64  # connections accepted per turn of the loop
+ACCEPT_BACKOFF_S = 0.1  # out of file descriptors with no spare: accept nothing for this long
+REFUSAL_LOG_S = 10.0  # refused connections are logged at most this often
+MAX_ID_CHARS = 64  # a control message's "id", echoed in its reply: an int or a short string
 NOTICE_FRAME_BYTES = FRAME.size + NOTICE.size
 NOTICE_PREFIX = FRAME.pack(NOTICE.size, FrameKind.NOTICE)
-
-
-class Connection:
-    """One client: its socket, its framing state and the rings it attached."""
-
-    def __init__(self, sock: socket.socket, conn_id: int) -> None:
-        self.sock = sock
-        self.fd = sock.fileno()
-        self.id = conn_id
-        self.reader = FrameReader()
-        self.challenge = secrets.token_bytes(CHALLENGE_BYTES)
-        self.authenticated = False
-        self.auth_deadline = time.monotonic() + AUTH_TIMEOUT_S
-        self.attachments: dict[int, Attachment] = {}
-        self.closed = False
-        # who reads the socket (see the module's docstring): held while reading it and while
-        # lending it or taking it back; reentrant, since a read may end in ``Reactor._drop``
-        self.owner = threading.RLock()
-        self.model: str | None = None  # the one model its rings attach (lendable), or None
-        self.lent = False  # read by that model's idle worker, out of the reactor's epoll
-        self.needs_reactor = False  # holds what only the reactor reads: not lent until read
-        self.carried = b""  # data its idle worker read but only the reactor handles
-        self.dropped = False  # the reactor let go of it; the socket closes once not lent
-        self.refused = False  # an idle worker found it not lendable: tell it once it is
-        self._send_lock = threading.Lock()
-        self.pid = _peer_pid(sock)
-        self._ring_ids = itertools.count(1)
-
-    def next_ring_id(self) -> int:
-        """Ring ids are per connection: 16 bits on the wire, never reused while attached."""
-        while True:
-            ring = next(self._ring_ids) & 0xFFFF
-            if ring and ring not in self.attachments:
-                return ring
-
-    def send(self, data: bytes) -> None:
-        """Write a whole frame without ever blocking (any thread).
-
-        A well-behaved client has little unread at any time (answers are bounded by its slots
-        and requests in flight); one whose socket buffer is full is not reading and is
-        disconnected, so no thread of the supervisor ever waits on a client.
-        """
-        with self._send_lock:
-            if self.closed:
-                return
-            try:
-                sent = self.sock.send(data, socket.MSG_DONTWAIT)  # a whole notice, nearly always
-                if sent < len(data):
-                    view = memoryview(data)[sent:]
-                    while view:
-                        view = view[self.sock.send(view, socket.MSG_DONTWAIT) :]
-            except OSError:  # BlockingIOError included: the peer does not read
-                self.closed = True
-                with contextlib.suppress(OSError):
-                    self.sock.shutdown(socket.SHUT_RDWR)  # the reactor sees EOF and drops it
-
-    def reply(self, message: dict[str, Any], reply: dict[str, Any]) -> None:
-        """Answer one control message (any thread): the reply carries the message's id."""
-        if "id" in message:
-            reply["id"] = message["id"]
-        self.send(json_frame(reply))
-
-    def send_error(self, code: int, message: str, **where: Any) -> None:
-        self.send(json_frame({"event": "error", "code": int(code), "message": message, **where}))
-
-
-def _peer_pid(sock: socket.socket) -> int | None:
-    try:
-        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
-        return int(_PEERCRED.unpack(raw)[0])
-    except (OSError, AttributeError):
-        return None
+# accept() failing for want of a descriptor (or of kernel memory): refuse or back off
+_OUT_OF_FDS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 # the reply to a control message, or None when the handler has it sent later (``reply``)
@@ -134,10 +78,13 @@ Handler = Callable[[Connection, dict[str, Any]], dict[str, Any] | None]
 
 
 class Reactor:
-    def __init__(self, listener: socket.socket, key: bytes, handle: Handler) -> None:
+    def __init__(
+        self, listener: socket.socket, key: bytes, handle: Handler, limits: Limits
+    ) -> None:
         self._listener: socket.socket | None = listener
         self._key = key
         self._handle = handle
+        self.limits = limits
         self._epoll = select.epoll()
         self._wake_r, self._wake_w = socket.socketpair()
         self._connections: dict[int, Connection] = {}
@@ -148,11 +95,21 @@ class Reactor:
         self._ids = itertools.count(1)
         self._lingering: list[Attachment] = []
         self._thread: threading.Thread | None = None
+        self._thread_id = 0
         self._running = False
         self._stop_accepting = False
         self._next_housekeeping = 0.0
         self._soon: deque[Callable[[], None]] = deque()
-        # wakes a model's idle workers, to borrow a connection that has become lendable
+        # admission: a spare descriptor to accept (and refuse) with when the process has none
+        # left, accepting paused until then, and refusals not logged yet
+        self._spare_fd: int | None = None
+        self._accept_paused_until: float | None = None
+        self._refused: dict[str, int] = {}
+        self._refusals_logged_s = 0.0
+        self.refused_total = 0
+        self.cut_off_total = 0
+        # wakes a model's idle workers, to borrow a connection that has become lendable (or
+        # to give back one that has answers waiting)
         self.on_lendable: Callable[[str], None] | None = None
 
     def call_soon(self, fn: Callable[[], None]) -> None:
@@ -171,6 +128,15 @@ class Reactor:
         attached = sum(len(c.attachments) for c in list(self._connections.values()))
         return attached + sum(1 for a in self._lingering if not a.closed)
 
+    def set_limits(self, limits: Limits) -> None:
+        """A reload's limits: new connections and every connection's next check use them."""
+        self.limits = limits
+        for conn in self.connections:
+            conn.limits = limits
+        if self._listener is not None:
+            with contextlib.suppress(OSError):
+                self._listener.listen(limits.listen_backlog)
+
     def start(self) -> None:
         assert self._listener is not None
         self._listener.setblocking(False)
@@ -178,6 +144,7 @@ class Reactor:
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)  # a byte already waiting wakes the loop as well
         self._epoll.register(self._wake_r, select.EPOLLIN)
+        self._spare_fd = _open_spare()
         self._running = True
         self._thread = threading.Thread(target=self._loop, name="duomo-reactor", daemon=True)
         self._thread.start()
@@ -187,30 +154,37 @@ class Reactor:
         self._wake()
 
     def stop(self) -> None:
-        """End the loop and close every connection (clients see EOF)."""
+        """End the loop and close every connection (clients see EOF), after sending what
+        their sockets still take."""
         self._running = False
         self._wake()
         if self._thread is not None:
             self._thread.join(10)
         for conn in list(self._connections.values()):
+            conn.flush()
             self._drop(conn)
         for attachment in self._lingering:
             attachment.retry_unmap()
         self._epoll.close()
         self._wake_r.close()
         self._wake_w.close()
+        if self._spare_fd is not None:
+            os.close(self._spare_fd)
+            self._spare_fd = None
 
     def _wake(self) -> None:
         with contextlib.suppress(OSError):
             self._wake_w.send(b"\0")
 
     def _loop(self) -> None:
+        self._thread_id = threading.get_ident()
         listener_fd = self._listener.fileno() if self._listener is not None else -1
         wake_fd = self._wake_r.fileno()
         by_fd = self._by_fd
         while self._running:
             if self._stop_accepting and self._listener is not None:
-                self._epoll.unregister(self._listener)
+                with contextlib.suppress(OSError, ValueError):
+                    self._epoll.unregister(self._listener)
                 self._listener.close()
                 self._listener = None
                 listener_fd = -1
@@ -218,11 +192,14 @@ class Reactor:
                 events = self._epoll.poll(0.5)
             except OSError:
                 break
-            for fd, _ in events:
+            for fd, mask in events:
                 conn = by_fd.get(fd)
                 try:
                     if conn is not None:
-                        self._readable(conn)
+                        if mask & select.EPOLLOUT:
+                            self._writable(conn)
+                        if mask & ~select.EPOLLOUT:
+                            self._readable(conn)
                     elif fd == listener_fd:
                         self._accept()
                     elif fd == wake_fd:
@@ -241,29 +218,104 @@ class Reactor:
             if now >= self._next_housekeeping:  # off the per-notice path
                 self._next_housekeeping = now + HOUSEKEEPING_S
                 try:
-                    self._housekeeping()
+                    self._housekeeping(now)
                 except Exception:
                     log.exception("reactor housekeeping error")
 
+    # -- admission ----------------------------------------------------------------------------
+
     def _accept(self) -> None:
-        assert self._listener is not None
-        try:
-            sock, _ = self._listener.accept()
-        except (BlockingIOError, InterruptedError):
-            return
-        sock.setblocking(False)  # the reactor reads only when select says so; sends never wait
-        conn = Connection(sock, next(self._ids))
+        for _ in range(ACCEPT_BATCH):
+            if self._listener is None or self._accept_paused_until is not None:
+                return
+            try:
+                sock, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as err:
+                if err.errno not in _OUT_OF_FDS:
+                    raise
+                self._out_of_fds(err)
+                continue
+            limit = self.limits.max_connections
+            if len(self._connections) >= limit:
+                self._refuse(
+                    sock, "connection limit",
+                    f"the supervisor serves at most {limit} connections "
+                    "(limits.max_connections); close one or retry later",
+                )  # fmt: skip
+                continue
+            self._admit(sock)
+
+    def _admit(self, sock: socket.socket) -> None:
+        sock.setblocking(False)  # the reactor reads only when epoll says so; sends never wait
+        conn = Connection(
+            sock, next(self._ids), secrets.token_bytes(CHALLENGE_BYTES), self.limits,
+            self._blocked,
+        )  # fmt: skip
         self._connections[conn.id] = conn
         self._by_fd[conn.fd] = conn
         self._epoll.register(conn.fd, select.EPOLLIN)
         conn.send(frame(FrameKind.CHALLENGE, conn.challenge))
+
+    def _out_of_fds(self, err: OSError) -> None:
+        """``accept`` failed for want of a file descriptor (or kernel memory): refuse the
+        waiting peer with the spare descriptor, or stop accepting for a while (never spin on
+        the level-triggered listener)."""
+        assert self._listener is not None
+        why = f"the supervisor cannot take a connection now ({os.strerror(err.errno or 0)})"
+        if self._spare_fd is not None:
+            os.close(self._spare_fd)
+            self._spare_fd = None
+            sock = None
+            with contextlib.suppress(OSError):
+                sock, _ = self._listener.accept()
+            if sock is not None:
+                self._refuse(sock, "out of file descriptors", f"{why}; retry later")
+            self._spare_fd = _open_spare()  # (the refused peer's descriptor is free again)
+            if sock is not None:
+                return
+        self._note_refusal("out of file descriptors")
+        with contextlib.suppress(OSError, ValueError):
+            self._epoll.unregister(self._listener)
+        self._accept_paused_until = time.monotonic() + ACCEPT_BACKOFF_S
+
+    def _refuse(self, sock: socket.socket, why: str, message: str) -> None:
+        """Tell a peer it is not admitted (RESOURCE_EXHAUSTED, before any challenge) and close."""
+        with contextlib.suppress(OSError):
+            sock.send(
+                fitted_json({
+                    "event": "error", "code": int(ErrorCode.RESOURCE_EXHAUSTED),
+                    "message": message,
+                }),
+                socket.MSG_DONTWAIT,
+            )  # fmt: skip
+        sock.close()
+        self._note_refusal(why)
+
+    def _note_refusal(self, why: str) -> None:
+        self.refused_total += 1
+        self._refused[why] = self._refused.get(why, 0) + 1
+        self._log_refusals(time.monotonic())
+
+    def _log_refusals(self, now: float) -> None:
+        """The refusals since the last warning, at most once per ``REFUSAL_LOG_S``."""
+        if self._refused and now - self._refusals_logged_s >= REFUSAL_LOG_S:
+            log.warning(
+                "connections refused", refused=dict(self._refused),
+                connections=len(self._connections), limit=self.limits.max_connections,
+            )  # fmt: skip
+            self._refused.clear()
+            self._refusals_logged_s = now
+
+    # -- reading ------------------------------------------------------------------------------
 
     def _readable(self, conn: Connection) -> None:
         with conn.owner:
             if not conn.lent and not conn.dropped:  # (lent: its idle worker reads it)
                 conn.needs_reactor = False
                 self._read(conn)
-                if conn.refused and conn.reader.empty and not conn.closed:
+                if conn.refused and conn.reader.empty and not conn.closed and not conn.wants_write:
                     conn.refused = False
                     self._lendable_again(conn)
 
@@ -302,36 +354,80 @@ class Reactor:
         if not data:
             self._drop(conn)
             return
+        conn.last_received_s = time.monotonic()
+        conn.cork()  # the replies to everything in this read go out in one write
         try:
             for kind, payload in conn.reader.feed(data):
                 self._dispatch(conn, kind, payload)
-                if conn.closed:
+                if conn.closing or conn.closed:
                     break
         except ProtocolError as err:
-            conn.send_error(ErrorCode.INVALID_ARGUMENT, f"protocol error: {err}")
-            self._drop(conn)
-            return
-        if conn.closed:
+            what = "protocol error" if conn.authenticated else "authentication failed"
+            conn.send_error(ErrorCode.INVALID_ARGUMENT, f"{what}: {err}")
+            conn.closing = True
+        finally:
+            conn.uncork()
+        if conn.closing or conn.closed:
             self._drop(conn)
 
     def _dispatch(self, conn: Connection, kind: FrameKind, payload: bytes) -> None:
-        if not conn.authenticated:
-            if kind is FrameKind.RESPONSE and verify(self._key, conn.challenge, payload):
+        if not conn.authenticated:  # (the reader accepts nothing but the response yet)
+            if verify(self._key, conn.challenge, payload):
                 conn.authenticated = True
-                conn.send(json_frame({"event": "hello", "version": 1, "pid": os.getpid()}))
+                conn.reader.only = None
+                conn.send(fitted_json({"event": "hello", "version": 1, "pid": os.getpid()}))
                 return
             conn.send_error(ErrorCode.INVALID_ARGUMENT, "authentication failed")
-            conn.closed = True
+            conn.closing = True
             return
         if kind is FrameKind.NOTICE:
             self._notice(conn, *NOTICE.unpack(payload))
         elif kind is FrameKind.JSON:
             message = parse_json(payload)
+            message_id = message.get("id")
+            if message_id is not None and not _valid_id(message_id):
+                conn.send_error(
+                    ErrorCode.INVALID_ARGUMENT,
+                    f"a control message's 'id' must be an integer or a string of at most "
+                    f"{MAX_ID_CHARS} characters",
+                )
+                return
             reply = self._handle(conn, message)
             if reply is not None:
                 conn.reply(message, reply)
         else:
             raise ProtocolError(f"unexpected {kind.name} frame")
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def _blocked(self, conn: Connection) -> None:
+        """``conn`` has answers waiting in its outbox (any thread): watch it for room."""
+        if threading.get_ident() == self._thread_id:
+            self._want_write(conn)
+        else:
+            self.call_soon(functools.partial(self._want_write, conn))
+
+    def _want_write(self, conn: Connection) -> None:
+        with conn.owner:
+            if conn.dropped or not conn.wants_write:
+                return
+            if conn.lent:  # its worker gives it back, armed for room (``_take_back``)
+                self._lendable_again(conn)
+                return
+            with contextlib.suppress(OSError, ValueError):
+                self._epoll.modify(conn.fd, select.EPOLLIN | select.EPOLLOUT)
+
+    def _writable(self, conn: Connection) -> None:
+        if not conn.flush():
+            return
+        with conn.owner:  # the outbox is empty: stop watching for room
+            if conn.lent or conn.dropped:
+                return
+            with contextlib.suppress(OSError, ValueError):
+                self._epoll.modify(conn.fd, select.EPOLLIN)
+            if conn.refused and conn.reader.empty and not conn.closed:
+                conn.refused = False
+                self._lendable_again(conn)
 
     def _notice(self, conn: Connection, ring: int, slot: int, seq: int) -> None:
         attachment = conn.attachments.get(ring)
@@ -380,17 +476,14 @@ class Reactor:
                 del self._by_fd[conn.fd]
                 with contextlib.suppress(OSError):
                     self._epoll.unregister(conn.fd)
-            self._connections.pop(conn.id, None)
-            with conn._send_lock:
-                conn.closed = True
+            if self._connections.pop(conn.id, None) is not None and conn.cut_reason is not None:
+                self.cut_off_total += 1
+            conn.cut_off(None)  # (a lent one's worker wakes up and closes it as it gives it back)
             conn.dropped = True
             for ring in list(conn.attachments):
                 self.detach(conn, ring)
-            with contextlib.suppress(OSError):
-                if conn.lent:  # its worker wakes up and closes it as it gives it back
-                    conn.sock.shutdown(socket.SHUT_RDWR)
-                else:
-                    conn.sock.close()
+            if not conn.lent:
+                conn.sock.close()
 
     def read_when_idle(
         self,
@@ -427,7 +520,7 @@ class Reactor:
         with conn.owner:  # (waits while the reactor reads it: this worker is idle anyway)
             if conn.closed:
                 return False
-            if conn.lent or conn.needs_reactor or not conn.reader.empty:
+            if conn.lent or conn.needs_reactor or conn.wants_write or not conn.reader.empty:
                 conn.refused = True  # another worker or the reactor has it: told when done
                 return False
             try:  # (one-shot: a hang-up meanwhile is reported once, not until it is read)
@@ -455,7 +548,8 @@ class Reactor:
                 if conn.dropped:
                     conn.sock.close()
                 else:  # (one the supervisor stopped writing to: the reactor now reads its EOF)
-                    self._epoll.modify(conn.fd, select.EPOLLIN)
+                    out = select.EPOLLOUT if conn.wants_write else 0  # (answers wait for room)
+                    self._epoll.modify(conn.fd, select.EPOLLIN | out)
                     if conn.carried:  # no event may come for it: the reactor reads it anyway
                         self.call_soon(functools.partial(self._readable, conn))
                     elif conn.refused:  # another model's worker wanted it meanwhile
@@ -464,14 +558,57 @@ class Reactor:
             except (OSError, ValueError):
                 pass
 
-    def _housekeeping(self) -> None:
-        now = time.monotonic()
+    def _housekeeping(self, now: float) -> None:
+        limits = self.limits
         for conn in list(self._connections.values()):
-            if not conn.authenticated and now > conn.auth_deadline:
-                conn.send_error(ErrorCode.DEADLINE_EXCEEDED, "authentication timed out")
+            if not conn.authenticated:
+                if now > conn.auth_deadline:
+                    conn.send_error(ErrorCode.DEADLINE_EXCEEDED, "authentication timed out")
+                    self._drop(conn)
+            elif conn.stalled(now):
+                conn.cut_off(
+                    f"it has read none of its answers for {limits.stall_timeout_s:g} s "
+                    "(limits.stall_timeout_s)"
+                )
                 self._drop(conn)
+            elif (
+                limits.idle_timeout_s
+                and not conn.attachments
+                and now - conn.last_received_s > limits.idle_timeout_s
+            ):
+                conn.send_error(
+                    ErrorCode.UNAVAILABLE,
+                    f"closed after {limits.idle_timeout_s:g} s without a message while holding "
+                    "no ring (limits.idle_timeout_s)",
+                )
+                self._drop(conn)
+        if self._accept_paused_until is not None and now >= self._accept_paused_until:
+            self._accept_paused_until = None
+            if self._listener is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    self._epoll.register(self._listener, select.EPOLLIN)
+        if self._spare_fd is None:
+            self._spare_fd = _open_spare()
+        self._log_refusals(now)
         if self._lingering:
             self._lingering = [a for a in self._lingering if not a.retry_unmap()]
+
+
+def _open_spare() -> int | None:
+    """A descriptor held in reserve, to accept (and refuse) a peer with when there is none
+    left; None when none can be had now (the next housekeeping tries again)."""
+    try:
+        return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+def _valid_id(value: object) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return -(1 << 63) <= value < (1 << 63)
+    return isinstance(value, str) and len(value) <= MAX_ID_CHARS
 
 
 def _poll_spinning_first(

@@ -4,7 +4,9 @@
 supervisor, writes a fresh client key, loads the models to preload (the single backend init),
 starts the watchdog and starts listening. Control messages are answered by ``handle`` on the
 reactor thread; the slow ones (``reload``, ``load``, ``unload``, attaching a model that was never
-loaded) run on a short-lived thread and answer when done, so the reactor never waits for a model.
+loaded) queue for the one control-job thread (``ControlJobs``) and answer when done, so the
+reactor never waits for a model. ``attach`` is charged against the ``limits`` on slots and
+``/dev/shm`` bytes per client and in all (``ShmLedger``); the reactor enforces the others.
 ``shutdown`` stops accepting, lets queued and in-flight work finish within ``shutdown_grace_s``,
 answers the rest UNAVAILABLE, releases the models, closes every connection and removes the
 socket and key files; it returns how many requests it had to cut (the exit code says so).
@@ -17,7 +19,7 @@ thread                role
 main                  ``serve_forever``: waits for stop (control ``stop``, SIGTERM) and
                       runs SIGHUP reloads
 reactor               sockets: accept, authenticate, control messages, slot notices
-control job (short)   one slow control message (reload, load, unload, attach-and-load)
+control jobs (one)    slow control messages in order (reload, load, unload, attach-and-load)
 watchdog              health checks once a period; starts restart threads
 model instance (×N)   batches; writes results into slots and sends "slot done"
 ====================  ==============================================================
@@ -26,6 +28,7 @@ model instance (×N)   batches; writes results into slots and sends "slot done"
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import socket
 import threading
@@ -44,14 +47,18 @@ from ipc.errors import (
     NotFoundError,
     ResourceExhaustedError,
     UnavailableError,
+    echoed,
     error_for,
 )
 from ipc.ring import start_tracker
 from ipc.runtime_dir import ensure_private_dir, key_path, pid_path, write_key
-from supervisor.attachment import Attachment
+from supervisor.attachment import Attachment, layout_for
 from supervisor.config import ConfigError, LoadedConfig, load_config
+from supervisor.connection import Connection
+from supervisor.control_jobs import ControlJob, ControlJobs, error_reply
 from supervisor.engine import Engine
-from supervisor.reactor import Connection, Reactor
+from supervisor.limits import Limits, ShmLedger, resolve_limits
+from supervisor.reactor import Reactor
 from supervisor.watchdog import Watchdog
 
 log = structlog.get_logger("duomo.supervisor")
@@ -66,6 +73,9 @@ class Supervisor:
         self.engine = Engine(loaded)
         self.reactor: Reactor | None = None
         self.watchdog: Watchdog | None = None
+        self.limits: Limits = resolve_limits(loaded.config.limits)
+        self.shm = ShmLedger(self.limits)
+        self.control_jobs = ControlJobs(self.limits.control_queue)
         self._wake = threading.Event()
         self._stop_requested = False
         self._reload_requested = False
@@ -95,8 +105,9 @@ class Supervisor:
             os.umask(old_umask)
         os.chmod(path, 0o600)
         self._own(path)
-        listener.listen(128)
-        self.reactor = Reactor(listener, key, self.handle)
+        listener.listen(self.limits.listen_backlog)
+        self.control_jobs.start()
+        self.reactor = Reactor(listener, key, self.handle, self.limits)
         self.reactor.start()
         self.engine.idle_reader = self.reactor.read_when_idle  # (see Reactor: lending)
         self.reactor.on_lendable = self.engine.wake_idle
@@ -146,6 +157,7 @@ class Supervisor:
                 f"reload failed, the running models are unchanged: {err}"
             ) from None
         self.loaded = self.engine.loaded
+        self._apply_limits(resolve_limits(self.loaded.config.limits))
         log.info("config reloaded", **summary)
         return dict(summary)
 
@@ -156,7 +168,9 @@ class Supervisor:
             self.reactor.stop_accepting()
         if self.watchdog is not None:
             self.watchdog.stop()
-        cut = self.engine.close(self.loaded.config.shutdown_grace_s)
+        grace_s = self.loaded.config.shutdown_grace_s
+        self.control_jobs.stop(grace_s)
+        cut = self.engine.close(grace_s)
         for conn, message in self._stop_waiters:
             conn.reply(message, {"ok": True, "cut": cut})
         self.engine.idle_reader = None
@@ -170,6 +184,13 @@ class Supervisor:
                     path.unlink()
         log.info("supervisor stopped", requests_cut=cut)
         return cut
+
+    def _apply_limits(self, limits: Limits) -> None:
+        self.limits = limits
+        self.shm.limits = limits
+        self.control_jobs.set_capacity(limits.control_queue)
+        if self.reactor is not None:
+            self.reactor.set_limits(limits)
 
     def _own(self, path: Path) -> None:
         self._created[path] = path.lstat().st_ino
@@ -216,28 +237,22 @@ class Supervisor:
                 return None
             if op == "ping":
                 return {"ok": True}
-            raise InvalidArgumentError(f"unknown control operation {op!r}")
+            raise InvalidArgumentError(f"unknown control operation {echoed(op)}")
         except DuomoError as err:
-            return _error_reply(err)
+            return error_reply(err)
         except (KeyError, TypeError, ValueError) as err:
-            return {"ok": False, "code": 1, "message": f"malformed {op!r} message: {err!r}"}
+            return {
+                "ok": False,
+                "code": 1,
+                "message": f"malformed {echoed(op)} message: {echoed(err)}",
+            }
 
     def _in_background(
         self, conn: Connection, message: dict[str, Any], job: Callable[[], dict[str, Any]]
     ) -> None:
-        """Run a slow control job on its own thread; it sends the reply itself when done."""
-
-        def run() -> None:
-            try:
-                reply = {"ok": True, **job()}
-            except DuomoError as err:
-                reply = _error_reply(err)
-            except Exception as err:  # a bug must still answer, and never kill the process
-                log.exception("control job failed", op=message.get("op"))
-                reply = {"ok": False, "code": 6, "message": f"internal error: {err}"}
-            conn.reply(message, reply)
-
-        threading.Thread(target=run, name=f"duomo-{message.get('op')}", daemon=True).start()
+        """Queue a slow control job; it answers when done (RESOURCE_EXHAUSTED at once when
+        the queue is full)."""
+        self.control_jobs.submit(ControlJob(conn, message, job))
 
     def _model_info(self, name: str) -> dict[str, Any]:
         model = self.engine.model(name)
@@ -287,7 +302,7 @@ class Supervisor:
                     try:
                         attached.set_result(self._attach(conn, message, may_load=False) or {})
                     except DuomoError as err:
-                        attached.set_result(_error_reply(err))
+                        attached.set_result(error_reply(err))
 
                 reactor.call_soon(attach)
                 reply = attached.result(60)
@@ -297,11 +312,20 @@ class Supervisor:
 
             self._in_background(conn, message, load_then_attach)
             return None
+        layout = layout_for(model.slot_spec(), slots)
+        charge = (conn.id, slots, layout.reserved_bytes)
+        self.shm.charge(*charge)  # ResourceExhaustedError past a bound on slots or /dev/shm
         ring_id = conn.next_ring_id()
         try:
-            attachment = Attachment(ring_id, model, self.engine.models, slots, conn.send)
-        except OSError as err:  # out of shared memory or file descriptors
-            raise ResourceExhaustedError(f"cannot create a ring for {name!r}: {err}") from None
+            attachment = Attachment(
+                ring_id, model, self.engine.models, layout, conn.send,
+                on_close=functools.partial(self.shm.release, *charge),
+            )  # fmt: skip
+        except BaseException as err:
+            self.shm.release(*charge)
+            if isinstance(err, OSError):  # out of shared memory or file descriptors
+                raise ResourceExhaustedError(f"cannot create a ring for {name!r}: {err}") from None
+            raise
         assert self.reactor is not None
         self.reactor.attach(conn, ring_id, attachment)
         return {
@@ -315,18 +339,23 @@ class Supervisor:
         ring = message["ring"]
         attachment = conn.attachments.get(ring) if isinstance(ring, int) else None
         if attachment is None:
-            raise NotFoundError(f"no attached ring {ring!r}")
+            raise NotFoundError(f"no attached ring {echoed(ring)}")
         return attachment
 
     def status(self) -> dict[str, Any]:
         process = psutil.Process()
         clients = []
         for conn in self.reactor.connections if self.reactor else []:
+            slots, shm_bytes = self.shm.held(conn.id)
             clients.append(
                 {
                     "id": conn.id,
                     "pid": conn.pid,
                     "lent": conn.lent,  # read by its model's idle worker (see Reactor)
+                    "slots": slots,
+                    "shm_bytes": shm_bytes,
+                    "unread_bytes": conn.unread_bytes,  # waiting in its outbox
+                    "unread_peak_bytes": conn.unread_peak_bytes,
                     "rings": [
                         {
                             "ring": a.ring_id,
@@ -348,13 +377,14 @@ class Supervisor:
             "threads": process.num_threads(),
             "open_fds": process.num_fds(),
             "mapped_rings": self.reactor.mapped_rings if self.reactor else 0,
+            "shm_bytes": self.shm.total_bytes,
+            "connections_refused": self.reactor.refused_total if self.reactor else 0,
+            "clients_cut_off": self.reactor.cut_off_total if self.reactor else 0,
+            "control_jobs_waiting": self.control_jobs.waiting,
+            "limits": self.limits.to_dict(),
             **self.engine.status(),
             "clients": clients,
         }
-
-
-def _error_reply(err: DuomoError) -> dict[str, Any]:
-    return {"ok": False, "code": int(err.code), "message": err.message}
 
 
 def _refuse_live_supervisor(path: Path) -> None:

@@ -112,11 +112,12 @@ class Batcher:
             self._wake_all()
 
     def wake_idle(self) -> None:
-        """Wake the sleeping workers to look again for something to read (``idle_reader``)."""
+        """Wake the sleeping workers, and the one waiting in the idle reader, to look again at
+        what they may read (``idle_reader``): a connection became theirs, or the one borrowed
+        must be given back (answers wait to be sent on it)."""
         with self._lock:
             self._look_again = True
-            if self._sleepers:
-                self._wake_all()
+            self._wake_all()
 
     def retire_workers(self) -> int:
         """End the current worker generation; returns the new one (for the next workers)."""

@@ -7,7 +7,9 @@ socket, waits for its readiness line (no sleeping), and always stops it afterwar
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -111,7 +113,8 @@ def affine_model(path: Path) -> Path:
 
 
 @contextlib.contextmanager
-def running_supervisor(config: Path) -> Iterator[SupervisorProcess]:
+def running_supervisor(config: Path, max_fds: int | None = None) -> Iterator[SupervisorProcess]:
+    """``max_fds``: the supervisor process's file-descriptor limit (soft and hard)."""
     folder = short_socket_dir()
     socket_path = folder / "duomo.sock"
     read_fd, write_fd = os.pipe()
@@ -122,6 +125,7 @@ def running_supervisor(config: Path) -> Iterator[SupervisorProcess]:
         ],
         cwd=ROOT,
         pass_fds=(write_fd,),
+        preexec_fn=None if max_fds is None else functools.partial(_limit_fds, max_fds),
     )  # fmt: skip
     os.close(write_fd)
     try:
@@ -139,6 +143,10 @@ def running_supervisor(config: Path) -> Iterator[SupervisorProcess]:
                 process.kill()
                 process.wait(10)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _limit_fds(count: int) -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (count, count))
 
 
 def poll(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:

@@ -218,7 +218,8 @@ def hostile_target(
     folder = tmp_path_factory.mktemp("hostile")
     affine_model(folder / "affine.onnx")
     raw = {"name": "affine", "task": "raw", "file": str(folder / "affine.onnx"), "max_batch": 4}
-    config = write_config(folder, ["classify"], extra=[raw])
+    # a client that does not read is cut off at 256 KiB of unread answers (default 8 MiB)
+    config = write_config(folder, ["classify"], extra=[raw], limits={"max_unread_bytes": 256 << 10})
     with running_supervisor(config) as running:
         yield running
 

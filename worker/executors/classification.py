@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
+from ipc.errors import InvalidArgumentError
 from worker.backends.base import ModelSession
 from worker.config_model import StrictModel
 from worker.executors.base import Executor, StageTimer, as_rgb_image
@@ -29,8 +30,18 @@ _IMAGENET_STD = np.array([0.229, 0.224, 0.225], dtype=np.float32) * 255
 class ClassificationParams(StrictModel):
     top_k: int = Field(default=5, ge=1, le=1000)
     input_size: int = Field(default=224, ge=8, le=4096)
+    # what one request may cost: the resized image's long side (its short side is input_size)
+    max_resized_side: int = Field(default=2048, ge=8, le=65536)
     normalization: Literal["tflite", "imagenet"] = "tflite"
     labels: Path | None = None
+
+    @model_validator(mode="after")
+    def _resized_side_holds_the_crop(self) -> ClassificationParams:
+        if self.max_resized_side < self.input_size:
+            raise ValueError(
+                f"max_resized_side {self.max_resized_side} is below input_size {self.input_size}"
+            )
+        return self
 
 
 @dataclass(frozen=True)
@@ -74,6 +85,12 @@ class ClassificationExecutor(Executor):
         size = self.p.input_size
         scale = size / min(h, w)
         rw, rh = max(size, round(w * scale)), max(size, round(h * scale))
+        if max(rw, rh) > self.p.max_resized_side:
+            raise InvalidArgumentError(
+                f"image {w}×{h} would be resized to {rw}×{rh} (short side {size}); the long "
+                f"side may be at most max_resized_side {self.p.max_resized_side} (an aspect "
+                f"ratio of at most {self.p.max_resized_side / size:.2f})"
+            )
         return CenterCrop(image, rw, rh, (rh - size) // 2, (rw - size) // 2)
 
     def execute(self, items: Sequence[CenterCrop], timer: StageTimer) -> list[Any]:

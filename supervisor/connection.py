@@ -1,0 +1,296 @@
+"""One client connection as the supervisor holds it: its socket, framing and lending state, and
+what is waiting to be sent to it.
+
+Created by the reactor on ``accept``; written to from any thread (the reactor's replies, the
+model workers' "slot done" notices, control jobs' replies) through ``send``, which never blocks.
+
+**The send rule.** A frame goes straight to the socket while nothing is waiting before it.
+What the socket does not take (its buffer is full: the client has not read yet) waits in the
+connection's *outbox*, in order, and later frames queue behind it; the reactor watches the
+socket for room and sends the whole outbox as one write (``flush``), so a burst of answers
+costs a few large writes instead of one ~770-byte kernel buffer per 13-byte frame. A client
+that reads late gets every answer. A client is cut off only when
+
+- its outbox passes ``limits.max_unread_bytes`` or ``limits.max_unread_frames`` (what waits
+  beyond what its socket buffer holds), or
+- its outbox has waited ``limits.stall_timeout_s`` without the socket taking a byte: it has
+  stopped reading (``stalled``, checked by the reactor's housekeeping).
+
+While the reactor handles one read's frames the connection is *corked*: replies join the
+outbox and go out in one write when the batch is done (``uncork``).
+
+Every frame sent fits the protocol: a reply too large for a JSON frame (or that cannot be
+encoded) is replaced by an error reply carrying the same id (``fitted_json``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import socket
+import struct
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from ipc.errors import ErrorCode
+from ipc.framing import FrameReader, FrameTooLargeError, json_frame
+from ipc.wire import CHALLENGE_BYTES, MAX_JSON_BYTES, FrameKind
+from supervisor.attachment import Attachment
+from supervisor.limits import Limits
+
+log = structlog.get_logger("duomo.connection")
+_PEERCRED = struct.Struct("3i")
+FLUSH_CHUNK_BYTES = 256 << 10  # the most one flush joins into one write
+
+
+class Connection:
+    """One client: its socket, its framing state, its outbox and the rings it attached."""
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        conn_id: int,
+        challenge: bytes,
+        limits: Limits,
+        on_blocked: Callable[[Connection], None],
+    ) -> None:
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.id = conn_id
+        # before authentication only the challenge response is accepted (``FrameReader.only``)
+        self.reader = FrameReader(only=FrameKind.RESPONSE)
+        assert len(challenge) == CHALLENGE_BYTES
+        self.challenge = challenge
+        self.authenticated = False
+        now = time.monotonic()
+        self.auth_deadline = now + limits.auth_timeout_s
+        self.last_received_s = now  # the last frame from the client (the idle timeout)
+        self.attachments: dict[int, Attachment] = {}
+        self.closed = False  # nothing more is sent to it
+        self.closing = False  # to be dropped once the frames of the current read are handled
+        # who reads the socket (see ``Reactor``: lending): held while reading it and while
+        # lending it or taking it back; reentrant, since a read may end in ``Reactor._drop``
+        self.owner = threading.RLock()
+        self.model: str | None = None  # the one model its rings attach (lendable), or None
+        self.lent = False  # read by that model's idle worker, out of the reactor's epoll
+        self.needs_reactor = False  # holds what only the reactor reads: not lent until read
+        self.carried = b""  # data its idle worker read but only the reactor handles
+        self.dropped = False  # the reactor let go of it; the socket closes once not lent
+        self.refused = False  # an idle worker found it not lendable: tell it once it is
+        self.pid = _peer_pid(sock)
+        self._ring_ids = itertools.count(1)
+        # -- sending (under _send_lock) --
+        self.limits = limits  # (replaced on reload)
+        self._on_blocked = on_blocked
+        self._send_lock = threading.Lock()
+        self._outbox: deque[bytes] = deque()
+        self._outbox_bytes = 0
+        self._corked = False
+        # the reactor has been asked to watch for room (set with a non-empty outbox; cleared
+        # only by ``flush`` when it empties it)
+        self.wants_write = False
+        self._waiting_since = 0.0  # when the outbox last made progress (or began)
+        self.unread_peak_bytes = 0  # the largest outbox it has had (status)
+        self.cut_reason: str | None = None  # why it was cut off, if it was
+
+    def next_ring_id(self) -> int:
+        """Ring ids are per connection: 16 bits on the wire, never reused while attached."""
+        while True:
+            ring = next(self._ring_ids) & 0xFFFF
+            if ring and ring not in self.attachments:
+                return ring
+
+    @property
+    def slots(self) -> int:
+        return sum(a.layout.slots for a in list(self.attachments.values()))
+
+    # -- sending ------------------------------------------------------------------------------
+
+    def send(self, data: bytes) -> None:
+        """Send one whole frame, or queue it behind what waits (any thread; never blocks)."""
+        with self._send_lock:
+            if self.closed:
+                return
+            if not self._outbox and not self._corked:
+                try:
+                    sent = self.sock.send(data, socket.MSG_DONTWAIT)  # whole, nearly always
+                except BlockingIOError:
+                    sent = 0
+                except OSError:
+                    self._cut(None)
+                    return
+                if sent == len(data):
+                    return
+                self._queue(data[sent:])
+            else:
+                self._queue(data)
+                if self._corked and self._outbox_bytes < FLUSH_CHUNK_BYTES:
+                    return  # (a corked batch is written once it is this large, or at uncork)
+                self._write_outbox()
+            self._check_backlog()
+            if not self._outbox or self.wants_write or self.closed or self._corked:
+                return
+            self.wants_write = True
+        self._on_blocked(self)
+
+    def reply(self, message: dict[str, Any], reply: dict[str, Any]) -> None:
+        """Answer one control message (any thread): the reply carries the message's id."""
+        if "id" in message:
+            reply["id"] = message["id"]
+        self.send(fitted_json(reply))
+
+    def send_error(self, code: int, message: str, **where: Any) -> None:
+        self.send(fitted_json({"event": "error", "code": int(code), "message": message, **where}))
+
+    def cork(self) -> None:
+        """Hold what is sent from now on until ``uncork`` (the reactor, around one read)."""
+        with self._send_lock:
+            self._corked = True
+
+    def uncork(self) -> None:
+        """Send what was held, in one write."""
+        with self._send_lock:
+            self._corked = False
+            if not self._outbox or self.closed:
+                return
+            self._write_outbox()
+            self._check_backlog()
+            if not self._outbox or self.wants_write or self.closed:
+                return
+            self.wants_write = True
+        self._on_blocked(self)
+
+    def flush(self) -> bool:
+        """Send what the outbox holds, as far as the socket takes it (the reactor, when the
+        socket has room); True once it is empty (then the reactor stops watching for room)."""
+        with self._send_lock:
+            if self._outbox and not self.closed and not self._corked:
+                self._write_outbox()
+            if self._outbox and not self.closed:
+                return False
+            self.wants_write = False
+            return True
+
+    def stalled(self, now: float) -> bool:
+        """Answers have waited ``stall_timeout_s`` without the client taking a byte of them."""
+        return bool(self._outbox) and now - self._waiting_since > self.limits.stall_timeout_s
+
+    def cut_off(self, reason: str | None) -> None:
+        """Stop talking to the client (any thread); the reactor then drops the connection
+        (``reason``, logged: why the client was cut off; None: it is being dropped anyway)."""
+        with self._send_lock:
+            self._cut(reason)
+
+    @property
+    def unread_bytes(self) -> int:
+        """What waits in the outbox (beyond what the socket's buffer holds)."""
+        return self._outbox_bytes
+
+    def _queue(self, data: bytes) -> None:
+        if not self._outbox:
+            self._waiting_since = time.monotonic()
+        self._outbox.append(data)
+        self._outbox_bytes += len(data)
+
+    def _check_backlog(self) -> None:
+        """With the send lock held: cut the client off if what waits passes a bound."""
+        self.unread_peak_bytes = max(self.unread_peak_bytes, self._outbox_bytes)
+        limits = self.limits
+        if self._outbox_bytes > limits.max_unread_bytes:
+            self._cut(
+                f"its unread backlog passed limits.max_unread_bytes ({limits.max_unread_bytes})"
+            )
+        elif len(self._outbox) > limits.max_unread_frames:
+            self._cut(
+                f"its unread backlog passed limits.max_unread_frames ({limits.max_unread_frames})"
+            )
+
+    def _write_outbox(self) -> None:
+        """With the send lock held: write the outbox until the socket takes no more."""
+        outbox = self._outbox
+        while outbox:
+            if len(outbox) == 1:
+                chunk = outbox[0]
+            else:
+                parts, size = [], 0
+                for part in outbox:
+                    parts.append(part)
+                    size += len(part)
+                    if size >= FLUSH_CHUNK_BYTES:
+                        break
+                chunk = b"".join(parts)
+            try:
+                sent = self.sock.send(chunk, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return
+            except OSError:
+                self._cut(None)
+                return
+            self._waiting_since = time.monotonic()
+            self._outbox_bytes -= sent
+            left = sent
+            while left:
+                head = outbox[0]
+                if len(head) <= left:
+                    outbox.popleft()
+                    left -= len(head)
+                else:
+                    outbox[0] = head[left:]
+                    left = 0
+            if sent < len(chunk):
+                return  # the socket's buffer is full again
+
+    def _cut(self, reason: str | None) -> None:
+        """With the send lock held: close for writing and let the reactor see EOF and drop the
+        connection (``reason``: why it was cut off; None: the socket itself failed)."""
+        if self.closed:
+            return
+        self.closed = True
+        self.cut_reason = reason
+        dropped_bytes = self._outbox_bytes
+        self._outbox.clear()
+        self._outbox_bytes = 0
+        if reason is not None:
+            log.warning(
+                "client cut off", client=self.id, pid=self.pid, reason=reason,
+                unsent_bytes=dropped_bytes,
+            )  # fmt: skip
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)  # the reader sees EOF and drops it
+
+
+def fitted_json(message: dict[str, Any]) -> bytes:
+    """``message`` as a JSON frame or, when it cannot be one (too large for a frame, or not
+    JSON), an error in its place that keeps its id: every reply reaches its caller."""
+    try:
+        return json_frame(message)
+    except (TypeError, ValueError) as err:
+        too_large = isinstance(err, FrameTooLargeError)
+        log.error("reply replaced by an error", error=str(err), op_id=message.get("id"))
+        fallback: dict[str, Any] = {
+            "ok": False,
+            "code": int(ErrorCode.RESOURCE_EXHAUSTED if too_large else ErrorCode.INTERNAL),
+            "message": (
+                f"the reply is larger than a control frame may be ({MAX_JSON_BYTES} bytes)"
+                if too_large
+                else "internal error: the reply could not be encoded"
+            ),
+        }
+        if "event" in message:
+            fallback = {"event": message["event"], **fallback}
+        if "id" in message:
+            fallback["id"] = message["id"]
+        return json_frame(fallback)
+
+
+def _peer_pid(sock: socket.socket) -> int | None:
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+        return int(_PEERCRED.unpack(raw)[0])
+    except (OSError, AttributeError):
+        return None

@@ -1,0 +1,118 @@
+"""The slow control messages (``reload``, ``load``, ``unload``, attaching a model never loaded):
+one thread runs them in the order they arrived, from a bounded queue.
+
+Owned by ``Supervisor``, which submits from the reactor thread so the reactor never waits for
+a model. They would run one at a time anyway (each takes the engine's lifecycle lock), so one
+thread costs no throughput, and a client that pipelines hundreds of them adds no thread: past
+``limits.control_queue`` waiting jobs, ``submit`` answers RESOURCE_EXHAUSTED at once.
+
+Every job answers its caller exactly once, whatever it raises: its reply, the error it raised,
+an INTERNAL error for a bug, or UNAVAILABLE for the jobs still queued at ``stop``.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from ipc.errors import DuomoError, ErrorCode, ResourceExhaustedError, UnavailableError
+from supervisor.connection import Connection
+
+log = structlog.get_logger("duomo.control")
+
+
+@dataclass
+class ControlJob:
+    """One slow control message: who asked, what it said, and the work that answers it."""
+
+    conn: Connection
+    message: dict[str, Any]
+    run: Callable[[], dict[str, Any]]
+
+
+def error_reply(err: DuomoError) -> dict[str, Any]:
+    return {"ok": False, "code": int(err.code), "message": err.message}
+
+
+class ControlJobs:
+    def __init__(self, capacity: int) -> None:
+        self._queue: queue.Queue[ControlJob | None] = queue.Queue()
+        self._capacity = capacity
+        self._waiting = 0  # submitted and not yet started (queue.Queue's bound blocks instead)
+        self._lock = threading.Lock()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    @property
+    def waiting(self) -> int:
+        return self._waiting
+
+    def set_capacity(self, capacity: int) -> None:
+        """A reload's new ``limits.control_queue`` (jobs already queued stay)."""
+        self._capacity = capacity
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="duomo-control", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: ControlJob) -> None:
+        """Queue ``job``; ResourceExhaustedError (nothing queued) when the queue is full,
+        UnavailableError once stopping."""
+        with self._lock:
+            if self._stopping:
+                raise UnavailableError("the supervisor is stopping")
+            if self._waiting >= self._capacity:
+                raise ResourceExhaustedError(
+                    f"{self._waiting} slow control messages are queued already "
+                    f"(limits.control_queue: {self._capacity}); retry once they are answered"
+                )
+            self._waiting += 1
+        self._queue.put(job)
+
+    def stop(self, wait_s: float) -> None:
+        """Answer the jobs not started yet UNAVAILABLE, let the running one finish within
+        ``wait_s``, end the thread."""
+        with self._lock:
+            self._stopping = True
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                with self._lock:
+                    self._waiting -= 1
+                job.conn.reply(job.message, error_reply(UnavailableError("the supervisor stopped")))
+        self._queue.put(None)
+        if self._thread is not None:
+            self._thread.join(wait_s)
+
+    def _loop(self) -> None:
+        while (job := self._queue.get()) is not None:
+            with self._lock:
+                self._waiting -= 1
+            self._answer(job)
+
+    @staticmethod
+    def _answer(job: ControlJob) -> None:
+        op = job.message.get("op")
+        try:
+            reply = {"ok": True, **job.run()}
+        except DuomoError as err:
+            reply = error_reply(err)
+        except Exception as err:  # a bug must still answer, and never end the thread
+            log.exception("control job failed", op=op)
+            reply = {
+                "ok": False,
+                "code": int(ErrorCode.INTERNAL),
+                "message": f"internal error: {err}",
+            }
+        try:
+            job.conn.reply(job.message, reply)
+        except Exception:  # (``reply`` fits every reply; this is a last guard for the thread)
+            log.exception("control job's reply failed", op=op)
