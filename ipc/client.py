@@ -18,7 +18,9 @@ outstanding, one background thread leads, so their futures complete and callback
 anybody waiting. Nothing spins: a reader waiting for a slot's answer blocks in ``recv`` alone
 (one system call on the way back), waking every ``READ_SLICE_S`` to check its deadline; other
 waits also watch a wake pipe. If the supervisor goes away, whoever reads sees it at once and
-every waiting call raises ``UnavailableError``.
+every waiting call raises ``UnavailableError``. An event loop can instead be the client's one
+reader for good (``read_in_loop``, then ``read_available`` whenever the socket is readable: the
+gateway does this), and threads that wait follow it.
 Errors are the typed exceptions of ``ipc.errors``, carrying the supervisor's message.
 """
 
@@ -86,6 +88,7 @@ class Client:
         self._read_cond = threading.Condition(self._read_lock)
         self._leading = False
         self._leader: int | None = None  # thread id of the thread reading the socket
+        self._reads_in_loop = False  # the leader is an event loop's, for good (``read_in_loop``)
         self._followers = 0  # threads sleeping until the leader dispatches or steps down
         self._async_pending = 0
         self._background: threading.Thread | None = None
@@ -345,6 +348,10 @@ class Client:
         except OSError as err:
             self._connection_lost(err)
             return
+        self._dispatch(data)
+
+    def _dispatch(self, data: bytes) -> None:
+        """Hand what one read brought to whoever waits for it (b"": the supervisor is gone)."""
         if not data:
             self._connection_lost(ConnectionError("connection closed by the supervisor"))
             return
@@ -364,6 +371,34 @@ class Client:
             self._connection_lost(err)
             return
         self._wake_waiters()
+
+    # -- reading from an event loop ---------------------------------------------------------
+
+    def read_in_loop(self) -> int:
+        """Make the calling thread this client's one reader for good: an event loop that calls
+        ``read_available`` whenever the returned file descriptor is readable (and may use slots
+        and their ``on_done`` callbacks, which then run on it). Other threads that wait
+        (``request``, ``model``, ``Slot.wait``) follow it instead of reading themselves."""
+        with self._read_lock:
+            if self._leading and self._leader != threading.get_ident():
+                raise RuntimeError("another thread is reading this client's socket")
+            self._leading = True
+            self._leader = threading.get_ident()
+            self._reads_in_loop = True
+        return self._sock_fd
+
+    def read_available(self) -> None:
+        """(The loop's reader) read what has arrived, without blocking, and dispatch it."""
+        if self._closed is not None:
+            return
+        try:
+            data = self._sock.recv(1 << 16, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as err:
+            self._connection_lost(err)
+            return
+        self._dispatch(data)
 
     def _wake_waiters(self) -> None:
         """Let every waiter re-check what it waits for: the followers (they count themselves
@@ -396,7 +431,7 @@ class Client:
         with self._read_cond:
             self._async_pending += 1
             self._read_cond.notify_all()
-            if self._background is None:
+            if self._background is None and not self._reads_in_loop:
                 self._background = threading.Thread(
                     target=self._background_reader, name="duomo-client", daemon=True
                 )

@@ -366,7 +366,7 @@ class Slot:
                 callback(self)
             except Exception:  # a user's callback must not break the connection for everyone
                 log.exception("slot callback failed")
-        elif release:
+        if release:  # released while in flight: it comes back now
             self.handle._release(self.index)
 
     def answered(self) -> bool:

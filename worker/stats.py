@@ -1,14 +1,18 @@
-"""Per-model statistics: outcomes by code, stage latency percentiles, batch-size histogram.
+"""Per-model statistics: outcomes by code, stage latency percentiles, batch-size histogram, and
+cumulative counts and times since the model was built.
 
-Written by the model's workers (and the batcher's expiry path), read by ``status`` and the
-benchmark. Latencies are kept in a bounded window of recent requests, so percentiles describe
-current behaviour and memory stays flat however long the server runs.
+Written by the model's workers (and the batcher's expiry path), read by ``status``, the
+benchmark and, through ``status``, the gateway's statistics endpoints. Latencies are kept in a
+bounded window of recent requests, so percentiles describe current behaviour and memory stays
+flat however long the server runs; the cumulative ``totals`` (Triton's statistics: counts and
+nanoseconds per stage) only ever grow.
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections import Counter, deque
 from typing import Any
 
@@ -18,6 +22,9 @@ from ipc.errors import ErrorCode
 from worker.request import Outcome
 
 STAGES = ("queue", "preprocess", "infer", "postprocess", "total")
+# the cumulative kinds, as Triton's statistics name them: answered requests, successful and
+# failed (end to end), and the successful ones' queue and compute stages
+TOTALS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
 _OUTCOME_KEYS = {code: code.name.lower() for code in ErrorCode}
 _WINDOW = 4096
 
@@ -29,19 +36,41 @@ class ModelStats:
         self._batches: Counter[int] = Counter()
         # one tuple per answered request (queue, preprocess, infer, postprocess, total seconds)
         self._samples: deque[tuple[float, float, float, float, float]] = deque(maxlen=window)
+        # cumulative [count, nanoseconds] per kind (TOTALS), items and batches run, and the
+        # wall-clock time of the last answer in ms
+        self._totals = {kind: [0, 0] for kind in TOTALS}
+        self._items = 0
+        self._executions = 0
+        self._last_ms = 0
 
     def record(self, outcome: Outcome, total_s: float) -> None:
         t = outcome.timings
         with self._lock:
             self._outcomes[_OUTCOME_KEYS[outcome.code]] += 1
+            self._last_ms = int(time.time() * 1e3)
             if outcome.error is None:
                 self._samples.append(
                     (t.queue_s, t.preprocess_s, t.infer_s, t.postprocess_s, total_s)
                 )
+                spent: tuple[tuple[str, float], ...] = (
+                    ("success", total_s),
+                    ("queue", t.queue_s),
+                    ("compute_input", t.preprocess_s),
+                    ("compute_infer", t.infer_s),
+                    ("compute_output", t.postprocess_s),
+                )
+            else:
+                spent = (("fail", total_s),)
+            for kind, seconds in spent:
+                entry = self._totals[kind]
+                entry[0] += 1
+                entry[1] += int(seconds * 1e9)
 
     def record_batch(self, size: int) -> None:
         with self._lock:
             self._batches[size] += 1
+            self._items += size
+            self._executions += 1
 
     def recent_p99_ms(self, last: int = 256) -> float | None:
         """End-to-end p99 of the last ``last`` successful requests (the watchdog's SLO check)."""
@@ -56,6 +85,14 @@ class ModelStats:
             outcomes = dict(self._outcomes)
             batches = {str(k): v for k, v in sorted(self._batches.items())}
             samples = np.array(self._samples, dtype=np.float64).reshape(-1, len(STAGES))
+            totals: dict[str, Any] = {
+                kind: {"count": count, "ns": ns} for kind, (count, ns) in self._totals.items()
+            }
+            totals.update(
+                inference_count=self._items,
+                execution_count=self._executions,
+                last_inference_ms=self._last_ms,
+            )
         latency: dict[str, dict[str, float]] = {}
         if len(samples):
             table = np.percentile(samples, [50, 90, 99], axis=0) * 1e3
@@ -67,4 +104,5 @@ class ModelStats:
             "outcomes": outcomes,
             "latency": latency,
             "batch_sizes": batches,
+            "totals": totals,
         }

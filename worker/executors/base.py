@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ipc.errors import InvalidArgumentError
-from worker.backends.base import Backend, ModelSession, SessionSettings
+from worker.backends.base import Backend, ModelSession, SessionSettings, TensorSpec
 from worker.config_model import StrictModel
 
 MAX_IMAGE_SIDE = 16384
@@ -50,6 +50,8 @@ class SlotSpec:
     result_capacity: int
     outputs: tuple[str, ...] = field(default_factory=tuple)
     max_rows: int | None = None  # inputs' first dimension is the batch, at most this many rows
+    # each output tensor's dtype and shape (``result == "tensors"``; None: a dynamic dimension)
+    output_specs: tuple[TensorSpec, ...] = field(default_factory=tuple)
 
 
 @dataclass(frozen=True)

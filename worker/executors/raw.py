@@ -82,6 +82,7 @@ class RawExecutor(Executor):
             capacity,
             tuple(s.name for s in outputs),
             max_rows=self.max_batch if self.batchable else None,
+            output_specs=tuple(outputs),
         )
 
     def payload_from_slot(self, tensors: dict[str, np.ndarray], output: memoryview) -> RawInput:
