@@ -10,9 +10,7 @@ reason otherwise. ``stop`` asks a running supervisor to stop and waits until its
 
 from __future__ import annotations
 
-import contextlib
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -26,19 +24,12 @@ from ipc.errors import DuomoError
 from ipc.runtime_dir import ensure_private_dir, log_path, pid_path
 from supervisor.config import LoadedConfig
 from supervisor.memory import tune_heap
+from supervisor.readiness import read_ready_line, report_ready
 from supervisor.server import Supervisor
 
 log = structlog.get_logger("duomo.daemon")
 START_TIMEOUT_S = 600.0
 EXIT_CUT = 3  # stopped, but the grace period ran out: some accepted requests were cut
-
-
-def _report(ready_fd: int | None, line: str) -> None:
-    if ready_fd is None:
-        return
-    with contextlib.suppress(OSError):
-        os.write(ready_fd, (line.replace("\n", " ") + "\n").encode())
-        os.close(ready_fd)
 
 
 def run_foreground(loaded: LoadedConfig, socket_path: Path, ready_fd: int | None = None) -> int:
@@ -51,10 +42,10 @@ def run_foreground(loaded: LoadedConfig, socket_path: Path, ready_fd: int | None
         supervisor.start()
     except (RuntimeError, ValueError, OSError, DuomoError) as err:
         supervisor.shutdown()
-        _report(ready_fd, f"ERROR {err}")
+        report_ready(ready_fd, f"ERROR {err}")
         print(f"duomo start: {err}", file=sys.stderr)
         return 1
-    _report(ready_fd, "READY")
+    report_ready(ready_fd, "READY")
     supervisor.serve_forever()
     cut = supervisor.shutdown()
     return EXIT_CUT if cut else 0
@@ -79,7 +70,7 @@ def start_background(config: Path, socket_path: Path, log_level: str) -> int:
             start_new_session=True,
         )
     os.close(write_fd)
-    line = _read_line(read_fd, START_TIMEOUT_S)
+    line = read_ready_line(read_fd, START_TIMEOUT_S)
     os.close(read_fd)
     if line == "READY":
         print(f"duomo started: pid {process.pid}, socket {socket_path}, log {logfile}")
@@ -92,23 +83,6 @@ def start_background(config: Path, socket_path: Path, log_level: str) -> int:
             line = f"the supervisor did not become ready in {START_TIMEOUT_S:.0f}s"
     print(f"duomo start: {line.removeprefix('ERROR ')} (log: {logfile})", file=sys.stderr)
     return 1
-
-
-def _read_line(fd: int, timeout_s: float) -> str:
-    deadline = time.monotonic() + timeout_s
-    data = b""
-    while b"\n" not in data:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            break
-        ready, _, _ = select.select([fd], [], [], remaining)
-        if not ready:
-            break
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            break
-        data += chunk
-    return data.decode(errors="replace").strip()
 
 
 def wait_for_exit(socket_path: Path, timeout_s: float) -> bool:

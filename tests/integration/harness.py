@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from supervisor.daemon import _read_line
+from supervisor.readiness import read_ready_line
 from tests.conftest import DEMO_CONFIG, ROOT
 
 READY_TIMEOUT_S = 180.0
@@ -60,6 +60,7 @@ def write_config(
     raw["model_root"] = str(ROOT / "models")
     chosen = [{**m, **(overrides or {}).get(m["name"], {})} for m in raw["models"]]
     raw["models"] = [m for m in chosen if m["name"] in models] + list(extra)
+    raw.pop("gateway", None)  # (its fixed ports): a test that wants one passes gateway=...
     raw.update(top)
     path = folder / "supervisor.yaml"
     path.write_text(yaml.safe_dump(raw))
@@ -113,10 +114,13 @@ def affine_model(path: Path) -> Path:
 
 
 @contextlib.contextmanager
-def running_supervisor(config: Path, max_fds: int | None = None) -> Iterator[SupervisorProcess]:
-    """``max_fds``: the supervisor process's file-descriptor limit (soft and hard)."""
-    folder = short_socket_dir()
-    socket_path = folder / "duomo.sock"
+def running_supervisor(
+    config: Path, max_fds: int | None = None, socket_path: Path | None = None
+) -> Iterator[SupervisorProcess]:
+    """``max_fds``: the supervisor process's file-descriptor limit (soft and hard);
+    ``socket_path``: where it listens (default: in a new private folder, removed after)."""
+    folder = short_socket_dir() if socket_path is None else socket_path.parent
+    socket_path = socket_path or folder / "duomo.sock"
     read_fd, write_fd = os.pipe()
     process = subprocess.Popen(
         [
@@ -129,7 +133,7 @@ def running_supervisor(config: Path, max_fds: int | None = None) -> Iterator[Sup
     )  # fmt: skip
     os.close(write_fd)
     try:
-        line = _read_line(read_fd, READY_TIMEOUT_S)
+        line = read_ready_line(read_fd, READY_TIMEOUT_S)
         os.close(read_fd)
         if line != "READY":
             raise RuntimeError(f"supervisor did not start: {line or 'no readiness line'}")
@@ -142,7 +146,8 @@ def running_supervisor(config: Path, max_fds: int | None = None) -> Iterator[Sup
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(10)
-        shutil.rmtree(folder, ignore_errors=True)
+        if socket_path == folder / "duomo.sock" and folder.name.startswith("duomo-t-"):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _limit_fds(count: int) -> None:
