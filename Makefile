@@ -1,7 +1,7 @@
 # The two commands that set everything up on a fresh machine (see README.md):
 #   make demo   - install, fetch and verify the demo models, start the supervisor on the demo
-#                 config, feed it frames from a producer in another process, show its status,
-#                 stop it
+#                 config (with its KServe v2 gateway), feed it frames from a producer in another
+#                 process, send one request through tritonclient, show its status, stop it
 #   make test   - install, fetch the models, lint, type-check and run the whole test suite
 #   make bench  - the benchmark of README "Benchmarks" (installs Triton and Mosec into .bench/)
 # Everything lives in .venv; the models in models/ (both ignored by git).
@@ -28,6 +28,7 @@ demo: models
 	$(BIN)/duomo check -c configs/default.yaml
 	$(BIN)/duomo start -c configs/default.yaml --socket $(SOCKET)
 	$(BIN)/python tools/example_producer.py --socket $(SOCKET); status=$$?; \
+	$(BIN)/python tools/example_v2_client.py || status=1; \
 	$(BIN)/duomo infer --socket $(SOCKET) classify $(IMAGES)/chelsea.png; \
 	$(BIN)/duomo status --socket $(SOCKET); \
 	$(BIN)/duomo stop --socket $(SOCKET); exit $$status

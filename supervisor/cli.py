@@ -213,6 +213,12 @@ def render_status(status: dict[str, Any]) -> str:
             f"of /dev/shm committed, {status['connections_refused']} connection(s) refused, "
             f"{status['clients_cut_off']} cut off"
         )
+    for g in status.get("gateways", []):
+        state = "running" if g["running"] else ("gave up" if g["gave_up"] else "restarting")
+        lines.append(
+            f"gateway worker {g['worker']} (pid {g['pid']}): {state}, http {g['http']}, "
+            f"grpc {g['grpc']}, {g['restarts']} restart(s)"
+        )
     for c in status["clients"]:
         rings = ", ".join(f"{r['model']}×{r['slots']}" for r in c["rings"]) or "no models"
         lent = " (read by its idle worker)" if c.get("lent") else ""
@@ -220,6 +226,47 @@ def render_status(status: dict[str, Any]) -> str:
         waiting = f", {unread} bytes of answers unread" if unread else ""
         lines.append(f"client {c['id']} (pid {c['pid']}): {rings}{lent}{waiting}")
     return "\n".join(lines)
+
+
+def cmd_gateway(args: argparse.Namespace) -> int:
+    """The KServe v2 gateway's workers in the foreground, until SIGINT or SIGTERM."""
+    import signal
+    import threading
+
+    from supervisor.gateways import GatewayConfig, GatewayProcesses
+
+    section: dict[str, Any] = {}
+    if args.config is not None:
+        loaded = _load(args.config)
+        if loaded is None:
+            return EXIT_INVALID
+        if loaded.config.gateway is not None:
+            section = loaded.config.gateway.model_dump()
+    for key in ("http", "grpc", "workers"):
+        if getattr(args, key) is not None:
+            section[key] = getattr(args, key)
+    try:
+        config = GatewayConfig.model_validate(section)
+    except ValueError as err:
+        print(f"duomo gateway: {err}", file=sys.stderr)
+        return EXIT_INVALID
+    gateways = GatewayProcesses(config, args.socket)
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    try:
+        gateways.start()
+    except RuntimeError as err:
+        print(f"duomo gateway: {err}", file=sys.stderr)
+        return EXIT_FAILED
+    print(
+        f"duomo gateway: {config.workers} worker(s), http {config.http}, grpc {config.grpc}, "
+        f"supervisor {args.socket}",
+        flush=True,
+    )
+    stop.wait()
+    gateways.stop()
+    return EXIT_OK
 
 
 def cmd_infer(args: argparse.Namespace) -> int:
@@ -371,6 +418,18 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true")
     _socket_arg(status)
     status.set_defaults(func=cmd_status)
+
+    gateway = sub.add_parser(
+        "gateway", help="serve the models over KServe v2 (HTTP and gRPC), in the foreground"
+    )
+    gateway.add_argument(
+        "-c", "--config", type=Path, default=None, help="take the gateway section from here"
+    )
+    gateway.add_argument("--http", default=None, help="HOST:PORT (default 127.0.0.1:8000)")
+    gateway.add_argument("--grpc", default=None, help="HOST:PORT (default 127.0.0.1:8001)")
+    gateway.add_argument("--workers", type=int, default=None, help="processes sharing the ports")
+    _socket_arg(gateway)
+    gateway.set_defaults(func=cmd_gateway)
 
     infer = sub.add_parser("infer", help="run image files through one model")
     infer.add_argument(

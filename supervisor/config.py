@@ -20,6 +20,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
+from supervisor.gateways import GatewayConfig
 from supervisor.limits import LimitsConfig
 from worker.backends.acl import AclOptions
 from worker.backends.ort_backend import OrtOptions
@@ -90,6 +91,7 @@ class DuomoConfig(StrictModel):
     shutdown_grace_s: float = Field(default=30.0, ge=0, le=3600)
     idle_spin_us: int = Field(default=1000, ge=0, le=10_000)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    gateway: GatewayConfig | None = None  # the KServe v2 gateway, started by ``duomo start``
     models: list[ModelConfig] = Field(min_length=1)
 
 
@@ -169,6 +171,10 @@ def load_config(path: str | Path, unbuilt_om_ok: bool = False) -> LoadedConfig:
         raise ConfigError(path, _pydantic_problems(err)) from None
     models, problems = _resolve_models(path, config)
     problems.extend(_provider_problems(config))
+    if config.gateway is not None:
+        gateway = config.gateway.resolved(path.parent)
+        config = config.model_copy(update={"gateway": gateway})
+        problems.extend((f"gateway.{name}", why) for name, why in gateway.missing_files())
     unbuilt = [p for p in problems if p[1].startswith(UNBUILT_OM)] if unbuilt_om_ok else []
     problems = [p for p in problems if p not in unbuilt]
     if problems:

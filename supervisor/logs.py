@@ -34,8 +34,18 @@ class StderrLogger:
     debug = info = warning = warn = error = critical = exception = fatal = log = msg
 
 
+_configured: list[str] = []  # the command-line flags that reproduce the current setup
+
+
+def log_args() -> list[str]:
+    """``--log-level … [--log-json]`` as configured: for a child process that logs the same
+    way (the gateway's workers)."""
+    return list(_configured)
+
+
 def configure_logging(level: str = "info", json: bool = False) -> None:
     numeric = getattr(logging, level.upper())
+    _configured[:] = ["--log-level", level, *(["--log-json"] if json else [])]
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
     )

@@ -57,6 +57,7 @@ from supervisor.config import ConfigError, LoadedConfig, load_config
 from supervisor.connection import Connection
 from supervisor.control_jobs import ControlJob, ControlJobs, error_reply
 from supervisor.engine import Engine
+from supervisor.gateways import GatewayProcesses
 from supervisor.limits import Limits, ShmLedger, resolve_limits
 from supervisor.reactor import Reactor
 from supervisor.watchdog import Watchdog
@@ -76,6 +77,7 @@ class Supervisor:
         self.limits: Limits = resolve_limits(loaded.config.limits)
         self.shm = ShmLedger(self.limits)
         self.control_jobs = ControlJobs(self.limits.control_queue)
+        self.gateways: GatewayProcesses | None = None
         self._wake = threading.Event()
         self._stop_requested = False
         self._reload_requested = False
@@ -113,6 +115,10 @@ class Supervisor:
         self.reactor.on_lendable = self.engine.wake_idle
         pid_path(path).write_text(f"{os.getpid()}\n")
         self._own(pid_path(path))
+        gateway = self.loaded.config.gateway
+        if gateway is not None:  # once every model to preload is READY and the socket listens
+            self.gateways = GatewayProcesses(gateway, path)
+            self.gateways.start()
         log.info("supervisor ready", socket=str(path), models=list(self.engine.models))
 
     def serve_forever(self) -> None:
@@ -163,7 +169,10 @@ class Supervisor:
 
     def shutdown(self) -> int:
         """Stop accepting, finish queued work within the grace period, release the models,
-        close clients, remove files. Returns how many accepted requests had to be cut."""
+        close clients, remove files. Returns how many accepted requests had to be cut. The
+        gateway's workers stop first (they finish the requests they have sent)."""
+        if self.gateways is not None:
+            self.gateways.stop()
         if self.reactor is not None:
             self.reactor.stop_accepting()
         if self.watchdog is not None:
@@ -256,9 +265,11 @@ class Supervisor:
 
     def _model_info(self, name: str) -> dict[str, Any]:
         model = self.engine.model(name)
+        resolved = self.loaded.models.get(name)
         info: dict[str, Any] = {
             "name": name,
             "task": model.spec.task,
+            "backend": resolved.config.backend if resolved else None,
             "state": model.state.value,
             "max_batch": model.spec.max_batch,
         }
@@ -269,6 +280,11 @@ class Supervisor:
             ]
             info["result"] = spec.result
             info["outputs"] = list(spec.outputs)
+            info["output_tensors"] = [
+                {"name": o.name, "dtype": o.dtype.name, "shape": list(o.shape)}
+                for o in spec.output_specs
+            ]
+            info["batched"] = spec.max_rows is not None  # inputs' first dimension is the batch
         return info
 
     def _attach(
@@ -382,6 +398,7 @@ class Supervisor:
             "clients_cut_off": self.reactor.cut_off_total if self.reactor else 0,
             "control_jobs_waiting": self.control_jobs.waiting,
             "limits": self.limits.to_dict(),
+            "gateways": self.gateways.status() if self.gateways is not None else [],
             **self.engine.status(),
             "clients": clients,
         }

@@ -1,0 +1,137 @@
+"""One v2 inference request through a slot: its inputs written into the slot (tensors copied,
+images decoded, shared-memory regions read), and the slot's answer turned into v2 outputs.
+
+Called by ``gateway.link`` (through the closures the transports build), on the gateway
+worker's event loop. Everything a caller sends is checked here against the model's wire view
+before it reaches the slot; the supervisor checks the slot header again (DESIGN: every field a
+client writes is hostile), so what passes here and fails there is still a clear error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import orjson
+
+from gateway.images import decode_into
+from gateway.protocol import (
+    IMAGE_INPUT,
+    NUMPY_TYPES,
+    RESULT_OUTPUT,
+    InferRequest,
+    InputTensor,
+    ModelView,
+    OutputRequest,
+    OutputTensor,
+    TensorInfo,
+    bytes_elements,
+    check_datatype,
+    input_array,
+    output_selection,
+)
+from gateway.regions import Regions
+from ipc.client import Slot
+from ipc.errors import InvalidArgumentError
+
+
+@dataclass
+class Answer:
+    """The outputs asked for, each with how it was asked (binary, JSON, or into a region),
+    and the supervisor's times for the request (the response's ``parameters``: µs queued, and
+    µs in the executor: pre-processing, inference and post-processing together)."""
+
+    outputs: list[tuple[OutputTensor, OutputRequest]]
+    queue_us: int = 0
+    compute_us: int = 0
+
+    @property
+    def parameters(self) -> dict[str, int]:
+        return {"duomo_queue_us": self.queue_us, "duomo_compute_us": self.compute_us}
+
+
+def write_inputs(view: ModelView, request: InferRequest, slot: Slot, regions: Regions) -> None:
+    """Check ``request``'s inputs against ``view`` and write them into ``slot``."""
+    view.require_known()
+    given: dict[str, InputTensor] = {}
+    for tensor in request.inputs:
+        if tensor.name in given:
+            raise InvalidArgumentError(f"input {tensor.name[:100]!r} is given twice")
+        given[tensor.name] = tensor
+    for info in view.inputs:
+        if info.name not in given:
+            raise InvalidArgumentError(f"model {view.name!r} needs input {info.name!r}")
+        tensor = given.pop(info.name)
+        if tensor.region is not None:
+            tensor.raw = regions.view(tensor.region, tensor.nbytes)
+        if view.image_task and info.name == IMAGE_INPUT:
+            _write_image(tensor, slot)
+        else:
+            _write_tensor(info, tensor, slot)
+    if given:
+        raise InvalidArgumentError(
+            f"model {view.name!r} has no input {next(iter(given))[:100]!r} "
+            f"(inputs: {[i.name for i in view.inputs]})"
+        )
+
+
+def _write_image(tensor: InputTensor, slot: Slot) -> None:
+    if tensor.datatype == "BYTES":
+        elements = bytes_elements(tensor)
+        if len(elements) != 1:
+            raise InvalidArgumentError(
+                f"input {IMAGE_INPUT!r} as BYTES holds one encoded image, got {len(elements)}"
+            )
+        decode_into(elements[0], lambda shape: _slot_view(slot, "image", shape))
+        return
+    check_datatype(tensor, "UINT8")
+    shape = tensor.shape
+    if len(shape) != 3 or shape[2] not in (1, 3, 4) or 0 in shape:
+        raise InvalidArgumentError(
+            f"input {IMAGE_INPUT!r} must be UINT8 [H, W, C] with C 1, 3 or 4 and H, W ≥ 1 "
+            f"(or BYTES [1] holding a PNG or JPEG), got shape {list(shape)}"
+        )
+    _slot_view(slot, "image", shape)[...] = input_array(tensor, np.dtype(np.uint8))
+
+
+def _write_tensor(info: TensorInfo, tensor: InputTensor, slot: Slot) -> None:
+    check_datatype(tensor, info.datatype)
+    if len(tensor.shape) != len(info.shape) or any(
+        want not in (-1, got) for want, got in zip(info.shape, tensor.shape)
+    ):
+        raise InvalidArgumentError(
+            f"input {info.name!r} has shape {list(tensor.shape)}, expected {list(info.shape)} "
+            "(-1: any size)"
+        )
+    array = input_array(tensor, NUMPY_TYPES[info.datatype])
+    _slot_view(slot, info.slot_name, tensor.shape)[...] = array
+
+
+def _slot_view(slot: Slot, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    try:
+        return slot.input(name, shape)
+    except ValueError:  # larger than the slot's area for it
+        area = slot.handle.layout.inputs[[a.name for a in slot.handle.layout.inputs].index(name)]
+        raise InvalidArgumentError(
+            f"input of shape {list(shape)} does not fit the slot's {area.capacity} bytes for "
+            f"{name!r}"
+        ) from None
+
+
+def read_answer(view: ModelView, request: InferRequest, slot: Slot, regions: Regions) -> Answer:
+    """The answered ``slot`` as the outputs ``request`` asks for (raises the request's error).
+    Everything is copied out of the slot (or into a region) before it returns."""
+    result = slot.wait(timeout_s=0)
+    outputs: list[tuple[OutputTensor, OutputRequest]] = []
+    for info, asked in output_selection(view, request):
+        if view.json_result:
+            tensor = OutputTensor(RESULT_OUTPUT, "BYTES", (1,), elements=[orjson.dumps(result)])
+        else:
+            array = result[info.name]
+            tensor = OutputTensor(info.name, info.datatype, array.shape, array=array.copy())
+        if asked.region is not None:
+            raw = tensor.raw()
+            regions.view(asked.region, len(raw))[:] = raw
+        outputs.append((tensor, asked))
+    queue_us, *compute_us = slot.timings_us.values()
+    return Answer(outputs, queue_us, sum(compute_us))

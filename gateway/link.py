@@ -1,0 +1,258 @@
+"""The supervisor as one gateway worker sees it: the connection, the models' wire views, and a
+ring of slots per model through which requests run.
+
+Owned by the worker's event loop (``gateway.main``). The loop is the client's one reader
+(``Client.read_in_loop``): it reads the socket when it is readable and the slots' answers
+complete the requests awaiting them, with no thread in between. What blocks — connecting,
+attaching a model (which may load it), control messages — runs on executor threads, which
+wait for the loop to read their replies.
+
+Concurrency is bounded by the slots: a request that finds every slot of its model in flight is
+answered RESOURCE_EXHAUSTED at once (HTTP 429), never queued. When the supervisor goes away
+every request in flight fails UNAVAILABLE, readiness turns false, and the link reconnects with
+back-off; requests meanwhile fail UNAVAILABLE at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import structlog
+
+from gateway.protocol import ModelView, model_view
+from ipc.client import Client, ModelHandle, Slot
+from ipc.errors import (
+    DeadlineExceededError,
+    DuomoError,
+    NotFoundError,
+    ResourceExhaustedError,
+    UnavailableError,
+)
+
+log = structlog.get_logger("duomo.gateway.link")
+T = TypeVar("T")
+RECONNECT_FIRST_S = 0.1
+RECONNECT_MAX_S = 2.0
+REFRESH_S = 2.0  # the models' states are read again this often
+ANSWER_GRACE_S = 5.0  # past a request's own timeout, how long the gateway waits for its answer
+
+
+class SupervisorLink:
+    def __init__(self, socket_path: Path, slots: int, request_timeout_s: float) -> None:
+        self.socket_path = socket_path
+        self.slots = slots
+        self.request_timeout_s = request_timeout_s
+        self.client: Client | None = None
+        self.views: dict[str, ModelView] = {}
+        self.supervisor_pid: int | None = None
+        self._handles: dict[str, ModelHandle] = {}
+        self._attaching: dict[str, asyncio.Future[ModelHandle]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._fd = -1  # the client's socket, watched by the loop
+        self._task: asyncio.Task[None] | None = None
+        self._connected = asyncio.Event()
+        self._closing = False
+
+    @property
+    def ready(self) -> bool:
+        return self.client is not None and self.client.connected
+
+    async def start(self) -> None:
+        """Connect in the background (and again whenever the supervisor goes away)."""
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.create_task(self._keep_connected())
+
+    async def wait_connected(self, timeout_s: float) -> bool:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._connected.wait(), timeout_s)
+        return self.ready
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._drop()
+
+    # -- the connection -------------------------------------------------------------------
+
+    async def _keep_connected(self) -> None:
+        delay_s = RECONNECT_FIRST_S
+        while not self._closing:
+            try:
+                await self._connect()
+            except (DuomoError, OSError) as err:
+                log.info("supervisor not reachable", socket=str(self.socket_path), error=str(err))
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, RECONNECT_MAX_S)
+                continue
+            delay_s = RECONNECT_FIRST_S
+            log.info(
+                "connected to the supervisor", pid=self.supervisor_pid, models=list(self.views)
+            )
+            while self.ready and not self._closing:  # the loop's reader drops it when it goes
+                await asyncio.sleep(REFRESH_S)
+                with contextlib.suppress(DuomoError):
+                    await self.refresh()
+            if not self._closing:
+                log.warning("lost the supervisor; reconnecting", socket=str(self.socket_path))
+
+    async def _connect(self) -> None:
+        loop = asyncio.get_running_loop()
+        client = await loop.run_in_executor(None, functools.partial(Client, self.socket_path))
+        try:
+            models = await loop.run_in_executor(None, client.models)
+            handles = {}
+            for info in models:  # attach what is loaded now; the rest when first asked for
+                if "inputs" in info and info.get("state") in ("READY", "DEGRADED"):
+                    handles[info["name"]] = await loop.run_in_executor(
+                        None, functools.partial(client.model, info["name"], self.slots)
+                    )
+            status = await loop.run_in_executor(None, client.status)
+        except BaseException:
+            client.close()
+            raise
+        self._fd = client.read_in_loop()
+        loop.add_reader(self._fd, self._readable)
+        self.client = client
+        self.supervisor_pid = int(status["pid"])
+        self._handles = handles
+        self.views = {str(info["name"]): model_view(info) for info in models}
+        self._connected.set()
+
+    def _readable(self) -> None:
+        client = self.client
+        if client is None:
+            return
+        client.read_available()
+        if not client.connected:
+            self._drop()
+
+    def _drop(self) -> None:
+        client, self.client = self.client, None
+        self._connected.clear()
+        self._handles = {}
+        if client is None:
+            return
+        if self._loop is not None:
+            with contextlib.suppress(ValueError, OSError):
+                self._loop.remove_reader(self._fd)
+        client.close()  # (every request in flight has been failed UNAVAILABLE)
+
+    def _client(self) -> Client:
+        client = self.client
+        if client is None or not client.connected:
+            raise UnavailableError(f"no supervisor at {self.socket_path} (reconnecting)")
+        return client
+
+    # -- models ---------------------------------------------------------------------------
+
+    async def control(
+        self, op: str, timeout_s: float | None = None, **fields: Any
+    ) -> dict[str, Any]:
+        """One control message, answered on an executor thread (the loop reads the reply)."""
+        client = self._client()
+        call = functools.partial(client.request, op, timeout_s, **fields)
+        return await asyncio.get_running_loop().run_in_executor(None, call)
+
+    async def refresh(self) -> None:
+        reply = await self.control("models")
+        self.views = {str(info["name"]): model_view(info) for info in reply["models"]}
+
+    async def view(self, name: str) -> ModelView:
+        """``name``'s wire view (the models are read again once for a name not known)."""
+        self._client()
+        view = self.views.get(name)
+        if view is None:
+            await self.refresh()
+            view = self.views.get(name)
+        if view is None:
+            raise NotFoundError(f"no model named {name[:100]!r} (serving: {sorted(self.views)})")
+        return view
+
+    async def _handle(self, name: str) -> ModelHandle:
+        handle = self._handles.get(name)
+        if handle is not None:
+            return handle
+        pending = self._attaching.get(name)
+        if pending is None:  # attach (which loads a model not loaded yet) off the loop
+            client = self._client()
+            loop = asyncio.get_running_loop()
+            pending = asyncio.ensure_future(
+                loop.run_in_executor(None, functools.partial(client.model, name, self.slots))
+            )
+            self._attaching[name] = pending
+            try:
+                handle = await pending
+            finally:
+                self._attaching.pop(name, None)
+            if self.client is client:
+                self._handles[name] = handle
+                with contextlib.suppress(DuomoError):
+                    await self.refresh()  # its layout is known now
+            return handle
+        return await asyncio.shield(pending)
+
+    def forget(self, name: str) -> None:
+        """``name`` was unloaded through this gateway: attach it afresh when next asked for."""
+        handle = self._handles.pop(name, None)
+        if handle is not None:
+            with contextlib.suppress(DuomoError):
+                handle.close()
+
+    # -- requests -------------------------------------------------------------------------
+
+    async def run(
+        self,
+        name: str,
+        write: Callable[[Slot], None],
+        read: Callable[[Slot], T],
+        timeout_s: float | None = None,
+    ) -> T:
+        """One request through a slot of ``name``: ``write`` fills its inputs, the supervisor
+        answers, ``read`` takes what it needs from the answered slot (which is released after).
+        RESOURCE_EXHAUSTED at once when every slot is in flight."""
+        handle = await self._handle(name)
+        try:
+            slot = handle.slot(timeout_s=0)
+        except DeadlineExceededError:
+            raise ResourceExhaustedError(
+                f"all {self.slots} slots of this gateway worker for {name!r} are in flight; "
+                "retry, or raise gateway.slots / gateway.workers"
+            ) from None
+        wait_s = timeout_s or self.request_timeout_s
+        loop = asyncio.get_running_loop()
+        timer = None
+        try:
+            write(slot)
+            answered: asyncio.Future[None] = loop.create_future()
+
+            def done(_: Slot) -> None:
+                if not answered.done():
+                    answered.set_result(None)
+
+            slot.on_done = done
+            slot.submit(timeout_s=wait_s)
+            # (a timer, not asyncio.wait_for: it costs a task per request)
+            timer = loop.call_later(wait_s + ANSWER_GRACE_S, _expire, answered)
+            await answered
+            return read(slot)
+        except asyncio.TimeoutError:
+            raise DeadlineExceededError(
+                f"no answer from {name!r} within {wait_s + ANSWER_GRACE_S:g} s"
+            ) from None
+        finally:
+            if timer is not None:
+                timer.cancel()
+            slot.release()  # (still in flight: it comes back when answered)
+
+
+def _expire(answered: asyncio.Future[None]) -> None:
+    if not answered.done():
+        answered.set_exception(asyncio.TimeoutError())

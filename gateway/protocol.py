@@ -1,0 +1,500 @@
+"""The Open Inference Protocol (KServe v2) as Duomo speaks it: how its models look on the wire,
+what a request may carry, and how answers and errors are written back. No I/O here: both
+transports (``http_front``, ``grpc_front``) decode into these structures and encode from them.
+
+**How Duomo's models look on the wire** (a contract):
+
+- image tasks (a model whose result is JSON and whose one input is an image): input ``IMAGE``,
+  ``UINT8`` ``[H, W, C]`` (C = 1, 3 or 4, RGB order) or ``BYTES`` ``[1]`` holding an encoded
+  PNG or JPEG; output ``RESULT``, ``BYTES`` ``[1]``: the result dict of ``duomo infer --json``
+  as UTF-8 JSON. Their model configuration says ``max_batch_size: 0`` and ``IMAGE`` dims
+  ``[-1, -1, -1]``.
+- ``raw`` models: their own input and output names, datatypes and shapes; a model whose first
+  dimension is the batch has ``max_batch_size`` = its ``max_batch`` (and ``dynamic_batching``
+  when that is above 1), and its metadata shapes carry that dimension as ``-1``.
+- ``platform``: ``onnxruntime_onnx`` or ``ascend_om``; every model has one version, ``"1"``.
+
+**Errors**, mapped once (``HTTP_STATUS``, ``GRPC_STATUS``): every ``ipc.errors`` code to one
+HTTP status and one gRPC status, the body ``{"error": message}``.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ipc.errors import ErrorCode, InvalidArgumentError, NotFoundError, UnavailableError
+
+VERSION = "1"  # the one version every model has on the wire
+SERVER_NAME = "duomo"
+IMAGE_INPUT = "IMAGE"  # an image task's input on the wire (the slot's "image")
+RESULT_OUTPUT = "RESULT"  # an image task's output: the result dict as JSON in a BYTES element
+PLATFORMS = {"onnxruntime": "onnxruntime_onnx", "acl": "ascend_om"}
+SERVING_STATES = ("READY", "DEGRADED")
+
+# numpy dtype name -> v2 datatype (BYTES has no numpy dtype here: it is handled by itself)
+DATATYPES = {
+    "bool": "BOOL",
+    "uint8": "UINT8",
+    "uint16": "UINT16",
+    "uint32": "UINT32",
+    "uint64": "UINT64",
+    "int8": "INT8",
+    "int16": "INT16",
+    "int32": "INT32",
+    "int64": "INT64",
+    "float16": "FP16",
+    "float32": "FP32",
+    "float64": "FP64",
+}
+NUMPY_TYPES = {v: np.dtype(k) for k, v in DATATYPES.items()}
+_LENGTH = struct.Struct("<I")  # a BYTES element's length prefix
+
+HTTP_STATUS = {
+    ErrorCode.INVALID_ARGUMENT: 400,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.UNAVAILABLE: 503,
+    ErrorCode.MODEL_CHANGED: 503,
+    ErrorCode.RESOURCE_EXHAUSTED: 429,
+    ErrorCode.DEADLINE_EXCEEDED: 504,
+    ErrorCode.INTERNAL: 500,
+}
+# grpc.StatusCode names (the gRPC front looks them up; this module does not import grpc)
+GRPC_STATUS = {
+    ErrorCode.INVALID_ARGUMENT: "INVALID_ARGUMENT",
+    ErrorCode.NOT_FOUND: "NOT_FOUND",
+    ErrorCode.UNAVAILABLE: "UNAVAILABLE",
+    ErrorCode.MODEL_CHANGED: "UNAVAILABLE",
+    ErrorCode.RESOURCE_EXHAUSTED: "RESOURCE_EXHAUSTED",
+    ErrorCode.DEADLINE_EXCEEDED: "DEADLINE_EXCEEDED",
+    ErrorCode.INTERNAL: "INTERNAL",
+}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One input or output as the wire shows it (``-1``: a dimension of any size)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    slot_name: str = ""  # the slot's input of this name (inputs only)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+@dataclass(frozen=True)
+class ModelView:
+    """A served model as the gateway shows it, from the supervisor's ``models`` reply."""
+
+    name: str
+    task: str
+    platform: str
+    state: str
+    max_batch_size: int  # the configuration's: 0 when the first dimension is not the batch
+    inputs: tuple[TensorInfo, ...]
+    outputs: tuple[TensorInfo, ...]
+    json_result: bool  # the answer is one JSON document (RESULT), else output tensors
+    known: bool  # inputs and outputs known (the model has been loaded once)
+
+    @property
+    def ready(self) -> bool:
+        return self.state in SERVING_STATES
+
+    @property
+    def image_task(self) -> bool:
+        return self.json_result and [i.name for i in self.inputs] == [IMAGE_INPUT]
+
+    def input(self, name: str) -> TensorInfo:
+        for tensor in self.inputs:
+            if tensor.name == name:
+                return tensor
+        raise InvalidArgumentError(
+            f"model {self.name!r} has no input {name[:100]!r} "
+            f"(inputs: {[i.name for i in self.inputs]})"
+        )
+
+    def require_known(self) -> None:
+        if not self.known:
+            raise UnavailableError(
+                f"model {self.name!r} has not been loaded yet, so its inputs are not known: "
+                f"load it first (POST /v2/repository/models/{self.name}/load)"
+            )
+
+
+IMAGE_TASKS = ("classification", "face_detection", "ocr")
+# Triton's InferStatistics, each a count and nanoseconds (``worker.stats`` keeps the same kinds)
+STAT_KINDS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
+
+
+def model_view(info: dict[str, Any]) -> ModelView:
+    """The wire view of one entry of the supervisor's ``models`` reply."""
+    name, task = str(info["name"]), str(info["task"])
+    platform = PLATFORMS.get(str(info.get("backend")), "onnxruntime_onnx")
+    state = str(info.get("state", "UNKNOWN"))
+    slot_inputs = info.get("inputs")
+    if slot_inputs is None:  # never loaded: only the image tasks' contract is known
+        image = task in IMAGE_TASKS
+        return ModelView(
+            name, task, platform, state, 0,
+            (_image_input(),) if image else (), (_result_output(),) if image else (),
+            json_result=image, known=image,
+        )  # fmt: skip
+    json_result = info.get("result") == "json"
+    batched = bool(info.get("batched")) and not json_result
+    inputs = []
+    for slot_input in slot_inputs:
+        slot_name, dtype = str(slot_input["name"]), str(slot_input["dtype"])
+        if json_result and slot_name == "image" and dtype == "uint8":
+            inputs.append(_image_input())
+            continue
+        inputs.append(
+            TensorInfo(slot_name, DATATYPES[dtype], _dims(slot_input["shape"]), slot_name)
+        )
+    if json_result:
+        outputs: tuple[TensorInfo, ...] = (_result_output(),)
+    else:
+        outputs = tuple(
+            TensorInfo(str(o["name"]), DATATYPES[str(o["dtype"])], _dims(o["shape"]))
+            for o in info.get("output_tensors", [])
+        )
+    max_batch = int(info.get("max_batch", 1)) if batched else 0
+    return ModelView(
+        name, task, platform, state, max_batch, tuple(inputs), outputs, json_result, known=True
+    )
+
+
+def _dims(shape: Iterable[int | None]) -> tuple[int, ...]:
+    return tuple(-1 if d is None else int(d) for d in shape)
+
+
+def _image_input() -> TensorInfo:
+    return TensorInfo(IMAGE_INPUT, "UINT8", (-1, -1, -1), "image")
+
+
+def _result_output() -> TensorInfo:
+    return TensorInfo(RESULT_OUTPUT, "BYTES", (1,))
+
+
+# -- metadata and configuration ----------------------------------------------------------------
+
+
+def server_metadata(version: str, extensions: Sequence[str]) -> dict[str, Any]:
+    return {"name": SERVER_NAME, "version": version, "extensions": list(extensions)}
+
+
+def model_metadata(view: ModelView) -> dict[str, Any]:
+    view.require_known()
+    return {
+        "name": view.name,
+        "versions": [VERSION],
+        "platform": view.platform,
+        "inputs": [t.to_dict() for t in view.inputs],
+        "outputs": [t.to_dict() for t in view.outputs],
+    }
+
+
+def model_config(view: ModelView) -> dict[str, Any]:
+    """Enough of a Triton model configuration for ``perf_analyzer`` and ``tritonclient``: the
+    batch dimension is left out of ``dims`` when ``max_batch_size`` > 0, as Triton does."""
+    view.require_known()
+    skip = 1 if view.max_batch_size > 0 else 0
+
+    def tensor(t: TensorInfo) -> dict[str, Any]:
+        datatype = "STRING" if t.datatype == "BYTES" else t.datatype
+        return {"name": t.name, "data_type": f"TYPE_{datatype}", "dims": list(t.shape[skip:])}
+
+    config: dict[str, Any] = {
+        "name": view.name,
+        "platform": view.platform,
+        "backend": "duomo",
+        "version_policy": {"latest": {"num_versions": 1}},
+        "max_batch_size": view.max_batch_size,
+        "input": [tensor(t) for t in view.inputs],
+        "output": [tensor(t) for t in view.outputs],
+        "instance_group": [{"name": view.name, "kind": "KIND_CPU", "count": 1}],
+    }
+    if view.max_batch_size > 1:
+        config["dynamic_batching"] = {}
+    return config
+
+
+def model_statistics(view: ModelView, status: dict[str, Any]) -> dict[str, Any]:
+    """Triton's statistics for one model from its entry in the supervisor's ``status``."""
+    totals = status.get("totals", {})
+
+    def stat(kind: str) -> dict[str, int]:
+        entry = totals.get(kind, {})
+        return {"count": int(entry.get("count", 0)), "ns": int(entry.get("ns", 0))}
+
+    return {
+        "name": view.name,
+        "version": VERSION,
+        "last_inference": int(totals.get("last_inference_ms", 0)),
+        "inference_count": int(totals.get("inference_count", 0)),
+        "execution_count": int(totals.get("execution_count", 0)),
+        "inference_stats": {kind: stat(kind) for kind in STAT_KINDS},
+        "batch_stats": [
+            {"batch_size": int(size), "compute_infer": {"count": int(count), "ns": 0}}
+            for size, count in status.get("batch_sizes", {}).items()
+        ],
+    }
+
+
+def check_version(model: str, version: str | None) -> None:
+    if version not in (None, "", VERSION):
+        raise NotFoundError(
+            f"model {model!r} has no version {version[:20]!r} (its one version is {VERSION!r})"
+        )
+
+
+# -- requests -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RegionRef:
+    """Where a tensor lies in a registered system shared-memory region."""
+
+    region: str
+    offset: int
+    byte_size: int
+
+
+@dataclass
+class InputTensor:
+    """One input of a request: its declared shape and datatype and where its data is."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: Any = None  # a JSON list (flattened or nested), when the data came in the JSON
+    raw: bytes | memoryview | None = None  # binary data, when it came as bytes
+    region: RegionRef | None = None
+
+    @property
+    def nbytes(self) -> int | None:
+        """What ``shape`` × ``datatype`` takes (None for BYTES)."""
+        dtype = NUMPY_TYPES.get(self.datatype)
+        return None if dtype is None else math.prod(self.shape) * dtype.itemsize
+
+
+@dataclass
+class OutputRequest:
+    name: str
+    binary: bool
+    region: RegionRef | None = None
+
+
+@dataclass
+class InferRequest:
+    model: str
+    inputs: list[InputTensor]
+    outputs: list[OutputRequest] | None  # None: every output, in the default form
+    id: str | None = None
+    binary_output: bool = False  # the default form of outputs not named
+    timeout_s: float | None = None
+
+
+@dataclass
+class OutputTensor:
+    """One output of an answer: its bytes (raw, row-major) or the array they came from."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    array: np.ndarray | None = None  # numeric outputs
+    elements: list[bytes] = field(default_factory=list)  # BYTES outputs
+
+    def raw(self) -> bytes:
+        """The binary form: row-major bytes, or BYTES elements each after its 4-byte length."""
+        if self.array is not None:
+            return np.ascontiguousarray(self.array).tobytes()
+        return b"".join(_LENGTH.pack(len(e)) + e for e in self.elements)
+
+    def json_data(self) -> list[Any]:
+        if self.array is not None:
+            return list(self.array.reshape(-1).tolist())
+        return [e.decode("utf-8", "replace") for e in self.elements]
+
+
+def parse_shape(value: Any, where: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) for d in value
+    ):
+        raise InvalidArgumentError(f"{where}: 'shape' must be a list of integers")
+    if len(value) > 8 or any(d < 0 for d in value):
+        raise InvalidArgumentError(f"{where}: shape {value[:9]} is not a valid tensor shape")
+    return tuple(value)
+
+
+def region_of(parameters: dict[str, Any], where: str) -> RegionRef | None:
+    region = parameters.get("shared_memory_region")
+    if region is None:
+        return None
+    byte_size = parameters.get("shared_memory_byte_size")
+    offset = parameters.get("shared_memory_offset", 0)
+    if not isinstance(region, str) or not isinstance(byte_size, int) or not isinstance(offset, int):
+        raise InvalidArgumentError(
+            f"{where}: 'shared_memory_region' needs a string name and integer "
+            "'shared_memory_byte_size' and 'shared_memory_offset'"
+        )
+    if byte_size < 0 or offset < 0:
+        raise InvalidArgumentError(f"{where}: shared-memory offset and size must be ≥ 0")
+    return RegionRef(region, offset, byte_size)
+
+
+def parse_infer_json(model: str, header: Any, blob: memoryview) -> InferRequest:
+    """An HTTP request's JSON header (and the binary data after it) as an ``InferRequest``."""
+    if not isinstance(header, dict):
+        raise InvalidArgumentError("the request body must be a JSON object")
+    raw_inputs = header.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise InvalidArgumentError("'inputs' must be a non-empty list")
+    parameters = _parameters(header, "request")
+    inputs: list[InputTensor] = []
+    at = 0
+    for n, item in enumerate(raw_inputs):
+        where = f"inputs[{n}]"
+        if not isinstance(item, dict):
+            raise InvalidArgumentError(f"{where} must be an object")
+        name, datatype = item.get("name"), item.get("datatype")
+        if not isinstance(name, str) or not isinstance(datatype, str):
+            raise InvalidArgumentError(f"{where} needs a string 'name' and 'datatype'")
+        tensor = InputTensor(name, datatype, parse_shape(item.get("shape"), where))
+        params = _parameters(item, where)
+        tensor.region = region_of(params, where)
+        size = params.get("binary_data_size")
+        if size is not None:
+            if not isinstance(size, int) or size < 0:
+                raise InvalidArgumentError(f"{where}: 'binary_data_size' must be an integer ≥ 0")
+            if at + size > len(blob):
+                raise InvalidArgumentError(
+                    f"{where}: binary_data_size {size} goes past the end of the body "
+                    f"({len(blob) - at} bytes left)"
+                )
+            tensor.raw = blob[at : at + size]
+            at += size
+        elif tensor.region is None:
+            if "data" not in item:
+                raise InvalidArgumentError(f"{where} has no 'data' and no binary data")
+            tensor.data = item["data"]
+        inputs.append(tensor)
+    if at != len(blob):
+        raise InvalidArgumentError(
+            f"the body has {len(blob) - at} bytes of binary data that no input claims"
+        )
+    binary_default = bool(parameters.get("binary_data_output", False))
+    outputs: list[OutputRequest] | None = None
+    raw_outputs = header.get("outputs")
+    if raw_outputs is not None:
+        if not isinstance(raw_outputs, list):
+            raise InvalidArgumentError("'outputs' must be a list")
+        outputs = []
+        for n, item in enumerate(raw_outputs):
+            where = f"outputs[{n}]"
+            if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+                raise InvalidArgumentError(f"{where} needs a string 'name'")
+            params = _parameters(item, where)
+            binary = bool(params.get("binary_data", binary_default))
+            outputs.append(OutputRequest(item["name"], binary, region_of(params, where)))
+    request_id = header.get("id")
+    return InferRequest(
+        model, inputs, outputs,
+        id=str(request_id)[:256] if request_id is not None else None,
+        binary_output=binary_default, timeout_s=timeout_of(parameters),
+    )  # fmt: skip
+
+
+def _parameters(item: dict[str, Any], where: str) -> dict[str, Any]:
+    parameters = item.get("parameters", {})
+    if not isinstance(parameters, dict):
+        raise InvalidArgumentError(f"{where}: 'parameters' must be an object")
+    return parameters
+
+
+def timeout_of(parameters: dict[str, Any]) -> float | None:
+    """Triton's request ``timeout`` parameter, in microseconds."""
+    timeout = parameters.get("timeout")
+    if timeout is None:
+        return None
+    if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout < 0:
+        raise InvalidArgumentError("'timeout' must be a number of microseconds ≥ 0")
+    return float(timeout) / 1e6 or None
+
+
+def input_array(tensor: InputTensor, dtype: np.dtype) -> np.ndarray:
+    """A numeric input as an array of its declared shape (a view of binary data, no copy)."""
+    expected = math.prod(tensor.shape) * dtype.itemsize
+    if tensor.raw is not None:
+        if len(tensor.raw) != expected:
+            raise InvalidArgumentError(
+                f"input {tensor.name!r}: {len(tensor.raw)} bytes of data, but shape "
+                f"{list(tensor.shape)} of {tensor.datatype} takes {expected}"
+            )
+        return np.frombuffer(tensor.raw, dtype=dtype).reshape(tensor.shape)
+    try:
+        array = np.asarray(tensor.data, dtype=dtype)
+    except (TypeError, ValueError, OverflowError):
+        raise InvalidArgumentError(
+            f"input {tensor.name!r}: 'data' is not a list of {tensor.datatype} values"
+        ) from None
+    if array.size != math.prod(tensor.shape):
+        raise InvalidArgumentError(
+            f"input {tensor.name!r}: {array.size} values in 'data', but shape "
+            f"{list(tensor.shape)} takes {math.prod(tensor.shape)}"
+        )
+    return array.reshape(tensor.shape)
+
+
+def bytes_elements(tensor: InputTensor) -> list[bytes]:
+    """A BYTES input's elements (binary: each after a 4-byte little-endian length)."""
+    if tensor.raw is None:
+        data = tensor.data if isinstance(tensor.data, list) else [tensor.data]
+        flat = np.asarray(data, dtype=object).reshape(-1)
+        return [e.encode() if isinstance(e, str) else bytes(e) for e in flat]
+    elements: list[bytes] = []
+    view, at = memoryview(tensor.raw), 0
+    while at < len(view):
+        if at + 4 > len(view):
+            raise InvalidArgumentError(f"input {tensor.name!r}: a BYTES element is cut short")
+        (size,) = _LENGTH.unpack_from(view, at)
+        if at + 4 + size > len(view):
+            raise InvalidArgumentError(f"input {tensor.name!r}: a BYTES element is cut short")
+        elements.append(bytes(view[at + 4 : at + 4 + size]))
+        at += 4 + size
+    return elements
+
+
+def output_selection(
+    view: ModelView, request: InferRequest
+) -> list[tuple[TensorInfo, OutputRequest]]:
+    """The outputs to answer, in the order asked (every output when none is named)."""
+    if request.outputs is None:
+        return [(t, OutputRequest(t.name, request.binary_output)) for t in view.outputs]
+    by_name = {t.name: t for t in view.outputs}
+    chosen = []
+    for asked in request.outputs:
+        tensor = by_name.get(asked.name)
+        if tensor is None:
+            raise InvalidArgumentError(
+                f"model {view.name!r} has no output {asked.name[:100]!r} (outputs: {list(by_name)})"
+            )
+        chosen.append((tensor, asked))
+    return chosen
+
+
+def check_datatype(tensor: InputTensor, expected: str) -> None:
+    if tensor.datatype != expected:
+        raise InvalidArgumentError(
+            f"input {tensor.name!r} must be {expected}, got {tensor.datatype[:20]!r}"
+        )
+
+
+def error_body(message: str) -> dict[str, str]:
+    return {"error": message}
