@@ -151,25 +151,49 @@ def targets(modes: dict[str, Any]) -> list[dict[str, Any]]:
     peers = [p for p in PEERS if p in modes]
     if peers:
         best = max(peers, key=lambda p: modes[p]["work"])
-        work, memory = ratio("work", best), ratio("rss_peak_mib", best)
-        name = f"duomo work ÷ {best} work (the better peer)"
-        out.append(_target(name, work, 1.05, True, engine=engine_work(best)))
-        out.append(_target(f"duomo memory ÷ {best} memory", memory, 0.8, False))
-        for model, fig in duomo["models"].items():
-            for kind, key, floor_key, design_key in OVERHEADS:
-                theirs, ours = modes[best]["models"][model][key], fig[key]
-                if ours is None or not theirs:
-                    continue
-                floor, design = (
-                    None if fig[k] is None else fig[k] / theirs for k in (floor_key, design_key)
-                )
-                name = f"{model} {kind} ÷ {best} {kind}"
-                target = _target(name, ours / theirs, 0.25, False, floor, design)
-                if ours <= 0:  # faster than in-process: the reference's noise, not a result
-                    target["held"] = None
-                out.append(target)
+        out += _peer_targets("duomo", modes, best, engine_work(best), 0.8, OVERHEADS, 0.25)
+        if "duomo-http" in modes:  # through the gateway: accounted overhead only
+            out += _peer_targets(
+                "duomo-http", modes, best, engine_work(best), 0.6, OVERHEADS[1:], 0.5
+            )
     if duomo["idle_cpu_percent"] is not None:
         out.append(_target("idle supervisor CPU %", duomo["idle_cpu_percent"], 1.0, False))
+    return out
+
+
+def _peer_targets(
+    mode: str,
+    modes: dict[str, Any],
+    best: str,
+    engine_work: float | None,
+    memory_limit: float,
+    overheads: tuple[tuple[str, str, str, str], ...],
+    overhead_limit: float,
+) -> list[dict[str, Any]]:
+    """``mode`` against the better peer ``best``: work (≥ 1.05 ×), memory and each per-request
+    overhead of ``overheads`` for every probed model (with the floors where ``mode`` has them)."""
+    ours = modes[mode]
+    work = ours["work"] / modes[best]["work"]
+    memory = ours["rss_peak_mib"] / modes[best]["rss_peak_mib"]
+    out = [
+        _target(f"{mode} work ÷ {best} work (the better peer)", work, 1.05, True,
+                engine=engine_work),
+        _target(f"{mode} memory ÷ {best} memory", memory, memory_limit, False),
+    ]  # fmt: skip
+    for model, fig in ours["models"].items():
+        for kind, key, floor_key, design_key in overheads:
+            theirs, value = modes[best]["models"][model][key], fig[key]
+            if value is None or not theirs:
+                continue
+            floor, design = (
+                None if fig[k] is None else fig[k] / theirs for k in (floor_key, design_key)
+            )
+            through = "" if mode == "duomo" else f" ({mode})"
+            name = f"{model} {kind}{through} ÷ {best} {kind}"
+            target = _target(name, value / theirs, overhead_limit, False, floor, design)
+            if value <= 0:  # faster than in-process: the reference's noise, not a result
+                target["held"] = None
+            out.append(target)
     return out
 
 

@@ -3,6 +3,8 @@ reach them.
 
 - ``duomo``: one supervisor serving every model of the workload (``duomo start`` on a config made
   from the workload's supervisor config, only those models);
+- ``duomo-http`` / ``duomo-grpc``: the same supervisor with its KServe v2 gateway (one worker),
+  reached over HTTP (binary tensors) or gRPC (raw contents): like for like with the peers;
 - ``per-model`` / ``per-model-tuned``: one supervisor per model, each with its own backend init.
   ``per-model`` runs ONNX Runtime's own session defaults, what a hand-rolled server per model gets
   (intra-op threads = the cores, spinning on, an arena per session, memory patterns); ``-tuned``
@@ -31,6 +33,7 @@ import yaml
 
 from ipc.runtime_dir import pid_path
 from tools.bench import peers
+from tools.bench.workload import GATEWAY_MODES
 
 START_TIMEOUT_S = 300.0
 # the peers open the same executors the way a user wrapping them would: ONNX Runtime's own arena
@@ -53,15 +56,23 @@ def free_port() -> int:
 
 
 def supervisor_config(
-    base: Path, models: list[str], out: Path, onnxruntime: dict[str, Any] | None = None
+    base: Path,
+    models: list[str],
+    out: Path,
+    onnxruntime: dict[str, Any] | None = None,
+    gateway: dict[str, Any] | None = None,
 ) -> Path:
-    """``base`` with only ``models`` (in that order), absolute model paths, and the
-    ``backends.onnxruntime`` settings in ``onnxruntime`` replaced."""
+    """``base`` with only ``models`` (in that order), absolute model paths, the
+    ``backends.onnxruntime`` settings in ``onnxruntime`` replaced, and the ``gateway`` section
+    given (none by default)."""
     raw = yaml.safe_load(base.read_text(encoding="utf-8"))
     root = raw.get("model_root")
     raw["model_root"] = str((base.parent / root).resolve()) if root else str(base.parent)
     by_name = {m["name"]: m for m in raw["models"]}
     raw["models"] = [by_name[name] for name in models]
+    raw.pop("gateway", None)
+    if gateway is not None:
+        raw["gateway"] = gateway
     raw.setdefault("backends", {}).setdefault("onnxruntime", {}).update(onnxruntime or {})
     out.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
     return out
@@ -86,7 +97,9 @@ class ModeServers(ABC):
 
 
 class DuomoServers(ModeServers):
-    """One supervisor per group of models: one group for ``duomo``, one per model otherwise."""
+    """One supervisor per group of models: one group for ``duomo``, one per model otherwise;
+    with ``transport`` (``duomo-http``, ``duomo-grpc``) one group and its gateway, reached over
+    that transport."""
 
     def __init__(
         self,
@@ -94,11 +107,20 @@ class DuomoServers(ModeServers):
         groups: list[list[str]],
         workdir: Path,
         onnxruntime: dict[str, Any] | None = None,
+        transport: str | None = None,
     ) -> None:
         self.sockets: dict[str, Path] = {}
         self.configs: list[tuple[Path, Path]] = []
+        self.transport = transport
+        self.ports = {"http": free_port(), "grpc": free_port()}
+        gateway: dict[str, Any] | None = None
+        if transport is not None:  # slots: every producer of a model at once, and then some
+            gateway = {kind: f"127.0.0.1:{port}" for kind, port in self.ports.items()}
+            gateway["slots"] = 16
         for i, group in enumerate(groups):
-            config = supervisor_config(base, group, workdir / f"duomo-{i}.yaml", onnxruntime)
+            config = supervisor_config(
+                base, group, workdir / f"duomo-{i}.yaml", onnxruntime, gateway
+            )
             sock = workdir / f"duomo-{i}.sock"
             self.configs.append((config, sock))
             self.sockets.update({name: sock for name in group})
@@ -122,6 +144,8 @@ class DuomoServers(ModeServers):
         return list(self._pids)
 
     def target(self, model: str) -> dict[str, Any]:
+        if self.transport is not None:
+            return {"kind": f"duomo-{self.transport}", "port": self.ports[self.transport]}
         return {"kind": "duomo", "socket": str(self.sockets[model])}
 
     def stop(self) -> None:
@@ -282,6 +306,8 @@ class FloorServer(ModeServers):
 def servers_for(mode: str, base: Path, models: list[str], workdir: Path) -> ModeServers:
     if mode == "duomo":
         return DuomoServers(base, [models], workdir)
+    if mode in GATEWAY_MODES:
+        return DuomoServers(base, [models], workdir, transport=GATEWAY_MODES[mode])
     if mode == "per-model":
         return DuomoServers(base, [[m] for m in models], workdir, ORT_THREAD_DEFAULTS)
     if mode == "per-model-tuned":

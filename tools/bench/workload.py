@@ -15,11 +15,17 @@ from pydantic import Field, ValidationError, model_validator
 
 from worker.config_model import StrictModel
 
-Mode = Literal["engine", "duomo", "per-model", "per-model-tuned", "triton", "mosec"]
+Mode = Literal[
+    "engine", "duomo", "duomo-http", "duomo-grpc", "per-model", "per-model-tuned", "triton",
+    "mosec",
+]  # fmt: skip
 ALL_MODES: tuple[Mode, ...] = (
-    "engine", "duomo", "per-model", "per-model-tuned", "triton", "mosec",
+    "engine", "duomo", "duomo-http", "duomo-grpc", "per-model", "per-model-tuned", "triton",
+    "mosec",
 )  # fmt: skip
 PEER_MODES: tuple[Mode, ...] = ("triton", "mosec")
+# Duomo through its KServe v2 gateway (a supervisor and one gateway worker): the mode's transport
+GATEWAY_MODES: dict[str, str] = {"duomo-http": "http", "duomo-grpc": "grpc"}
 
 
 class ModelLoad(StrictModel):
