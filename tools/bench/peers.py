@@ -70,9 +70,10 @@ def _base_libdir() -> str:
 
 
 def triton_command(
-    env: Path, repository: Path, backends: Path, port: int
+    env: Path, repository: Path, backends: Path, port: int, grpc_port: int | None = None
 ) -> tuple[list[str], dict[str, str]]:
-    """The tritonserver command line and environment, HTTP on 127.0.0.1:``port`` only.
+    """The tritonserver command line and environment, HTTP on 127.0.0.1:``port`` (and gRPC on
+    ``grpc_port``, where given: ``tools/bench_perf_analyzer.py``; ``duomo bench`` runs HTTP only).
 
     The Python stub embeds the interpreter found first on PATH (so the environment's ``bin``
     goes first) and loads ``libpython`` from LD_LIBRARY_PATH (so the interpreter's own ``lib``
@@ -97,7 +98,11 @@ def triton_command(
         f"--backend-directory={backends}",
         "--http-address=127.0.0.1",
         f"--http-port={port}",
-        "--allow-grpc=false",
+        *(
+            ["--grpc-address=127.0.0.1", f"--grpc-port={grpc_port}"]
+            if grpc_port
+            else ["--allow-grpc=false"]
+        ),
         "--allow-metrics=false",
         "--disable-auto-complete-config",
         "--exit-timeout-secs=5",

@@ -213,12 +213,15 @@ class _PeerProcess(ModeServers):
 
 class TritonServer(_PeerProcess):
     name = "triton"
+    grpc_port: int | None = None  # gRPC too, on this port (not in ``duomo bench``'s mode)
 
     def command(self) -> tuple[list[str], dict[str, str]]:
         env = peers.ensure_env("triton")
         repository = self.workdir / "triton-models"
         peers.triton_repository(repository, self.config, self.models)
-        return peers.triton_command(env, repository, self.workdir / "triton-backends", self.port)
+        return peers.triton_command(
+            env, repository, self.workdir / "triton-backends", self.port, self.grpc_port
+        )
 
     def _ready(self) -> bool:
         import http.client
