@@ -11,19 +11,18 @@ from __future__ import annotations
 import io
 from collections.abc import Callable
 
-import cv2
 import numpy as np
-from PIL import Image, UnidentifiedImageError
 
 from ipc.errors import InvalidArgumentError
 
 MAX_SIDE = 16384  # as the supervisor's executors: larger images are refused there anyway
-_TO_RGB = {3: cv2.COLOR_BGR2RGB, 4: cv2.COLOR_BGRA2RGBA}
 
 
 def image_size(data: bytes) -> tuple[int, int, int]:
     """(height, width, channels) of an encoded image, from its header alone; the channels are
     those ``decode_into`` writes (1 for gray, with or without alpha; 4 for RGBA; else 3)."""
+    from PIL import Image, UnidentifiedImageError  # (only a worker that is sent images needs it)
+
     try:
         with Image.open(io.BytesIO(data)) as header:
             width, height = header.size
@@ -44,6 +43,8 @@ def image_size(data: bytes) -> tuple[int, int, int]:
 def decode_into(data: bytes, target: Callable[[tuple[int, int, int]], np.ndarray]) -> None:
     """Decode ``data`` into the array ``target(shape)`` gives (a view of the slot, asked for
     before anything is decoded, so an image larger than the slot costs nothing)."""
+    import cv2  # (only a worker that is sent encoded images needs OpenCV: tens of MiB)
+
     shape = image_size(data)
     out = target(shape)
     flags = {1: cv2.IMREAD_GRAYSCALE, 3: cv2.IMREAD_COLOR, 4: cv2.IMREAD_UNCHANGED}[shape[2]]
@@ -55,8 +56,9 @@ def decode_into(data: bytes, target: Callable[[tuple[int, int, int]], np.ndarray
     if shape[2] == 1:
         out[:, :, 0] = decoded if decoded.ndim == 2 else decoded[:, :, 0]
         return
-    if decoded.ndim != 3 or decoded.shape[2] != shape[2]:
+    if decoded.ndim != 3 or decoded.shape[2] != shape[2] or shape[2] not in (3, 4):
         raise InvalidArgumentError("IMAGE bytes could not be decoded")
-    written = cv2.cvtColor(decoded, _TO_RGB[shape[2]], dst=out)
+    to_rgb = cv2.COLOR_BGR2RGB if shape[2] == 3 else cv2.COLOR_BGRA2RGBA
+    written = cv2.cvtColor(decoded, to_rgb, dst=out)
     if written is not out and not np.shares_memory(written, out):
         out[...] = written  # (OpenCV made an array of its own)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -40,6 +41,7 @@ RECONNECT_FIRST_S = 0.1
 RECONNECT_MAX_S = 2.0
 REFRESH_S = 2.0  # the models' states are read again this often
 ANSWER_GRACE_S = 5.0  # past a request's own timeout, how long the gateway waits for its answer
+UNKNOWN_REFRESH_S = 1.0  # a name not known reads the models again at most this often
 
 
 class SupervisorLink:
@@ -56,6 +58,8 @@ class SupervisorLink:
         self._fd = -1  # the client's socket, watched by the loop
         self._task: asyncio.Task[None] | None = None
         self._connected = asyncio.Event()
+        self._lost = asyncio.Event()  # set when the connection drops: reconnect at once
+        self._refreshed_s = 0.0  # when an unknown name last made the models be read again
         self._closing = False
 
     @property
@@ -97,9 +101,11 @@ class SupervisorLink:
                 "connected to the supervisor", pid=self.supervisor_pid, models=list(self.views)
             )
             while self.ready and not self._closing:  # the loop's reader drops it when it goes
-                await asyncio.sleep(REFRESH_S)
-                with contextlib.suppress(DuomoError):
-                    await self.refresh()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._lost.wait(), REFRESH_S)
+                if self.ready:
+                    with contextlib.suppress(DuomoError):
+                        await self.refresh()
             if not self._closing:
                 log.warning("lost the supervisor; reconnecting", socket=str(self.socket_path))
 
@@ -124,6 +130,7 @@ class SupervisorLink:
         self.supervisor_pid = int(status["pid"])
         self._handles = handles
         self.views = {str(info["name"]): model_view(info) for info in models}
+        self._lost.clear()
         self._connected.set()
 
     def _readable(self) -> None:
@@ -137,6 +144,7 @@ class SupervisorLink:
     def _drop(self) -> None:
         client, self.client = self.client, None
         self._connected.clear()
+        self._lost.set()
         self._handles = {}
         if client is None:
             return
@@ -169,7 +177,9 @@ class SupervisorLink:
         """``name``'s wire view (the models are read again once for a name not known)."""
         self._client()
         view = self.views.get(name)
-        if view is None:
+        now = time.monotonic()
+        if view is None and now - self._refreshed_s > UNKNOWN_REFRESH_S:  # (a new model, maybe)
+            self._refreshed_s = now
             await self.refresh()
             view = self.views.get(name)
         if view is None:

@@ -18,8 +18,6 @@ import argparse
 import asyncio
 import contextlib
 import ctypes
-import ipaddress
-import logging
 import os
 import signal
 import socket
@@ -32,6 +30,9 @@ import structlog
 from gateway.http_front import HttpFront, HttpOptions, http_server
 from gateway.link import SupervisorLink
 from gateway.regions import Regions
+from ipc.endpoints import is_loopback, parse_endpoint
+from ipc.logs import configure_logging
+from ipc.readiness import report_ready
 
 log = structlog.get_logger("duomo.gateway")
 VERSION = "0.1.0"
@@ -63,10 +64,10 @@ class GatewayOptions:
 
 
 def address(value: str) -> tuple[str, int]:
-    host, _, port = value.rpartition(":")
-    if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise argparse.ArgumentTypeError(f"{value!r} is not HOST:PORT")
-    return host.strip("[]"), int(port)
+    try:
+        return parse_endpoint(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[GatewayOptions, int | None]:
@@ -139,45 +140,18 @@ def keep_request_buffers() -> None:
     mallopt(_M_TRIM_THRESHOLD, HEAP_KEEP_BYTES)
 
 
-def configure_logging(level: str, json: bool) -> None:
-    """structlog to stderr, as the supervisor logs (``supervisor.logs``, which this package does
-    not import): text or JSON lines, one per event."""
-    renderer: structlog.typing.Processor = (
-        structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
-    )
-    structlog.configure(
-        processors=[
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso"),
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-    )
-
-
 def exposure_problem(options: GatewayOptions) -> str | None:
     """Why the gateway must not start as configured: a port open beyond loopback with nothing
     to protect it."""
     if options.token is not None or options.tls is not None:
         return None
     for bound in (options.http, options.grpc):
-        if bound is not None and not _loopback(bound[0]):
+        if bound is not None and not is_loopback(bound[0]):
             return (
                 f"{bound[0]}:{bound[1]} is not a loopback address: give a bearer token "
                 "(gateway.token_file) or TLS (gateway.tls_cert, tls_key) to listen there"
             )
     return None
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
@@ -248,7 +222,7 @@ async def serve(options: GatewayOptions, ready_fd: int | None) -> None:
         if http_task is not None and http_task.done():
             http_task.result()  # (raises why it stopped)
     await link.wait_connected(CONNECT_WAIT_S)  # (ready without it: health says so meanwhile)
-    _report(ready_fd, "READY")
+    report_ready(ready_fd, "READY")
     log.info(
         "gateway worker ready", pid=os.getpid(), socket=str(options.socket),
         http=options.http, grpc=options.grpc, slots=options.slots,
@@ -264,19 +238,11 @@ async def serve(options: GatewayOptions, ready_fd: int | None) -> None:
     regions.close()
 
 
-def _report(ready_fd: int | None, line: str) -> None:
-    if ready_fd is None:
-        return
-    with contextlib.suppress(OSError):
-        os.write(ready_fd, (line.replace("\n", " ") + "\n").encode())
-        os.close(ready_fd)
-
-
 def main(argv: list[str] | None = None) -> int:
     options, ready_fd = parse_args(argv)
     problem = exposure_problem(options)
     if problem is not None:
-        _report(ready_fd, f"ERROR {problem}")
+        report_ready(ready_fd, f"ERROR {problem}")
         print(f"duomo gateway: {problem}", file=sys.stderr)
         return 2
     keep_request_buffers()
@@ -287,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         asyncio.run(serve(options, ready_fd))
     except OSError as err:
-        _report(ready_fd, f"ERROR {err}")
+        report_ready(ready_fd, f"ERROR {err}")
         print(f"duomo gateway: {err}", file=sys.stderr)
         return 1
     return 0

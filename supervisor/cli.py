@@ -23,9 +23,9 @@ import numpy as np
 
 from ipc.client import Client
 from ipc.errors import DuomoError, ErrorCode, NotFoundError
+from ipc.logs import LEVELS, configure_logging
 from ipc.runtime_dir import default_socket_path
 from supervisor.config import ConfigError, LoadedConfig, load_config
-from supervisor.logs import LEVELS, configure_logging
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 DEFAULT_CONFIG = Path("configs/default.yaml")

@@ -21,10 +21,10 @@ import psutil
 import structlog
 
 from ipc.errors import DuomoError
+from ipc.readiness import read_ready_line, report_ready
 from ipc.runtime_dir import ensure_private_dir, log_path, pid_path
 from supervisor.config import LoadedConfig
 from supervisor.memory import tune_heap
-from supervisor.readiness import read_ready_line, report_ready
 from supervisor.server import Supervisor
 
 log = structlog.get_logger("duomo.daemon")

@@ -15,7 +15,6 @@ Restarts: a worker that exits is started again after ``RESTART_BACKOFF_S`` (doub
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import os
 import signal
 import socket
@@ -31,8 +30,9 @@ from typing import Any
 import structlog
 from pydantic import Field, field_validator, model_validator
 
-from supervisor.logs import log_args
-from supervisor.readiness import read_ready_line
+from ipc.endpoints import is_loopback, parse_endpoint
+from ipc.logs import log_args
+from ipc.readiness import read_ready_line
 from worker.config_model import StrictModel
 
 log = structlog.get_logger("duomo.gateways")
@@ -65,11 +65,8 @@ class GatewayConfig(StrictModel):
     @field_validator("http", "grpc")
     @classmethod
     def _host_port(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        host, _, port = value.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) <= 65535:
-            raise ValueError(f"{value!r} is not HOST:PORT")
+        if value is not None:
+            parse_endpoint(value)  # (ValueError: not HOST:PORT)
         return value
 
     @model_validator(mode="after")
@@ -80,7 +77,7 @@ class GatewayConfig(StrictModel):
             raise ValueError("tls_cert and tls_key go together")
         if self.token_file is None and self.tls_cert is None:
             for bound in (self.http, self.grpc):
-                if bound is not None and not _loopback(bound.rpartition(":")[0]):
+                if bound is not None and not is_loopback(parse_endpoint(bound)[0]):
                     raise ValueError(
                         f"{bound} is not a loopback address: give token_file (a bearer token) "
                         "or tls_cert and tls_key to listen there"
@@ -102,16 +99,6 @@ class GatewayConfig(StrictModel):
             for name in ("token_file", "tls_cert", "tls_key")
             if (value := getattr(self, name)) is not None and not Path(value).is_file()
         ]
-
-
-def _loopback(host: str) -> bool:
-    host = host.strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def stop_orphans(socket_path: Path) -> None:
@@ -142,15 +129,14 @@ def stop_orphans(socket_path: Path) -> None:
 
 
 def _refuse_if_taken(bound: str) -> None:
-    host, _, port = bound.rpartition(":")
-    host = host.strip("[]")
+    host, port = parse_endpoint(bound)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         # SO_REUSEADDR: past connections in TIME_WAIT do not count; no SO_REUSEPORT: a
         # listener that holds the port does
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            probe.bind((host, int(port)))
+            probe.bind((host, port))
         except OSError as err:
             raise RuntimeError(f"cannot listen on {bound}: {err.strerror}") from None
 
@@ -196,7 +182,6 @@ class GatewayProcesses:
         self.config = config
         self.socket_path = socket_path
         self.workers = [GatewayWorker(i) for i in range(config.workers)]
-        self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._watcher: threading.Thread | None = None
 
@@ -242,16 +227,17 @@ class GatewayProcesses:
         raise RuntimeError(f"gateway worker {worker.index} did not start: {line or 'no answer'}")
 
     def _watch(self) -> None:
+        """The watcher thread: the one writer of the workers' state once ``start`` returned
+        (``status`` reads it as it is; ``stop`` waits for this thread before it touches it)."""
         while not self._stopping.wait(WATCH_PERIOD_S):
             now = time.monotonic()
             for worker in self.workers:
-                with self._lock:
-                    if self._stopping.is_set():
-                        return
-                    self._tend(worker, now)
+                if self._stopping.is_set():
+                    return
+                self._tend(worker, now)
 
     def _tend(self, worker: GatewayWorker, now: float) -> None:
-        """With the lock held: note a worker that exited, start it again when due."""
+        """Note a worker that exited; start it again when due."""
         process = worker.process
         if process is not None and process.poll() is not None:
             worker.last_exit = process.returncode
@@ -289,23 +275,22 @@ class GatewayProcesses:
 
     def stop(self) -> None:
         """SIGTERM every worker (each finishes what it serves), SIGKILL any still there after
-        ``STOP_GRACE_S``."""
+        ``STOP_GRACE_S``; a restart in progress finishes first."""
         self._stopping.set()
-        with self._lock:
-            processes = [w.process for w in self.workers if w.process is not None]
-            for process in processes:
-                with contextlib.suppress(ProcessLookupError):
-                    process.send_signal(signal.SIGTERM)
-            deadline = time.monotonic() + STOP_GRACE_S
-            for worker in self.workers:
-                if worker.process is not None:
-                    try:
-                        worker.process.wait(max(0.1, deadline - time.monotonic()))
-                    except subprocess.TimeoutExpired:
-                        self._kill(worker)
-                    worker.process = None
         if self._watcher is not None and self._watcher is not threading.current_thread():
-            self._watcher.join(5)
+            self._watcher.join(START_TIMEOUT_S + 5)
+        for worker in self.workers:
+            if worker.process is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    worker.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for worker in self.workers:
+            if worker.process is not None:
+                try:
+                    worker.process.wait(max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    self._kill(worker)
+                worker.process = None
 
     @staticmethod
     def _kill(worker: GatewayWorker) -> None:
@@ -318,21 +303,19 @@ class GatewayProcesses:
         worker.process = None
 
     def status(self) -> list[dict[str, Any]]:
-        with self._lock:
-            return [
+        shown = []
+        for w in self.workers:
+            process = w.process  # (read once: the watcher may replace it meanwhile)
+            shown.append(
                 {
                     "worker": w.index,
-                    "pid": w.process.pid if w.process is not None else None,
-                    "running": w.process is not None and w.process.poll() is None,
+                    "pid": process.pid if process is not None else None,
+                    "running": process is not None and process.poll() is None,
                     "restarts": len(w.restarts),
                     "gave_up": w.gave_up,
                     "last_exit": w.last_exit,
                     "http": self.config.http,
                     "grpc": self.config.grpc,
                 }
-                for w in self.workers
-            ]
-
-    def pids(self) -> list[int]:
-        with self._lock:
-            return [w.process.pid for w in self.workers if w.process is not None]
+            )
+        return shown

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import yaml
 
+from ipc.logs import configure_logging
 from supervisor.config import LoadedConfig, load_config
 from supervisor.image_files import read_image
-from supervisor.logs import configure_logging
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGES = ROOT / "tests" / "fixtures" / "images"

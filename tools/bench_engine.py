@@ -39,10 +39,10 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from ipc.logs import configure_logging
 from supervisor.config import load_config
 from supervisor.engine import Engine
 from supervisor.image_files import read_image
-from supervisor.logs import configure_logging
 from worker.backends.base import ModelSession
 from worker.backends.ort_backend import _spec
 from worker.executors.base import Executor, StageTimer

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from supervisor.readiness import read_ready_line
+from ipc.readiness import read_ready_line
 from tests.conftest import DEMO_CONFIG, ROOT
 
 READY_TIMEOUT_S = 180.0

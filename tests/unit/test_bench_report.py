@@ -204,3 +204,19 @@ def test_workload_files_validate_and_resolve_paths(tmp_path: Path) -> None:
         load_workload(bad)
     with pytest.raises(ValueError, match="modes"):
         load_workload(ROOT / "configs" / "bench" / "smoke.yaml", modes=["engine", "nope"])
+
+
+def test_the_gateway_mode_is_held_to_its_own_targets() -> None:
+    """duomo-http against the better peer: work ≥ 1.05 ×, memory ≤ 0.6 ×, accounted overhead
+    ≤ 0.5 × (the raw overhead is not a target through the gateway)."""
+    alone = {"a": {"rps": 100.0, "p50_ms": 10.0}}
+    modes = {
+        "duomo": _mode_figures([_round({"a": 110}, 500, overhead={"a": 0.4})], alone),
+        "duomo-http": _mode_figures([_round({"a": 108}, 590, overhead={"a": 1.2})], alone),
+        "triton": _mode_figures([_round({"a": 100}, 1000, overhead={"a": 2.0})], alone),
+    }
+    shown = {t["target"]: (round(t["value"], 3), t["held"]) for t in targets(modes)}
+    assert shown["duomo-http work ÷ triton work (the better peer)"] == (1.08, True)
+    assert shown["duomo-http memory ÷ triton memory"] == (0.59, True)
+    assert shown["a accounted overhead (duomo-http) ÷ triton accounted overhead"] == (0.6, False)
+    assert "a overhead (duomo-http) ÷ triton overhead" not in shown

@@ -158,3 +158,21 @@ def test_unavailable_provider_is_a_config_error(tmp_path: Path) -> None:
         write_config(tmp_path, [classify()], backends={"onnxruntime": {"providers": ["NopeEP"]}})
     )
     assert found[0][0] == "backends.onnxruntime.providers[0]"
+
+
+def test_the_gateway_section_refuses_an_open_bind_without_a_token_or_tls() -> None:
+    from pydantic import ValidationError
+
+    from supervisor.gateways import GatewayConfig
+
+    assert GatewayConfig().http == "127.0.0.1:8000" and GatewayConfig().grpc == "127.0.0.1:8001"
+    GatewayConfig(http="[::1]:9000", grpc=None)  # loopback, either family
+    with pytest.raises(ValidationError, match="not a loopback address"):
+        GatewayConfig(http="0.0.0.0:8000")
+    GatewayConfig(http="0.0.0.0:8000", token_file=Path("t"))
+    with pytest.raises(ValidationError, match="tls_cert and tls_key go together"):
+        GatewayConfig(tls_cert=Path("c"))
+    with pytest.raises(ValidationError, match="HOST:PORT"):
+        GatewayConfig(http="8000")
+    with pytest.raises(ValidationError, match="give http, grpc or both"):
+        GatewayConfig(http=None, grpc=None)

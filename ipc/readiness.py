@@ -1,9 +1,10 @@
 """The readiness line a child process reports on an inherited pipe: ``READY`` or ``ERROR
 <reason>``, one line, and reading it with a deadline.
 
-Written by ``duomo start --foreground --ready-fd`` (``supervisor.daemon``) and read by
-``duomo start`` and the tests' harness; read by ``supervisor.gateways`` from each gateway
-worker (which writes the same line itself: ``gateway`` imports nothing from ``supervisor``).
+Written by ``duomo start --foreground --ready-fd`` (``supervisor.daemon``) and by a gateway
+worker (``gateway.main``); read by ``duomo start``, by ``supervisor.gateways`` from each gateway
+worker, and by the tests' harness. In ``ipc`` because the gateway imports nothing else of
+Duomo's.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """Logging setup for every Duomo entry point: structlog to stderr, console or JSON lines.
 
-Called once by the CLI before anything logs. Library modules only call
-``structlog.get_logger(...)`` and bind the model name; they never configure logging.
+Called once by the ``duomo`` CLI and by a gateway worker (``gateway.main``) before anything
+logs; in ``ipc`` because both import it and the gateway imports nothing else of Duomo's.
+Library modules only call ``structlog.get_logger(...)`` and bind the model name; they never
+configure logging.
 """
 
 from __future__ import annotations
