@@ -543,6 +543,41 @@ def test_the_supervisor_killed_under_load_then_back(tmp_path: Path, demo_config:
             gateway.wait(30)
 
 
+def test_two_workers_share_the_ports_and_the_registered_regions(
+    tmp_path: Path, demo_config: object
+) -> None:
+    """``workers: 2``: both serve (SO_REUSEPORT spreads connections over them), and a region
+    registered through one is read by either."""
+    config, http_at, _ = gateway_config(tmp_path, [], workers=2, allow_shm=True)
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    region = shm.create_shared_memory_region("in", "/duomo_test_workers", x.nbytes)
+    try:
+        shm.set_shared_memory_region(region, [x])
+        with running_supervisor(config) as sup:
+            with Client(sup.socket) as client:
+                workers = client.status()["gateways"]
+                gateway_clients = {c["pid"] for c in client.status()["clients"] if c["rings"]}
+            assert len(workers) == 2 and all(w["running"] for w in workers)
+            assert {w["pid"] for w in workers} == gateway_clients  # each holds its own rings
+            httpclient.InferenceServerClient(http_at).register_system_shared_memory(
+                "in", "/duomo_test_workers", x.nbytes
+            )
+            for _ in range(12):  # a new connection each: the kernel picks a worker each time
+                tensor = httpclient.InferInput("x", [2, 4], "FP32")
+                tensor.set_shared_memory("in", x.nbytes)
+                answer = httpclient.InferenceServerClient(http_at).infer("affine", [tensor])
+                np.testing.assert_array_equal(answer.as_numpy("y"), 2 * x + 1)
+            with Client(sup.socket) as client:
+                answered = [
+                    sum(r["answered"] for r in c["rings"])
+                    for c in client.status()["clients"]
+                    if c["pid"] in gateway_clients
+                ]
+            assert len(answered) == 2 and min(answered) > 0, answered  # both served
+    finally:
+        shm.destroy_shared_memory_region(region)
+
+
 def test_a_killed_gateway_worker_is_restarted(tmp_path: Path, demo_config: object) -> None:
     config, http_at, _ = gateway_config(tmp_path, [])
     with running_supervisor(config) as sup:
