@@ -189,7 +189,7 @@ def render_status(status: dict[str, Any]) -> str:
         )
     lines.append(
         f"{'model':<12} {'state':<14} {'inst':>4} {'queue':>5} {'busy':>4} {'ok':>7} "
-        f"{'errors':>6} {'p50 ms':>8} {'p99 ms':>8} {'MiB':>6} {'rst':>3}  batches"
+        f"{'errors':>6} {'p50 ms':>8} {'p99 ms':>8} {'MiB':>6} {'rst':>3} {'share':>11}  batches"
     )
     for name, m in status["models"].items():
         ok = m["outcomes"].get("ok", 0)
@@ -197,11 +197,13 @@ def render_status(status: dict[str, Any]) -> str:
         batches = " ".join(f"{k}:{v}" for k, v in m["batch_sizes"].items()) or "-"
         charged = (m.get("memory") or {}).get("charged_bytes")
         size = f"{charged / 2**20:.0f}" if charged is not None else "-"
+        compute = m.get("compute") or {"share": 0.0, "weight": 1.0}
+        share = f"{compute['share']:.0%} (w {compute['weight']:g})"
         lines.append(
             f"{name:<12} {m['state']:<14} {m['instances']:>4} {m['queue_depth']:>5} "
             f"{m['in_flight']:>4} {ok:>7} {m['requests'] - ok:>6} "
             f"{total.get('p50_ms', 0):>8.1f} {total.get('p99_ms', 0):>8.1f} {size:>6} "
-            f"{m.get('restarts_in_window', 0):>3}  {batches}"
+            f"{m.get('restarts_in_window', 0):>3} {share:>11}  {batches}"
         )
         if m.get("last_error") and m["state"] != "READY":
             lines.append(f"  {name}: {m['last_error']}")

@@ -39,6 +39,19 @@ class DeviceConfig(StrictModel):
     # what the models on this device may use together (host memory on cpu, device memory on an
     # accelerator); a load that does not fit evicts idle evictable models, else fails
     memory_budget_mb: int | None = Field(default=None, ge=1)
+    # its compute gate (worker.thread_budget.FairShare): runs at once on an accelerator (the
+    # CPU's come from the thread budget), and how many more an under-served model may start
+    runs_at_once: int | None = Field(default=None, ge=1, le=64)
+    overdraft: int = Field(default=1, ge=0, le=64)
+
+    @model_validator(mode="after")
+    def _runs_on_accelerators(self) -> DeviceConfig:
+        if self.kind == "cpu" and self.runs_at_once is not None:
+            raise ValueError(
+                "runs_at_once is for accelerators; on the cpu the thread budget "
+                "(backends.onnxruntime.thread_budget) says how many run at once"
+            )
+        return self
 
 
 class WatchdogConfig(StrictModel):
@@ -64,6 +77,8 @@ class ModelConfig(StrictModel):
     queue_size: int = Field(default=64, ge=1, le=1_000_000)
     priority: int = Field(default=0, ge=-1000, le=1000)
     priority_aging_per_s: float = Field(default=10.0, ge=0, le=1_000_000)
+    # its share of its device's compute time, relative to the other models' (equal by default)
+    compute_weight: float = Field(default=1.0, gt=0, le=1000)
     memory_budget_mb: int | None = Field(default=None, ge=1)
     preload: bool = True
     evictable: bool = False

@@ -94,7 +94,8 @@ class Engine:
         self.models: dict[str, ServedModel] = {}
         self._backends: dict[str, Backend] = {}
         self.plan = ThreadPlan(budget=1, threads_per_instance={}, instances={})
-        self.gate = ComputeGate(1)
+        self.gate = ComputeGate(1)  # the CPU's: every ONNX Runtime run holds it
+        self._device_gates: dict[int, ComputeGate] = {}  # an accelerator's, for the ACL backend
         self._lifecycle = threading.RLock()
         self._signatures: dict[str, tuple[Any, ...]] = {}  # name -> what its model was built from
         self.footprints: dict[str, Footprint] = {}  # the largest measured, kept across unloads
@@ -119,7 +120,12 @@ class Engine:
         """
         with self._lifecycle:
             self.plan = plan_for(self.loaded, self._wanted)
-            self.gate = ComputeGate(self.plan.budget)
+            self.gate = ComputeGate(self.plan.budget, self._cpu_overdraft())
+            self._device_gates = {
+                d.id: ComputeGate(d.runs_at_once or 1, d.overdraft)
+                for d in self.loaded.config.devices
+                if d.kind != "cpu"
+            }
             limit_opencv_threads()
             for name in self._wanted:
                 self.models[name] = self._build(name, self.loaded)
@@ -410,6 +416,7 @@ class Engine:
             queue_size=cfg.queue_size,
             priority=cfg.priority,
             priority_aging_per_s=cfg.priority_aging_per_s,
+            compute_weight=cfg.compute_weight,
             intra_op_threads=self.plan.threads_per_instance.get(name, 1),
             device=cfg.device,
             health=cfg.health,
@@ -419,11 +426,21 @@ class Engine:
         return ServedModel(
             spec,
             backend,
-            self.gate,
+            self._gate_for(cfg.backend, cfg.device),
             on_demand=on_demand,
             idle_reader=self._read_when_idle,
             activity=self.activity,
         )
+
+    def _gate_for(self, backend: str, device: int) -> ComputeGate:
+        """ONNX Runtime's runs share the CPU's gate (the thread budget); the ACL backend's share
+        their device's."""
+        if backend == "acl" and device in self._device_gates:
+            return self._device_gates[device]
+        return self.gate
+
+    def _cpu_overdraft(self) -> int:
+        return next((d.overdraft for d in self.loaded.config.devices if d.kind == "cpu"), 1)
 
     def wake_idle(self, name: str) -> None:
         """Wake ``name``'s idle workers: a connection has become theirs to read, or the one
@@ -541,6 +558,11 @@ class Engine:
 
     def status(self) -> dict[str, Any]:
         models = {name: self._model_status(name, m) for name, m in list(self.models.items())}
+        shares: dict[str, dict[str, float]] = {}
+        for gate in (self.gate, *self._device_gates.values()):
+            shares.update(gate.shares())
+        for name, shown in models.items():  # its share of its gate's compute time, and weight
+            shown["compute"] = shares.get(name, {"weight": 1.0, "share": 0.0})
         devices = []
         for device in self.loaded.config.devices:
             kind = device.kind

@@ -45,7 +45,7 @@ from worker.health import HealthPolicy, RestartHistory
 from worker.model_worker import ModelWorker
 from worker.request import Outcome, Request
 from worker.stats import ModelStats
-from worker.thread_budget import Activity, ComputeGate
+from worker.thread_budget import Activity, ComputeGate, GateMember
 
 log = structlog.get_logger("duomo.model")
 HISTORY = 16  # state changes kept for ``status``
@@ -83,6 +83,7 @@ class ModelSpec:
     intra_op_threads: int = 1
     device: int = 0
     health: HealthPolicy = field(default_factory=HealthPolicy)
+    compute_weight: float = 1.0  # its share of the device's compute time, relative to others'
 
 
 class ServedModel:
@@ -97,7 +98,12 @@ class ServedModel:
     ) -> None:
         self.spec = spec
         self._backend = backend
-        self._gate = gate
+        # its place at the device's compute gate (a model built again starts at the average)
+        self.gate: GateMember | None = (
+            gate.member(spec.name, spec.compute_weight, spec.priority, spec.priority_aging_per_s)
+            if gate is not None
+            else None
+        )
         self._activity = activity  # the process's count of instances at work
         self._on_demand = on_demand  # asks the engine to load this model for a waiting request
         self.stats = ModelStats()
@@ -146,7 +152,7 @@ class ServedModel:
     def _load_executor(self) -> Executor:
         settings = SessionSettings(
             intra_op_threads=self.spec.intra_op_threads,
-            gate=self._gate,
+            gate=self.gate,
             device=self.spec.device,
             device_room_bytes=self.device_room_bytes,
         )
@@ -360,6 +366,8 @@ class ServedModel:
                     self.last_error = reason
                     continue
                 self.reinitializations += 1
+                if self.gate is not None:  # its turns start again at the average standing
+                    self.gate.rejoin()
                 self.set_state(ModelState.READY, "re-initialized")
                 return
 

@@ -2,24 +2,25 @@
 gate that keeps the threads computing at once within the cores, and the count of instances at
 work right now.
 
-Called by the engine when it plans its models (``plan_threads``), by every backend session
-around each execution (``ComputeGate.hold``), and by every model instance around its warm-up and
-each batch (``Activity``, which the engine's idle spin reads).
+Called by the engine when it plans its models (``plan_threads``) and makes a gate per device, by
+every backend session around each execution (its model's ``GateMember``), and by every model
+instance around its warm-up and each batch (``Activity``, which the engine's idle spin reads).
 
 Invariants:
 - every instance gets at least one intra-op thread and never more than the budget;
 - with the gate, the intra-op threads computing at the same moment never exceed the budget, so
-  three single-threaded models on two cores run two at a time instead of three time-slicing.
-  Waiters are served first come, first served, so a model asking for two threads is not starved
-  by a stream of one-thread runs.
+  three single-threaded models on two cores run two at a time instead of three time-slicing;
+- the gate shares compute time by weighted fair share (the rule: ``ComputeGate``), so a light
+  model is not starved by a heavy one, and no token idles while a model waits.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
-from collections import deque
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -91,43 +92,32 @@ def plan_threads(demands: Sequence[InstanceDemand], budget: int) -> ThreadPlan:
     return ThreadPlan(budget=budget, threads_per_instance=threads, instances=instances)
 
 
-class ComputeGate:
-    """A first-come-first-served counting gate over the budget's cores.
+@dataclass
+class GateMember:
+    """One model's place at a ``ComputeGate``: its weight and priority, and the compute time its
+    turns took (decayed). Sessions hold it as their gate: ``acquire(n)`` / ``release(n)``."""
 
-    ``hold(n)`` blocks until ``n`` tokens are free and no earlier waiter is still queued.
-    ``high_water`` is the most tokens ever held at once: the observable proof that the budget held.
-    """
-
-    def __init__(self, tokens: int) -> None:
-        self.tokens = tokens
-        self._free = tokens
-        self._lock = threading.Lock()  # entered directly: cheaper than the condition's wrapper
-        self._cond = threading.Condition(self._lock)
-        self._queue: deque[object] = deque()
-        self.high_water = 0
+    gate: ComputeGate
+    name: str
+    weight: float = 1.0
+    priority: int = 0
+    aging_per_s: float = 0.0
+    usage: float = 0.0  # token-seconds of finished turns, decayed to ``stamp``
+    stamp: float = 0.0
+    running: int = 0  # tokens held now
+    running_since: float = 0.0  # Σ tokens × start over the turns in progress
+    waiting: int = 0  # turns asked for and not started yet
+    idle_since: float = 0.0  # when it last had no turn asked for or running
 
     def acquire(self, n: int) -> None:
-        n = max(1, min(n, self.tokens))
-        ticket = object()
-        with self._lock:
-            if not self._queue and self._free >= n:  # uncontended: no queueing, no wakeups
-                self._free -= n
-                self.high_water = max(self.high_water, self.tokens - self._free)
-                return
-            self._queue.append(ticket)
-            while self._queue[0] is not ticket or self._free < n:
-                self._cond.wait()
-            self._queue.popleft()
-            self._free -= n
-            self.high_water = max(self.high_water, self.tokens - self._free)
-            self._cond.notify_all()
+        self.gate.acquire(self, n)
 
     def release(self, n: int) -> None:
-        n = max(1, min(n, self.tokens))
-        with self._lock:
-            self._free += n
-            if self._queue:
-                self._cond.notify_all()
+        self.gate.release(self, n)
+
+    def rejoin(self) -> None:
+        """A re-initialized model's next turns start at the current average (``FairShare``)."""
+        self.gate.rejoin(self)
 
     @contextmanager
     def hold(self, n: int) -> Iterator[None]:
@@ -136,6 +126,227 @@ class ComputeGate:
             yield
         finally:
             self.release(n)
+
+
+@dataclass
+class Turn:
+    """A turn asked for: whose, how many tokens, in which order, since when."""
+
+    member: GateMember
+    n: int
+    seq: int
+    since: float
+
+
+class FairShare:
+    """The rule by which a ``ComputeGate`` shares its ``tokens`` (cores; on an accelerator,
+    runs at once): weighted fair share of compute time. Bookkeeping only, no threads: the gate
+    consults it under its lock, and tests drive it with a fake clock.
+
+    - *Measured*: what each model's turns actually took, in token-seconds (tokens held × the
+      time they were held), counted as the turn goes: a turn in progress counts up to now.
+    - *Window*: a sliding one, with exponential decay: a token-second spent ``t`` seconds ago
+      counts ``2^(-t / HALF_LIFE_S)`` (``HALF_LIFE_S`` = 2 s: the last few seconds decide).
+    - *Standing*: a model's decayed usage ÷ its ``compute_weight`` (default 1: equal shares).
+    - *Who goes next*: of the turns asked for, the one whose model has the lowest standing;
+      standings within ``EQUAL_STANDING_S`` are equal, and among equals the higher effective
+      priority goes first (``priority`` plus ``priority_aging_per_s`` for every second the turn
+      has waited, as requests age in the batcher), then the earlier ask.
+    - *Beyond the budget*: an ORT run cannot be preempted, so a light model that asks while
+      heavy ones hold every token would wait out one of their long runs each time. The turn
+      that goes next may therefore start beyond the budget, with at most ``overdraft`` extra
+      tokens in use, when its model's standing is below that of every model running: the
+      cores are then time-sliced among them by the operating system, which is what lets the
+      under-served model catch up. A model at or above the others' standing never overdraws.
+    - *Work-conserving*: only models that ask compete, so one with nothing queued lends its
+      share to the others, and no token stays free while a turn that fits waits for it (the
+      turn that goes next but needs more tokens than are free holds the line: a run that
+      needs the whole budget is never starved by one-token runs).
+    - *A late arrival* (a model that has asked for nothing for ``RETURN_GAP_S`` or longer)
+      starts at least at the lowest standing among the models active now: idle time earns no
+      credit beyond that, so it catches up to parity with the least-served and no further. (A
+      model that asks again within the gap — between one run and the next of a closed loop —
+      keeps what it is owed.) A model built again (``join``, as a reload does) or
+      re-initialized (``rejoin``) starts at the active models' average: a restart neither
+      starves nor floods.
+    """
+
+    HALF_LIFE_S = 2.0
+    EQUAL_STANDING_S = 0.002
+    RETURN_GAP_S = 0.25
+
+    def __init__(self, tokens: int, overdraft: int, clock: Callable[[], float]) -> None:
+        self.tokens = tokens
+        self.overdraft = overdraft
+        self.clock = clock
+        self.held = 0  # tokens in use (above ``tokens`` while overdrawn)
+        self.members: dict[str, GateMember] = {}
+        self.turns: list[Turn] = []
+        self._seq = itertools.count()
+
+    def join(self, member: GateMember) -> None:
+        self.rejoin(member)
+        self.members[member.name] = member  # (turns of a replaced one end on the old object)
+
+    def rejoin(self, member: GateMember) -> None:
+        now = self.clock()
+        member.stamp = member.idle_since = now
+        member.usage = self._average_standing(now, exclude=member.name) * member.weight
+
+    def ask(self, member: GateMember, n: int) -> Turn:
+        now = self.clock()
+        idle = not member.waiting and not member.running
+        if idle and now - member.idle_since >= self.RETURN_GAP_S:  # a late arrival: no credit
+            floor = self._lowest_active_standing(now, exclude=member)
+            if floor is not None:
+                self._decay(member, now)
+                member.usage = max(member.usage, floor * member.weight)
+        turn = Turn(member, n, next(self._seq), now)
+        self.turns.append(turn)
+        member.waiting += 1
+        return turn
+
+    def withdraw(self, turn: Turn) -> None:
+        self.turns.remove(turn)
+        turn.member.waiting -= 1
+
+    def next_turn(self) -> Turn | None:
+        """The turn that may start now, or None (the rule above)."""
+        if not self.turns:
+            return None
+        now = self.clock()
+        quantum = self.EQUAL_STANDING_S
+
+        def key(turn: Turn) -> tuple[float, float, int]:
+            standing = self.used(turn.member, now) / turn.member.weight
+            effective = turn.member.priority + turn.member.aging_per_s * (now - turn.since)
+            return (round(standing / quantum), -effective, turn.seq)
+
+        best = min(self.turns, key=key)
+        if self.held + best.n <= self.tokens:
+            return best
+        if self.held + best.n <= self.tokens + self.overdraft and self._under_served(best, now):
+            return best
+        return None
+
+    def start(self, turn: Turn) -> None:
+        self.withdraw(turn)
+        now = self.clock()
+        self.held += turn.n
+        turn.member.running += turn.n
+        turn.member.running_since += turn.n * now
+
+    def finish(self, member: GateMember, n: int) -> None:
+        now = self.clock()
+        self._decay(member, now)
+        started = member.running_since / member.running if member.running else now
+        member.usage += n * max(0.0, now - started)
+        member.running_since -= n * started
+        member.running -= n
+        self.held -= n
+        if not member.running and not member.waiting:
+            member.idle_since = now
+
+    def used(self, member: GateMember, now: float) -> float:
+        """Decayed token-seconds, with the turns in progress counted up to ``now``."""
+        decayed = member.usage * 2.0 ** (-max(0.0, now - member.stamp) / self.HALF_LIFE_S)
+        return decayed + member.running * now - member.running_since
+
+    def shares(self) -> dict[str, dict[str, float]]:
+        """Per model: its weight and its share of the compute time in the window (0..1)."""
+        now = self.clock()
+        used = {name: self.used(m, now) for name, m in self.members.items()}
+        total = sum(used.values())
+        return {
+            name: {"weight": m.weight, "share": used[name] / total if total else 0.0}
+            for name, m in self.members.items()
+        }
+
+    def _under_served(self, turn: Turn, now: float) -> bool:
+        mine = self.used(turn.member, now) / turn.member.weight
+        running = [
+            self.used(m, now) / m.weight
+            for m in self.members.values()
+            if m.running and m is not turn.member
+        ]
+        return bool(running) and mine < min(running)
+
+    def _decay(self, member: GateMember, now: float) -> None:
+        if now > member.stamp:
+            member.usage *= 2.0 ** (-(now - member.stamp) / self.HALF_LIFE_S)
+            member.stamp = now
+
+    def _lowest_active_standing(self, now: float, exclude: GateMember) -> float | None:
+        standings = [
+            self.used(m, now) / m.weight
+            for m in self.members.values()
+            if m is not exclude and (m.waiting or m.running)
+        ]
+        return min(standings, default=None)
+
+    def _average_standing(self, now: float, exclude: str) -> float:
+        standings = [
+            self.used(m, now) / m.weight
+            for name, m in self.members.items()
+            if name != exclude and (m.waiting or m.running)
+        ]
+        return sum(standings) / len(standings) if standings else 0.0
+
+
+class ComputeGate:
+    """The gate every backend session holds around each run: its ``FairShare`` under a lock,
+    turns waited for on a condition. ``high_water`` is the most tokens ever held at once: the
+    observable proof that the budget held (``tokens`` + ``overdraft`` at most)."""
+
+    def __init__(
+        self, tokens: int, overdraft: int = 0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.tokens = tokens
+        self.overdraft = overdraft
+        self.policy = FairShare(tokens, overdraft, clock)
+        self._lock = threading.Lock()  # entered directly: cheaper than the condition's wrapper
+        self._cond = threading.Condition(self._lock)
+        self.high_water = 0
+
+    def member(
+        self, name: str, weight: float = 1.0, priority: int = 0, aging_per_s: float = 0.0
+    ) -> GateMember:
+        """``name``'s place at the gate (made, or made again for a model built again)."""
+        member = GateMember(self, name, weight, priority, aging_per_s)
+        with self._lock:
+            self.policy.join(member)
+        return member
+
+    def rejoin(self, member: GateMember) -> None:
+        with self._lock:
+            self.policy.rejoin(member)
+
+    def acquire(self, member: GateMember, n: int) -> None:
+        n = max(1, min(n, self.tokens))
+        policy = self.policy
+        with self._lock:
+            turn = policy.ask(member, n)
+            try:
+                while policy.next_turn() is not turn:
+                    self._cond.wait()
+            except BaseException:
+                policy.withdraw(turn)
+                raise
+            policy.start(turn)
+            self.high_water = max(self.high_water, policy.held)
+            if policy.turns:  # the next may start too
+                self._cond.notify_all()
+
+    def release(self, member: GateMember, n: int) -> None:
+        n = max(1, min(n, self.tokens))
+        with self._lock:
+            self.policy.finish(member, n)
+            if self.policy.turns:
+                self._cond.notify_all()
+
+    def shares(self) -> dict[str, dict[str, float]]:
+        with self._lock:
+            return self.policy.shares()
 
 
 class Activity:

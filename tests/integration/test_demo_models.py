@@ -143,7 +143,8 @@ def test_thread_budget_of_the_demo_config(demo_engine: Engine) -> None:
             for session in worker.executor.sessions.values():
                 opts = session._session.get_session_options()  # type: ignore[attr-defined]
                 assert opts.intra_op_num_threads == plan.threads_per_instance[name]
-    # and under load on all three models at once, no more than the budget computes at once
+    # and under load on all three models at once, no more than the budget (and the overdraft
+    # an under-served model may use: worker.thread_budget.FairShare) computes at once
     images = {"ocr": "page.png", "face": "astronaut.png", "classify": "coffee.png"}
     futures = [
         demo_engine.submit(m, fixture_image(images[m])) for m in ("ocr", "face", "classify") * 3
@@ -151,7 +152,9 @@ def test_thread_budget_of_the_demo_config(demo_engine: Engine) -> None:
     for f in futures:
         f.result(60)
     # two models computed at the same moment: the budget is used, not serialised
-    assert demo_engine.gate.high_water == min(cores, plan.total_threads)
+    gate = demo_engine.gate
+    ceiling = min(cores + gate.overdraft, plan.total_threads)
+    assert min(cores, plan.total_threads) <= gate.high_water <= ceiling
 
 
 class CompiledShapes(ModelSession):

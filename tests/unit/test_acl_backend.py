@@ -461,3 +461,30 @@ def test_the_smoke_kit_runs_end_to_end_on_the_fake(tmp_path: Path, fake: FakeAcl
     assert set(affine["executes_per_s"]) == {"1", "2", "4"}
     assert report["ok"] and "environment" in report and "all_models_executes_per_s" in report
     assert fake.leaks() == {}
+
+
+def test_a_run_holds_its_devices_compute_gate(tmp_path: Path, fake: FakeAcl) -> None:
+    """execute_async and synchronize_stream run holding the model's place at the device's gate
+    (the fair share of device time), and the turn is charged to the model."""
+    from worker.thread_budget import ComputeGate
+
+    gate = ComputeGate(1)
+    member = gate.member("affine")
+    backend = AclBackend()
+    session = backend.open(
+        write_model(tmp_path / "a.om", **AFFINE), SessionSettings(1, gate=member)
+    )
+    held: list[int] = []
+    execute = session._rt.execute_async
+
+    def recording(*args: object) -> int:
+        held.append(member.running)
+        return execute(*args)  # type: ignore[arg-type]
+
+    session._rt.execute_async = recording  # type: ignore[method-assign]
+    session.run({"x": np.ones((2, 4), np.float32)})
+    assert held == [1] and member.running == 0 and gate.high_water == 1
+    assert gate.policy.used(member, gate.policy.clock()) > 0
+    session.close()
+    backend.close()
+    assert fake.leaks() == {}

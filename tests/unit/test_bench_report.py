@@ -220,3 +220,22 @@ def test_the_gateway_mode_is_held_to_its_own_targets() -> None:
     assert shown["duomo-http memory ÷ triton memory"] == (0.59, True)
     assert shown["a accounted overhead (duomo-http) ÷ triton accounted overhead"] == (0.6, False)
     assert "a overhead (duomo-http) ÷ triton overhead" not in shown
+
+
+def test_fair_sharing_targets_kept_shares_each_model_and_the_lightest_p99() -> None:
+    alone = {"heavy": {"rps": 1.0, "p50_ms": 900.0}, "light": {"rps": 100.0, "p50_ms": 9.0}}
+    duomo_round = _round({"heavy": 0.8, "light": 20}, 500)
+    duomo_round["models"]["light"]["latencies_ms"] = [10.0] * 99 + [120.0]
+    mosec_round = _round({"heavy": 0.6, "light": 60}, 1000)
+    mosec_round["models"]["light"]["latencies_ms"] = [10.0] * 99 + [40.0]
+    modes = {
+        "duomo": _mode_figures([duomo_round], alone),
+        "mosec": _mode_figures([mosec_round], alone),
+    }
+    assert modes["duomo"]["models"]["light"]["kept"] == pytest.approx(0.2)
+    assert modes["duomo"]["kept_evenness"] == pytest.approx(0.25)  # 0.2 ÷ 0.8
+    shown = {t["target"]: (round(t["value"], 3), t["held"]) for t in targets(modes)}
+    assert shown["duomo kept shares, least ÷ most"] == (0.25, False)
+    assert shown["heavy answers/s ÷ mosec's (the better peer for it)"] == (1.333, True)
+    assert shown["light answers/s ÷ mosec's (the better peer for it)"] == (0.333, False)
+    assert shown["light p99 ms (the lightest model) vs the better peer's 40"] == (120.0, False)

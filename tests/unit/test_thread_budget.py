@@ -40,10 +40,11 @@ def test_gate_never_lets_more_than_its_tokens_run() -> None:
     peak = 0
     lock = threading.Lock()
 
-    def work(n: int) -> None:
+    def work(n: int, name: str) -> None:
         nonlocal running, peak
+        member = gate.member(name)
         for _ in range(20):
-            with gate.hold(n):
+            with member.hold(n):
                 with lock:
                     running += n
                     peak = max(peak, running)
@@ -51,7 +52,7 @@ def test_gate_never_lets_more_than_its_tokens_run() -> None:
                 with lock:
                     running -= n
 
-    threads = [threading.Thread(target=work, args=(n,)) for n in (1, 1, 1, 2)]
+    threads = [threading.Thread(target=work, args=(n, f"m{i}")) for i, n in enumerate((1, 1, 1, 2))]
     for t in threads:
         t.start()
     for t in threads:
@@ -60,20 +61,20 @@ def test_gate_never_lets_more_than_its_tokens_run() -> None:
     assert gate.high_water == 2
 
 
-def test_gate_serves_waiters_first_come_first_served() -> None:
-    """A waiter for two tokens is not overtaken by later one-token waiters."""
+def test_a_wide_turn_holds_the_line_once_it_is_next() -> None:
+    """A waiter for two tokens is not overtaken by a later one-token waiter of equal standing."""
     gate = ComputeGate(2)
     order: list[str] = []
     holding = threading.Event()
     release = threading.Event()
 
     def hold_one() -> None:
-        with gate.hold(1):
+        with gate.member("first").hold(1):
             holding.set()
             release.wait(10)
 
     def take(name: str, n: int) -> None:
-        with gate.hold(n):
+        with gate.member(name).hold(n):
             order.append(name)
 
     first = threading.Thread(target=hold_one)
@@ -81,7 +82,7 @@ def test_gate_serves_waiters_first_come_first_served() -> None:
     assert holding.wait(10)
     wide = threading.Thread(target=take, args=("wide", 2))
     wide.start()
-    while not gate._queue:  # wait until "wide" is queued (one token is still free)
+    while not gate.policy.turns:  # wait until "wide" is queued (one token is still free)
         time.sleep(0.001)
     narrow = threading.Thread(target=take, args=("narrow", 1))
     narrow.start()

@@ -48,7 +48,13 @@ def open_executor(
             f"{name}: duomo bench runs ONNX Runtime models, not {resolved.config.backend}"
         )
     backend = OrtBackend(loaded.config.backends.onnxruntime)
-    settings = SessionSettings(intra_op_threads=threads, gate=gate)
+    cfg = resolved.config  # (its place at the gate as the supervisor gives it)
+    member = (
+        gate.member(name, cfg.compute_weight, cfg.priority, cfg.priority_aging_per_s)
+        if gate is not None
+        else None
+    )
+    settings = SessionSettings(intra_op_threads=threads, gate=member)
     task: type[Executor] = resolved.executor
     executor = task.open(
         resolved.params, resolved.files, resolved.config.max_batch, backend, settings
@@ -114,7 +120,8 @@ def engine(spec: dict[str, Any]) -> dict[str, Any]:
     loaded = load_config(spec["config"])
     names = [m["name"] for m in spec["models"]]
     plan = plan_for(loaded, names)
-    gate = ComputeGate(plan.budget)
+    cpu = next((d for d in loaded.config.devices if d.kind == "cpu"), None)
+    gate = ComputeGate(plan.budget, cpu.overdraft if cpu is not None else 1)
     workers: list[tuple[str, Executor]] = [
         (name, open_executor(loaded, name, plan.threads_per_instance[name], gate))
         for name in names

@@ -73,6 +73,7 @@ def _mode_figures(rounds: list[dict[str, Any]], alone: dict[str, Any]) -> dict[s
         models[name] = {
             "rps": statistics.fmean(rates),
             "rps_rounds": rates,
+            "kept": statistics.fmean(rates) / weight,  # its share of its lone pace
             "p50_ms": percentile(latencies, 0.50),
             "p90_ms": percentile(latencies, 0.90),
             "p99_ms": percentile(latencies, 0.99),
@@ -90,6 +91,12 @@ def _mode_figures(rounds: list[dict[str, Any]], alone: dict[str, Any]) -> dict[s
     return {
         "models": models,
         "work": statistics.fmean(work_rounds),
+        # how evenly the models kept their lone pace: the least kept ÷ the most kept
+        "kept_evenness": (
+            min(m["kept"] for m in models.values()) / max(m["kept"] for m in models.values())
+            if models and max(m["kept"] for m in models.values()) > 0
+            else None
+        ),
         "work_rounds": work_rounds,
         "rss_peak_mib": statistics.fmean(x["rss_peak_mib"] for x in res),
         "rss_peak_mib_rounds": [x["rss_peak_mib"] for x in res],
@@ -148,9 +155,12 @@ def targets(modes: dict[str, Any]) -> list[dict[str, Any]]:
                            engine=engine_work("per-model")))  # fmt: skip
         memory = ratio("rss_peak_mib", "per-model")
         out.append(_target("duomo memory ÷ per-model memory", memory, 0.6, False))
+    if duomo.get("kept_evenness") is not None:  # fair sharing: no model starved by another
+        out.append(_target("duomo kept shares, least ÷ most", duomo["kept_evenness"], 0.6, True))
     peers = [p for p in PEERS if p in modes]
     if peers:
         best = max(peers, key=lambda p: modes[p]["work"])
+        out += _per_model_targets(duomo, modes, peers)
         out += _peer_targets("duomo", modes, best, engine_work(best), 0.8, OVERHEADS, 0.25)
         if "duomo-http" in modes:  # through the gateway: accounted overhead only
             out += _peer_targets(
@@ -158,6 +168,28 @@ def targets(modes: dict[str, Any]) -> list[dict[str, Any]]:
             )
     if duomo["idle_cpu_percent"] is not None:
         out.append(_target("idle supervisor CPU %", duomo["idle_cpu_percent"], 1.0, False))
+    return out
+
+
+def _per_model_targets(
+    duomo: dict[str, Any], modes: dict[str, Any], peers: list[str]
+) -> list[dict[str, Any]]:
+    """Each model against the better peer for that model: answers/s ≥ 0.8 × its, and for the
+    lightest model (the one a heavy one would starve) p99 ≤ its."""
+    out = []
+    for model, fig in duomo["models"].items():
+        best = max(peers, key=lambda p: modes[p]["models"][model]["rps"])
+        theirs = modes[best]["models"][model]["rps"]
+        if theirs:
+            name = f"{model} answers/s ÷ {best}'s (the better peer for it)"
+            out.append(_target(name, fig["rps"] / theirs, 0.8, True))
+    lightest = max(duomo["models"], key=lambda m: duomo["models"][m]["rps"])
+    p99s = [modes[p]["models"][lightest]["p99_ms"] for p in peers]
+    ours = duomo["models"][lightest]["p99_ms"]
+    if ours is not None and all(v is not None for v in p99s):
+        best_p99 = min(p99s)
+        name = f"{lightest} p99 ms (the lightest model) vs the better peer's {best_p99:.0f}"
+        out.append(_target(name, ours, best_p99, False))
     return out
 
 
@@ -228,6 +260,7 @@ def markdown(report: dict[str, Any]) -> str:
         "|---|" + "--:|" * len(names) + "--:|---|--:|--:|--:|--:|---|---|",
     ]  # fmt: skip
     errors: list[str] = []
+    kept: list[str] = []
     for mode, f in modes.items():
         cells = []
         for n in names:
@@ -236,6 +269,10 @@ def markdown(report: dict[str, Any]) -> str:
             for kind, count in f["models"][n]["errors"].items():
                 errors.append(f"{mode} / {n}: {count} × {kind}")
         work_ratio = f" ({f['work'] / engine['work']:.2f})" if engine else ""
+        kept.append(
+            f"{mode} " + " / ".join(f"{f['models'][n]['kept']:.2f}" for n in names)
+            + (f" (least ÷ most {f['kept_evenness']:.2f})" if f.get("kept_evenness") else "")
+        )  # fmt: skip
         bad = sum(m["wrong"] + sum(m["errors"].values()) for m in f["models"].values())
         lines.append(
             f"| {mode} | " + " | ".join(cells) + f" | **{f['work']:.3f}**{work_ratio} | "
@@ -245,6 +282,8 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {_fmt(f.get('machine_busy_cores'), '.2f')} "
             f"({_fmt(f.get('machine_steal_cores'), '.2f')}) |"
         )  # fmt: skip
+    lines += ["", f"Kept share of each model's lone pace ({'/'.join(names)}): "
+              + "; ".join(kept) + "."]  # fmt: skip
     if errors:
         lines += ["", "Errors: " + "; ".join(errors) + " (first messages in report.json)."]
     probed = workload["overhead_models"]

@@ -20,9 +20,10 @@ Per run: host→device ``memcpy`` straight from the caller's arrays (a shared-me
 the session's host buffers), ``set_dynamic_batch_size`` to the smallest gear that holds the batch
 (padding rows are never copied back) or, for a model built with ``--dynamic_image_size``,
 ``set_dynamic_hw_size`` to the inputs' H×W (which must be one of its gears: ``hw_gears``),
-``execute_async`` + ``synchronize_stream`` (the GIL is free while the device works; the synchronous
-``execute`` would hold it and stall every model), then device→host copies of only the real rows of
-each output (``get_cur_output_dims``).
+``execute_async`` + ``synchronize_stream`` holding the device's compute gate (weighted fair
+share, as the CPU's: ``worker.thread_budget``; the GIL is free while the device works; the
+synchronous ``execute`` would hold it and stall every model), then device→host copies of only
+the real rows of each output (``get_cur_output_dims``).
 
 Close releases in the documented order: data buffers and datasets, model, description, device
 buffers, stream, context.
@@ -62,6 +63,7 @@ from worker.backends.base import (
     TensorSpec,
 )
 from worker.config_model import StrictModel
+from worker.thread_budget import GateMember
 
 log = structlog.get_logger("duomo.acl")
 ATC_SIDECAR_SUFFIX = ".atc.json"  # written next to the .om by tools/atc_convert.py
@@ -118,7 +120,9 @@ class AclBackend(Backend):
         rt = self._runtime_for(settings.device)
         if self.options.check_soc:
             _check_soc(path, self.soc_name)
-        return AclSession(rt, path, settings.device, self.soc_name, settings.device_room_bytes)
+        return AclSession(
+            rt, path, settings.device, self.soc_name, settings.device_room_bytes, settings.gate
+        )
 
     def close(self) -> None:
         with self._lock:
@@ -158,10 +162,17 @@ class _Tensor:
 
 class AclSession(BufferedSession):
     def __init__(
-        self, rt: AclRuntime, path: Path, device: int, soc_name: str, room: int | None = None
+        self,
+        rt: AclRuntime,
+        path: Path,
+        device: int,
+        soc_name: str,
+        room: int | None = None,
+        gate: GateMember | None = None,
     ) -> None:
         super().__init__()
         self._rt = rt
+        self._gate = gate  # its model's place at the device's compute gate
         self._room = room  # device memory the budgets leave for it (checked with query_size)
         self.path = path
         self.device = device
@@ -368,6 +379,24 @@ class AclSession(BufferedSession):
             shapes.append(tuple(dims))
         return shapes
 
+    def _execute(self) -> None:
+        """The model's turn on the device: ``execute_async`` + ``synchronize_stream``, holding
+        the device's compute gate (the same weighted fair share as the CPU's), if any."""
+        rt, gate = self._rt, self._gate
+        if gate is not None:
+            gate.acquire(1)
+        try:
+            rt.check(
+                rt.execute_async(
+                    self._model_id, self._input_dataset, self._output_dataset, self._stream
+                ),
+                "mdl.execute_async",
+            )
+            rt.check(rt.synchronize_stream(self._stream), "rt.synchronize_stream")
+        finally:
+            if gate is not None:
+                gate.release(1)
+
     def run(
         self,
         inputs: Mapping[str, np.ndarray],
@@ -407,13 +436,7 @@ class AclSession(BufferedSession):
                 ),
                 f"mdl.set_dynamic_hw_size({hw[0]}, {hw[1]})",
             )
-        rt.check(
-            rt.execute_async(
-                self._model_id, self._input_dataset, self._output_dataset, self._stream
-            ),
-            "mdl.execute_async",
-        )
-        rt.check(rt.synchronize_stream(self._stream), "rt.synchronize_stream")
+        self._execute()
         results: dict[str, np.ndarray] = {}
         for i, (t, pointer) in enumerate(zip(self._outputs, self._output_pointers)):
             dims, ret = rt.get_cur_output_dims(self._desc, i)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from worker.thread_budget import ComputeGate
+from worker.thread_budget import GateMember
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class SessionSettings:
     """What a worker asks of the session it opens."""
 
     intra_op_threads: int
-    gate: ComputeGate | None = None
+    gate: GateMember | None = None  # its model's place at the device's compute gate
     device: int = 0  # the accelerator the model runs on (ACL; ORT's provider options decide)
     device_room_bytes: int | None = None  # device memory the model may still take (budgets)
     varying_shapes: bool = False  # its input shapes change from request to request
