@@ -130,12 +130,14 @@ class GateMember:
 
 @dataclass
 class Turn:
-    """A turn asked for: whose, how many tokens, in which order, since when."""
+    """A turn asked for: whose, how many tokens, in which order, since when; ``started`` once
+    the gate has given it its tokens."""
 
     member: GateMember
     n: int
     seq: int
     since: float
+    started: bool = False
 
 
 class FairShare:
@@ -231,6 +233,7 @@ class FairShare:
 
     def start(self, turn: Turn) -> None:
         self.withdraw(turn)
+        turn.started = True
         now = self.clock()
         self.held += turn.n
         turn.member.running += turn.n
@@ -294,9 +297,14 @@ class FairShare:
 
 
 class ComputeGate:
-    """The gate every backend session holds around each run: its ``FairShare`` under a lock,
-    turns waited for on a condition. ``high_water`` is the most tokens ever held at once: the
-    observable proof that the budget held (``tokens`` + ``overdraft`` at most)."""
+    """The gate every backend session holds around each run: its ``FairShare`` under a lock.
+    Turns are handed out, not raced for: whenever a turn is asked for or tokens are given back,
+    the gate starts every turn the rule lets start (``_dispatch``), and a waiting thread only
+    waits for its own turn to be started. (Letting each waiter judge for itself whether it is
+    next would lose a turn: the rule's order moves with time — usage decays, runs count up,
+    waits age — so the one that is next may have looked, found another next, and slept.)
+    ``high_water`` is the most tokens ever held at once: the observable proof that the budget
+    held (``tokens`` + ``overdraft`` at most)."""
 
     def __init__(
         self, tokens: int, overdraft: int = 0, clock: Callable[[], float] = time.monotonic
@@ -326,23 +334,33 @@ class ComputeGate:
         policy = self.policy
         with self._lock:
             turn = policy.ask(member, n)
+            self._dispatch()
             try:
-                while policy.next_turn() is not turn:
+                while not turn.started:
                     self._cond.wait()
-            except BaseException:
-                policy.withdraw(turn)
+            except BaseException:  # (interrupted: give back what it was or would be given)
+                if turn.started:
+                    policy.finish(member, n)
+                    self._dispatch()
+                else:
+                    policy.withdraw(turn)
                 raise
-            policy.start(turn)
-            self.high_water = max(self.high_water, policy.held)
-            if policy.turns:  # the next may start too
-                self._cond.notify_all()
 
     def release(self, member: GateMember, n: int) -> None:
         n = max(1, min(n, self.tokens))
         with self._lock:
             self.policy.finish(member, n)
-            if self.policy.turns:
-                self._cond.notify_all()
+            self._dispatch()
+
+    def _dispatch(self) -> None:
+        """With the lock held: start every turn the rule lets start now, and wake them."""
+        started = False
+        while (turn := self.policy.next_turn()) is not None:
+            self.policy.start(turn)
+            started = True
+        if started:
+            self.high_water = max(self.high_water, self.policy.held)
+            self._cond.notify_all()
 
     def shares(self) -> dict[str, dict[str, float]]:
         with self._lock:

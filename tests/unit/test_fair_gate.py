@@ -4,6 +4,10 @@ turn, and which model ran when is exact — no thread, no wall-clock time in any
 
 from __future__ import annotations
 
+import random
+import threading
+import time
+
 import pytest
 
 from worker.thread_budget import ComputeGate, FairShare, GateMember
@@ -167,3 +171,38 @@ def test_a_model_built_again_or_re_initialized_starts_at_the_average() -> None:
     middle.rejoin()
     others = [sim.policy.used(m, now) for n, m in sim.members.items() if n != "middle"]
     assert sim.policy.used(middle, now) == pytest.approx(sum(others) / len(others), rel=0.05)
+
+
+def test_every_waiter_is_started_even_as_the_order_moves_with_time() -> None:
+    """Real threads, a clock that jumps on every reading (so which turn is next changes
+    between any two looks at it): every turn is still handed out, none is lost."""
+    lock = threading.Lock()
+    rng = random.Random(7)
+    now = [0.0]
+
+    def jumpy() -> float:
+        with lock:
+            now[0] += rng.uniform(0.0, 0.05)
+            return now[0]
+
+    gate = ComputeGate(1, overdraft=1, clock=jumpy)
+    done: list[str] = []
+
+    def work(name: str, weight: float) -> None:
+        member = gate.member(name, weight)
+        for _ in range(200):
+            with member.hold(1):
+                time.sleep(0.0002)
+        done.append(name)
+
+    threads = [
+        threading.Thread(target=work, args=(f"m{i}", w), daemon=True)
+        for i, w in enumerate((1.0, 1.0, 2.0, 4.0, 0.5))
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    assert sorted(done) == [f"m{i}" for i in range(5)], f"stuck waiters: {len(threads) - len(done)}"
+    assert gate.policy.held == 0 and not gate.policy.turns
+    assert gate.high_water <= 2
