@@ -211,8 +211,10 @@ class Batcher:
                 self._sleepers.remove(wake)
 
     def _wait_in_reader(self, wake_fd: int) -> bool:
-        """With the lock held: wait in the idle reader (without the lock); False if it had
-        nothing to read."""
+        """With the lock held: wait in the idle reader (without the lock). False only if it
+        had nothing to read and nobody woke it meanwhile: then, and only then, the caller may
+        sleep without looking again (a request queued while the lock was let go woke it
+        through ``wake_fd``, which is consumed here: that wake-up must not be lost)."""
         assert self._idle_reader is not None
         self._reader = (threading.get_ident(), wake_fd)
         self._lock.release()
@@ -224,13 +226,14 @@ class Batcher:
         finally:
             self._lock.acquire()
             self._reader = None
-            if self._reader_woken:
+            woken = self._reader_woken
+            if woken:
                 self._reader_woken = False
                 with contextlib.suppress(BlockingIOError):
                     os.eventfd_read(wake_fd)
         if read and self._sleepers and not self._count:  # (woken, not by a request: the
             self._wake_all()  # next worker of a new generation, say, reads from now on)
-        return read
+        return read or woken
 
     def _wake_all(self) -> None:
         """With the lock held: wake every sleeping worker, and the one in the idle reader

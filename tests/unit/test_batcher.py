@@ -293,3 +293,29 @@ def poll_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "condition not reached in time"
         time.sleep(0.005)
+
+
+def test_a_request_queued_while_the_reader_finds_nothing_is_not_lost() -> None:
+    """The idle reader lets go of the lock; a request queued in that moment wakes it through
+    the wake fd. If the reader then reports nothing to read, the worker must still see the
+    request, not sleep on it (a lost wake-up: the request would wait forever)."""
+    b = Batcher("m", max_batch=4, max_delay_s=0.0, queue_size=10)
+
+    def reader_that_finds_nothing(model: str, wake_fd: int) -> bool:
+        elsewhere = threading.Thread(target=b.put, args=(request("meanwhile"),))
+        elsewhere.start()  # (the reactor queues a notice of another connection)
+        elsewhere.join()
+        return False  # nothing of its own to read
+
+    b._idle_reader = reader_that_finds_nothing
+    wake = with_wake_fd()
+    got: list[object] = []
+    worker = threading.Thread(target=lambda: got.append(b.next_batch(0, wake)), daemon=True)
+    worker.start()
+    worker.join(10)
+    assert not worker.is_alive(), "the worker slept on a queued request"
+    assert names(got[0].run) == ["meanwhile"]  # type: ignore[attr-defined]
+    with pytest.raises(BlockingIOError):  # the wake-up was consumed
+        os.eventfd_read(wake)
+    b.close()
+    os.close(wake)
