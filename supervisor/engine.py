@@ -43,6 +43,7 @@ from ipc.errors import (
     echoed,
 )
 from supervisor.config import LoadedConfig, ResolvedModel
+from supervisor.device_telemetry import DeviceTelemetry
 from supervisor.memory import Footprint, Resident, choose_victims, mb, resident_bytes, trim_heap
 from worker.backends import Backend, create_backend
 from worker.backends.base import NotEnoughDeviceMemory
@@ -108,6 +109,7 @@ class Engine:
         self.activity = Activity()  # instances at work: an idle worker spins only while none is
         self._idle_waits: dict[str, IdleWaits] = {}  # by model, since start
         self._clock = time.perf_counter
+        self.telemetry = DeviceTelemetry(())  # the devices' self-reports, once started
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -127,6 +129,7 @@ class Engine:
                 if d.kind != "cpu"
             }
             limit_opencv_threads()
+            self.telemetry = DeviceTelemetry((d.id, d.kind) for d in self.loaded.config.devices)
             for name in self._wanted:
                 self.models[name] = self._build(name, self.loaded)
             try:
@@ -537,23 +540,60 @@ class Engine:
     def infer(self, name: str, payload: Any, timeout_s: float | None = None) -> Any:
         return self.submit(name, payload).result(timeout_s)
 
+    def model_memory(self, name: str, model: ServedModel) -> tuple[int | None, int | None]:
+        """The bytes charged to ``model`` (its largest measured load, on its device's terms;
+        None before it was ever measured) and its ``memory_budget_mb`` in bytes."""
+        largest = self.footprints.get(name)
+        charged = largest.charged(self._device_kind(model.spec.device)) if largest else None
+        resolved = self.loaded.models.get(name)
+        return charged, self._model_budget(resolved) if resolved else None
+
     def _model_status(self, name: str, model: ServedModel) -> dict[str, Any]:
         """The model's own status with its memory against its budget and its config flags."""
         shown = model.status()
         resolved = self.loaded.models.get(name)
-        largest, last = self.footprints.get(name), self._measured.get(name)
+        last = self._measured.get(name)
+        charged, budget = self.model_memory(name, model)
         shown["memory"] = {
             "loaded": model.holds_memory,
             "measured": last.to_dict() if last else None,
-            "charged_bytes": (
-                largest.charged(self._device_kind(model.spec.device)) if largest else None
-            ),
-            "budget_bytes": self._model_budget(resolved) if resolved else None,
+            "charged_bytes": charged,
+            "budget_bytes": budget,
         }
         waits = self._idle_waits.get(name)
         shown["idle_spin"] = (waits or IdleWaits()).to_dict()
         shown["preload"] = resolved.config.preload if resolved else None
         shown["evictable"] = resolved.config.evictable if resolved else None
+        return shown
+
+    def device_memory(self) -> list[tuple[int, int, int | None]]:
+        """Per configured device: (id, bytes charged to its loaded models, its budget)."""
+        shown = []
+        for device in self.loaded.config.devices:
+            used = sum(
+                self._charged(n, device.kind)
+                for n, m in list(self.models.items())
+                if m.spec.device == device.id and m.holds_memory
+            )
+            shown.append((device.id, used, self._device_budget(device.id)))
+        return shown
+
+    def devices(self) -> list[dict[str, Any]]:
+        """``status``'s devices: memory charged against the budget, and what each device
+        reports of itself (its total memory, ``telemetry``)."""
+        shown = []
+        for id_, used, budget in self.device_memory():
+            reading = self.telemetry.read(id_)
+            shown.append(
+                {
+                    "id": id_,
+                    "kind": self._device_kind(id_),
+                    "used_bytes": used,
+                    "budget_bytes": budget,
+                    "total_bytes": reading.total_bytes,
+                    "telemetry": reading.to_dict(),
+                }
+            )
         return shown
 
     def status(self) -> dict[str, Any]:
@@ -563,23 +603,7 @@ class Engine:
             shares.update(gate.shares())
         for name, shown in models.items():  # its share of its gate's compute time, and weight
             shown["compute"] = shares.get(name, {"weight": 1.0, "share": 0.0})
-        devices = []
-        for device in self.loaded.config.devices:
-            kind = device.kind
-            used = sum(
-                self._charged(n, kind)
-                for n, m in self.models.items()
-                if m.spec.device == device.id and m.holds_memory
-            )
-            devices.append(
-                {
-                    "id": device.id,
-                    "kind": kind,
-                    "used_bytes": used,
-                    "budget_bytes": self._device_budget(device.id),
-                }
-            )
-        return {"thread_budget": self.plan.budget, "devices": devices, "models": models}
+        return {"thread_budget": self.plan.budget, "devices": self.devices(), "models": models}
 
     def close(self, grace_s: float = 30.0) -> int:
         """Stop every model (finishing queued work within ``grace_s`` in all), release the
@@ -595,6 +619,7 @@ class Engine:
         for backend in self._backends.values():
             backend.close()
         self._backends.clear()
+        self.telemetry.close()
         return cut
 
     def __enter__(self) -> Engine:

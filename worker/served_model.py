@@ -44,11 +44,13 @@ from worker.executors.base import Executor, SlotSpec
 from worker.health import HealthPolicy, RestartHistory
 from worker.model_worker import ModelWorker
 from worker.request import Outcome, Request
-from worker.stats import ModelStats
+from worker.stats import Buckets, ModelStats
 from worker.thread_budget import Activity, ComputeGate, GateMember
 
 log = structlog.get_logger("duomo.model")
 HISTORY = 16  # state changes kept for ``status``
+LOAD_BOUNDS_S = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)  # a load, warm-up included
+RESTART_CAUSES = ("hung", "failing")  # the watchdog's verdicts that restart a model
 
 
 class ModelState(str, Enum):
@@ -126,6 +128,8 @@ class ServedModel:
         self.loads = 0  # successful loads (first, on demand, by an operator)
         self.evictions = 0
         self.reinitializations = 0  # since start (``restarts`` only keeps the window)
+        self.load_seconds = Buckets(LOAD_BOUNDS_S)  # successful loads: the model switch latency
+        self.restart_attempts = dict.fromkeys(RESTART_CAUSES, 0)  # by cause, since built
         self.restarts = RestartHistory(spec.health)
         self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self._pending = 0  # accepted and not yet answered: queued + being processed
@@ -208,6 +212,7 @@ class ServedModel:
             before = self.state
             self.set_state(ModelState.LOADING)
             self.batcher.reopen()
+            started = time.monotonic()
             try:
                 self._start_workers(timeout_s)
             except BaseException as err:
@@ -220,6 +225,7 @@ class ServedModel:
                 raise
             self.restarts.clear()
             self.auto_load = self._on_demand is not None
+            self.load_seconds.observe(time.monotonic() - started)
             self.loads += 1
             self.set_state(ModelState.READY)
 
@@ -323,8 +329,9 @@ class ServedModel:
         started = [w.busy_since for w in self.workers if w.busy_since is not None]
         return now - min(started) if started else 0.0
 
-    def reinitialize(self, reason: str, stop: threading.Event) -> None:
-        """Replace every instance after failures or a hang (on a watchdog thread).
+    def reinitialize(self, reason: str, stop: threading.Event, cause: str = "failing") -> None:
+        """Replace every instance after failures or a hang (on a watchdog thread); ``cause``
+        (one of ``RESTART_CAUSES``) counts each attempt in ``restart_attempts``.
 
         Backs off exponentially between attempts; FAILED once ``max_restarts`` restarts fall
         within ``restart_window_s``. Queued requests wait or are answered UNAVAILABLE, as
@@ -351,6 +358,7 @@ class ServedModel:
                     return
                 delay = self.restarts.next_delay_s(now)
                 self.restarts.record(now)
+                self.restart_attempts[cause] = self.restart_attempts.get(cause, 0) + 1
                 self.set_state(ModelState.REINITIALIZING, reason)
                 if policy.while_reinitializing == "fail":
                     self._fail_queued(f"model {self.spec.name!r} is re-initializing: {reason}")

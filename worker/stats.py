@@ -2,18 +2,22 @@
 cumulative counts and times since the model was built.
 
 Written by the model's workers (and the batcher's expiry path), read by ``status``, the
-benchmark and, through ``status``, the gateway's statistics endpoints. Latencies are kept in a
-bounded window of recent requests, so percentiles describe current behaviour and memory stays
-flat however long the server runs; the cumulative ``totals`` (Triton's statistics: counts and
-nanoseconds per stage) only ever grow.
+benchmark and, through ``status``, the gateway's statistics endpoints; ``counters`` is the
+metrics scrape's view (``supervisor.metrics``). Latencies are kept in a bounded window of recent
+requests, so percentiles describe current behaviour and memory stays flat however long the
+server runs; the cumulative ``totals`` (Triton's statistics: counts and nanoseconds per stage)
+and the ``Buckets`` of request durations and batch sizes only ever grow.
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,6 +31,41 @@ STAGES = ("queue", "preprocess", "infer", "postprocess", "total")
 TOTALS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
 _OUTCOME_KEYS = {code: code.name.lower() for code in ErrorCode}
 _WINDOW = 4096
+# histogram bounds: end-to-end seconds of a successful request, and items per batch
+REQUEST_BOUNDS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+BATCH_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class Buckets:
+    """A Prometheus histogram's state: how many observations fell at or below each bound (and
+    above the last), and their sum. Written under its owner's lock; ``read`` takes none (a copy
+    of a list is atomic under the GIL), so a scrape never makes a writer wait."""
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(float(b) for b in bounds)
+        self._counts = [0] * (len(self.bounds) + 1)
+        self._sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self._counts[bisect.bisect_left(self.bounds, value)] += 1
+        self._sum += value
+
+    def read(self) -> tuple[list[int], float]:
+        """Cumulative counts per bound (the last is +Inf, the total) and the sum."""
+        counts, total = list(self._counts), self._sum
+        return list(itertools.accumulate(counts)), total
+
+
+@dataclass(frozen=True)
+class Counters:
+    """The cumulative numbers of one model at one moment (the metrics scrape's view)."""
+
+    outcomes: dict[str, int]  # answered requests by outcome key ("ok", "internal", ...)
+    totals: dict[str, tuple[int, int]]  # TOTALS kind -> (count, nanoseconds)
+    items: int
+    executions: int
+    request_seconds: tuple[list[int], float]  # ``Buckets.read``
+    batch_sizes: tuple[list[int], float]
 
 
 class ModelStats:
@@ -42,6 +81,8 @@ class ModelStats:
         self._items = 0
         self._executions = 0
         self._last_ms = 0
+        self.request_seconds = Buckets(REQUEST_BOUNDS_S)  # successful requests, end to end
+        self.batch_size = Buckets(BATCH_BOUNDS)
 
     def record(self, outcome: Outcome, total_s: float) -> None:
         t = outcome.timings
@@ -52,6 +93,7 @@ class ModelStats:
                 self._samples.append(
                     (t.queue_s, t.preprocess_s, t.infer_s, t.postprocess_s, total_s)
                 )
+                self.request_seconds.observe(total_s)
                 spent: tuple[tuple[str, float], ...] = (
                     ("success", total_s),
                     ("queue", t.queue_s),
@@ -71,6 +113,19 @@ class ModelStats:
             self._batches[size] += 1
             self._items += size
             self._executions += 1
+            self.batch_size.observe(size)
+
+    def counters(self) -> Counters:
+        """Every cumulative number, read without the lock: a worker never waits for a scrape.
+        Each value is read atomically; two of them may be one request apart."""
+        return Counters(
+            outcomes=dict(self._outcomes),
+            totals={kind: (entry[0], entry[1]) for kind, entry in self._totals.items()},
+            items=self._items,
+            executions=self._executions,
+            request_seconds=self.request_seconds.read(),
+            batch_sizes=self.batch_size.read(),
+        )
 
     def recent_p99_ms(self, last: int = 256) -> float | None:
         """End-to-end p99 of the last ``last`` successful requests (the watchdog's SLO check)."""
