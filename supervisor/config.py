@@ -22,6 +22,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from supervisor.gateways import GatewayConfig
 from supervisor.limits import LimitsConfig
+from supervisor.metrics_http import MetricsConfig
 from worker.backends.acl import AclOptions
 from worker.backends.ort_backend import OrtOptions
 from worker.config_model import StrictModel
@@ -107,6 +108,7 @@ class DuomoConfig(StrictModel):
     idle_spin_us: int = Field(default=1000, ge=0, le=10_000)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     gateway: GatewayConfig | None = None  # the KServe v2 gateway, started by ``duomo start``
+    metrics: MetricsConfig | None = None  # /metrics and the health probes, off when absent
     models: list[ModelConfig] = Field(min_length=1)
 
 

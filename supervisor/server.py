@@ -22,6 +22,7 @@ reactor               sockets: accept, authenticate, control messages, slot noti
 control jobs (one)    slow control messages in order (reload, load, unload, attach-and-load)
 watchdog              health checks once a period; starts restart threads
 model instance (×N)   batches; writes results into slots and sends "slot done"
+metrics (+1/request)  ``/metrics`` and the probes (``metrics:``), from the start of ``start``
 ====================  ==============================================================
 """
 
@@ -59,8 +60,11 @@ from supervisor.control_jobs import ControlJob, ControlJobs, error_reply
 from supervisor.engine import Engine
 from supervisor.gateways import GatewayProcesses
 from supervisor.limits import Limits, ShmLedger, resolve_limits
+from supervisor.metrics import DuomoCollector, ProcessView
+from supervisor.metrics_http import LIVE_TIMEOUT_S, MetricsServer
 from supervisor.reactor import Reactor
 from supervisor.watchdog import Watchdog
+from worker.served_model import SERVING
 
 log = structlog.get_logger("duomo.supervisor")
 MAX_SLOTS = 64
@@ -78,6 +82,9 @@ class Supervisor:
         self.shm = ShmLedger(self.limits)
         self.control_jobs = ControlJobs(self.limits.control_queue)
         self.gateways: GatewayProcesses | None = None
+        self.metrics: MetricsServer | None = None
+        self._process = psutil.Process()
+        self._stopping = False
         self._wake = threading.Event()
         self._stop_requested = False
         self._reload_requested = False
@@ -92,7 +99,17 @@ class Supervisor:
         key = write_key(path)
         self._own(key_path(path))
         start_tracker()
-        self.engine.start()
+        metrics = self.loaded.config.metrics
+        if metrics is not None:  # first: the probes answer (not ready) while the models load
+            collector = DuomoCollector(self.engine, self._process_view)
+            self.metrics = MetricsServer(metrics, collector, self._live, self._not_ready)
+            self.metrics.start()
+        try:
+            self.engine.start()
+        except BaseException:
+            if self.metrics is not None:
+                self.metrics.stop()
+            raise
         watchdog = self.loaded.config.watchdog
         if watchdog.enabled:
             self.watchdog = Watchdog(self.engine, watchdog.period_ms / 1e3)
@@ -170,7 +187,9 @@ class Supervisor:
     def shutdown(self) -> int:
         """Stop accepting, finish queued work within the grace period, release the models,
         close clients, remove files. Returns how many accepted requests had to be cut. The
-        gateway's workers stop first (they finish the requests they have sent)."""
+        gateway's workers stop first (they finish the requests they have sent); the metrics
+        port answers (not ready) until the end."""
+        self._stopping = True
         if self.gateways is not None:
             self.gateways.stop()
         if self.reactor is not None:
@@ -191,8 +210,49 @@ class Supervisor:
             with contextlib.suppress(FileNotFoundError):
                 if path.lstat().st_ino == inode:
                     path.unlink()
+        if self.metrics is not None:
+            self.metrics.stop()
         log.info("supervisor stopped", requests_cut=cut)
         return cut
+
+    # -- what the metrics port reports ------------------------------------------------------
+
+    def _live(self) -> bool:
+        """Alive while starting; once it serves, its reactor must run a task within
+        ``LIVE_TIMEOUT_S`` (a wedged reactor serves no one, however well the models run)."""
+        reactor = self.reactor
+        if reactor is None:
+            return True
+        answered = threading.Event()
+        reactor.call_soon(answered.set)
+        return answered.wait(LIVE_TIMEOUT_S)
+
+    def _not_ready(self) -> list[str]:
+        """Why it is not ready: each ``preload`` model that is not READY or DEGRADED, with its
+        state; empty once ready."""
+        if self._stopping:
+            return ["the supervisor is stopping"]
+        preload = [n for n, m in self.loaded.models.items() if m.config.preload]
+        models = dict(self.engine.models)
+        waiting = [
+            f"{n}: {models[n].state.value if n in models else 'not built yet'}"
+            for n in preload
+            if n not in models or models[n].state not in SERVING
+        ]
+        if self.reactor is None:
+            waiting.append("the supervisor is not listening yet")
+        return waiting
+
+    def _process_view(self) -> ProcessView:
+        reactor = self.reactor
+        gateways = self.gateways.status() if self.gateways is not None else []
+        return ProcessView(
+            clients_attached=sum(1 for c in reactor.connections if c.authenticated)
+            if reactor is not None
+            else 0,
+            gateway_workers_running=sum(1 for g in gateways if g["running"]),
+            resident_bytes=self._process.memory_info().rss,
+        )
 
     def _apply_limits(self, limits: Limits) -> None:
         self.limits = limits
@@ -359,7 +419,7 @@ class Supervisor:
         return attachment
 
     def status(self) -> dict[str, Any]:
-        process = psutil.Process()
+        process = self._process
         clients = []
         for conn in self.reactor.connections if self.reactor else []:
             slots, shm_bytes = self.shm.held(conn.id)

@@ -12,7 +12,8 @@ this instance's ``first_call``-th batch on, for ``fault_calls`` batches (0: for 
 ``control_file``, when it exists, overrides ``fault`` on every batch with its content ("none",
 "raise", "hang", "garbage"), so a test can switch a running model's behaviour. A hang lasts
 while the control file still says "hang" (or ``hang_s``). ``work_ms`` is time spent per batch,
-``ballast_mb`` memory each loaded instance holds (touched, so it is resident).
+``ballast_mb`` memory each loaded instance holds (touched, so it is resident), ``load_s`` how
+long each instance takes to load.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class FaultyParams(StrictModel):
     hang_s: float = Field(default=3600.0, ge=0)
     work_ms: float = Field(default=0.0, ge=0)
     ballast_mb: int = Field(default=0, ge=0)
+    load_s: float = Field(default=0.0, ge=0)
     offset: float = 1.0
 
 
@@ -56,6 +58,7 @@ class FaultyExecutor(Executor):
         self.p = params
         self.calls = 0
         self._ballast: np.ndarray | None = None
+        time.sleep(params.load_s)
         if params.ballast_mb:
             self._ballast = np.ones(params.ballast_mb << 17, dtype=np.float64)  # 8 B each
 

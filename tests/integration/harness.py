@@ -61,6 +61,7 @@ def write_config(
     chosen = [{**m, **(overrides or {}).get(m["name"], {})} for m in raw["models"]]
     raw["models"] = [m for m in chosen if m["name"] in models] + list(extra)
     raw.pop("gateway", None)  # (its fixed ports): a test that wants one passes gateway=...
+    raw.pop("metrics", None)  # (the same): metrics={"http": ...}
     raw.update(top)
     path = folder / "supervisor.yaml"
     path.write_text(yaml.safe_dump(raw))

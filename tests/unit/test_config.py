@@ -176,3 +176,13 @@ def test_the_gateway_section_refuses_an_open_bind_without_a_token_or_tls() -> No
         GatewayConfig(http="8000")
     with pytest.raises(ValidationError, match="give http, grpc or both"):
         GatewayConfig(http=None, grpc=None)
+
+
+def test_the_metrics_section_is_off_when_absent_and_needs_host_and_port(tmp_path: Path) -> None:
+    assert load_config(write_config(tmp_path, [classify()])).config.metrics is None
+    on = load_config(write_config(tmp_path, [classify()], metrics={"http": "0.0.0.0:9100"}))
+    assert on.config.metrics is not None and on.config.metrics.http == "0.0.0.0:9100"
+    found = problems(write_config(tmp_path, [classify()], metrics={"http": "9100"}))
+    assert found and found[0][0] == "metrics.http" and "HOST:PORT" in found[0][1], found
+    found = problems(write_config(tmp_path, [classify()], metrics={"port": 9100}))
+    assert found[0][0] == "metrics.port", found

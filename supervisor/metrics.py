@@ -1,0 +1,213 @@
+"""The supervisor's Prometheus series: what ``/metrics`` shows, read at scrape time from the
+numbers the workers, the engine and the reactor already keep.
+
+Served by ``supervisor.metrics_http`` (``metrics: {http: HOST:PORT}``), rendered by
+``prometheus-client``. Names follow Triton's ``nv_inference_*`` with the ``duomo_`` prefix, so
+dashboards and alerts written for Triton translate. Every declared model has all its series from
+the moment the supervisor starts, at zero, with every known label value (each error code as a
+failure ``reason``, each state, each restart ``cause``), so ``rate()`` and alerts work before
+the first failure. A scrape takes no lock a worker waits for: ``ModelStats.counters`` and
+``Buckets.read`` copy without one. A model rebuilt by a reload starts its counters again from
+zero, which Prometheus reads as a counter reset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from ipc.errors import ErrorCode
+from supervisor.engine import Engine
+from worker.served_model import ModelState
+from worker.stats import TOTALS
+
+FAILURE_REASONS = tuple(code.name for code in ErrorCode if code is not ErrorCode.OK)
+# Triton's cumulative stage durations: (metric suffix, ``ModelStats`` total kind)
+STAGE_DURATIONS = (
+    ("request", "success"),
+    ("queue", "queue"),
+    ("compute_input", "compute_input"),
+    ("compute_infer", "compute_infer"),
+    ("compute_output", "compute_output"),
+)
+assert {kind for _, kind in STAGE_DURATIONS} <= set(TOTALS)
+
+
+@dataclass(frozen=True)
+class ProcessView:
+    """What the supervisor itself contributes to a scrape."""
+
+    clients_attached: int  # authenticated connections
+    gateway_workers_running: int
+    resident_bytes: int
+
+
+def _histogram(
+    family: HistogramMetricFamily,
+    labels: list[str],
+    bounds: Sequence[float],
+    read: tuple[list[int], float],
+) -> None:
+    cumulative, total = read
+    edges = [floatToGoString(b) for b in bounds] + ["+Inf"]
+    family.add_metric(labels, list(zip(edges, cumulative, strict=True)), total)
+
+
+class DuomoCollector(Collector):
+    """Builds every ``duomo_*`` family on each scrape (``collect``)."""
+
+    def __init__(self, engine: Engine, process: Callable[[], ProcessView]) -> None:
+        self.engine = engine
+        self.process = process
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._models()
+        yield from self._devices()
+        view = self.process()
+        yield GaugeMetricFamily(
+            "duomo_clients_attached", "Authenticated client connections (producers, gateway "
+            "workers, CLI).", value=view.clients_attached,
+        )  # fmt: skip
+        yield GaugeMetricFamily(
+            "duomo_gateway_workers_running", "KServe v2 gateway worker processes running.",
+            value=view.gateway_workers_running,
+        )  # fmt: skip
+        yield GaugeMetricFamily(
+            "duomo_process_resident_bytes", "The supervisor's resident memory.",
+            value=view.resident_bytes,
+        )  # fmt: skip
+
+    def _models(self) -> Iterator[Metric]:
+        m = ["model"]
+
+        def counter(name: str, doc: str, labels: Sequence[str] = m) -> CounterMetricFamily:
+            return CounterMetricFamily(f"duomo_{name}", doc, labels=list(labels))
+
+        success = counter("inference_request_success", "Requests answered successfully.")
+        failure = counter(
+            "inference_request_failure", "Requests answered with an error, by its code.",
+            [*m, "reason"],
+        )  # fmt: skip
+        items = counter("inference_count", "Items inferred (a batch of n counts n).")
+        executions = counter("inference_exec_count", "Batches run.")
+        durations = {
+            stage: counter(
+                f"inference_{stage}_duration_us",
+                f"Cumulative microseconds of successful requests in {stage.replace('_', ' ')}"
+                + (" (end to end)" if stage == "request" else ""),
+            )
+            for stage, _ in STAGE_DURATIONS
+        }
+        latency = HistogramMetricFamily(
+            "duomo_request_duration_seconds",
+            "End-to-end time of successful requests, queue included.", labels=m,
+        )  # fmt: skip
+        batch = HistogramMetricFamily("duomo_batch_size", "Items per batch run.", labels=m)
+        pending = GaugeMetricFamily(
+            "duomo_inference_pending_request_count",
+            "Requests accepted and not yet answered (queued or running).", labels=m,
+        )  # fmt: skip
+        state = GaugeMetricFamily(
+            "duomo_model_state", "1 for the model's current state, 0 for the others.",
+            labels=[*m, "state"],
+        )  # fmt: skip
+        memory = GaugeMetricFamily(
+            "duomo_model_memory_bytes",
+            "Memory charged to the loaded model on its device (0 when unloaded).",
+            labels=[*m, "device"],
+        )  # fmt: skip
+        budget = GaugeMetricFamily(
+            "duomo_model_memory_budget_bytes", "The model's memory_budget_mb, in bytes.", labels=m
+        )
+        loads = counter("model_loads", "Successful loads (first, on demand, by an operator).")
+        load_time = HistogramMetricFamily(
+            "duomo_model_load_duration_seconds",
+            "Time to load and warm up the model: the model switch latency.", labels=m,
+        )  # fmt: skip
+        evictions = counter("model_evictions", "Unloads to make room for another model.")
+        restarts = counter(
+            "model_restarts", "Re-initialization attempts by the watchdog, by cause.",
+            [*m, "cause"],
+        )  # fmt: skip
+
+        for name, model in list(self.engine.models.items()):
+            numbers = model.stats.counters()
+            success.add_metric([name], numbers.totals["success"][0])
+            for reason in FAILURE_REASONS:
+                failure.add_metric([name, reason], numbers.outcomes.get(reason.lower(), 0))
+            items.add_metric([name], numbers.items)
+            executions.add_metric([name], numbers.executions)
+            for stage, kind in STAGE_DURATIONS:
+                durations[stage].add_metric([name], numbers.totals[kind][1] / 1e3)
+            _histogram(latency, [name], model.stats.request_seconds.bounds, numbers.request_seconds)
+            _histogram(batch, [name], model.stats.batch_size.bounds, numbers.batch_sizes)
+            pending.add_metric([name], model.pending)
+            current = model.state
+            for each in ModelState:
+                state.add_metric([name, each.value], 1.0 if each is current else 0.0)
+            charged, model_budget = self.engine.model_memory(name, model)
+            if charged is not None:
+                held = charged if model.holds_memory else 0
+                memory.add_metric([name, str(model.spec.device)], held)
+            if model_budget is not None:
+                budget.add_metric([name], model_budget)
+            loads.add_metric([name], model.loads)
+            _histogram(load_time, [name], model.load_seconds.bounds, model.load_seconds.read())
+            evictions.add_metric([name], model.evictions)
+            for cause, count in list(model.restart_attempts.items()):
+                restarts.add_metric([name, cause], count)
+        yield from (success, failure, items, executions, *durations.values(), latency, batch)
+        yield from (pending, state, memory, budget, loads, load_time, evictions, restarts)
+
+    def _devices(self) -> Iterator[Metric]:
+        d = ["device"]
+        used = GaugeMetricFamily(
+            "duomo_device_memory_used_bytes",
+            "Memory charged to the device's loaded models.", labels=d,
+        )  # fmt: skip
+        budget = GaugeMetricFamily(
+            "duomo_device_memory_budget_bytes", "The device's memory_budget_mb.", labels=d
+        )
+        total = GaugeMetricFamily(
+            "duomo_device_memory_total_bytes", "The device's memory, as it reports it.", labels=d
+        )
+        utilization = GaugeMetricFamily(
+            "duomo_device_utilization_ratio", "Compute units busy (0..1), as the device "
+            "reports it (NVML, npu-smi).", labels=d,
+        )  # fmt: skip
+        temperature = GaugeMetricFamily(
+            "duomo_device_temperature_celsius", "The device's temperature.", labels=d
+        )
+        power = GaugeMetricFamily("duomo_device_power_watts", "The device's power draw.", labels=d)
+        cpu = CounterMetricFamily(
+            "duomo_device_cpu_seconds", "CPU seconds this process spent (cpu devices).",
+            labels=[*d, "mode"],
+        )  # fmt: skip
+        for id_, used_bytes, budget_bytes in self.engine.device_memory():
+            key = [str(id_)]
+            used.add_metric(key, used_bytes)
+            if budget_bytes is not None:
+                budget.add_metric(key, budget_bytes)
+            reading = self.engine.telemetry.read(id_)
+            if reading.total_bytes is not None:
+                total.add_metric(key, reading.total_bytes)
+            for family, value in (
+                (utilization, reading.utilization),
+                (temperature, reading.temperature_c),
+                (power, reading.power_w),
+            ):
+                if value is not None:
+                    family.add_metric(key, value)
+            for mode, seconds in reading.cpu_seconds.items():
+                cpu.add_metric([*key, mode], seconds)
+        families: tuple[Metric, ...] = (used, budget, total, utilization, temperature, power, cpu)
+        yield from (family for family in families if family.samples)  # absent when unreported
