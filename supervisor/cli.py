@@ -161,6 +161,10 @@ def cmd_unload(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    if args.watch:
+        from supervisor.status_watch import watch
+
+        return watch(args.socket, args.interval)
     try:
         with Client(args.socket, timeout_s=10) as client:
             status = client.status()
@@ -181,11 +185,12 @@ def render_status(status: dict[str, Any]) -> str:
         f"{rss_mb:.0f} MiB resident, thread budget {status['thread_budget']}",
     ]
     for device in status.get("devices", []):
-        budget = device["budget_bytes"]
+        budget, total = device["budget_bytes"], device.get("total_bytes")
         limit = f" of {budget / 2**20:.0f} MiB budget" if budget else ""
+        size = f"; {total / 2**20:.0f} MiB in all" if total else ""
         lines.append(
             f"device {device['id']} ({device['kind']}): {device['used_bytes'] / 2**20:.0f} MiB "
-            f"charged to loaded models{limit}"
+            f"charged to loaded models{limit}{size}"
         )
     lines.append(
         f"{'model':<12} {'state':<14} {'inst':>4} {'queue':>5} {'busy':>4} {'ok':>7} "
@@ -417,7 +422,15 @@ def build_parser() -> argparse.ArgumentParser:
     unload.set_defaults(func=cmd_unload)
 
     status = sub.add_parser("status", help="models, queues, latencies and clients")
-    status.add_argument("--json", action="store_true")
+    shown = status.add_mutually_exclusive_group()
+    shown.add_argument("--json", action="store_true")
+    shown.add_argument(
+        "--watch", action="store_true", help="a live view, redrawn until q or Ctrl-C"
+    )
+    status.add_argument(
+        "--interval", type=_seconds, default=1.0, metavar="S",
+        help="seconds between redraws with --watch (default 1)",
+    )  # fmt: skip
     _socket_arg(status)
     status.set_defaults(func=cmd_status)
 
@@ -458,6 +471,17 @@ def build_parser() -> argparse.ArgumentParser:
 def _lifecycle_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait")
     _socket_arg(parser)
+
+
+def _seconds(text: str) -> float:
+    """A finite number of seconds above 0 (``--interval``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, not {text!r}")
+    return value
 
 
 def _socket_arg(parser: argparse.ArgumentParser) -> None:

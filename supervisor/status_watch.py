@@ -1,0 +1,356 @@
+"""``duomo status --watch``: a live view of one supervisor, redrawn every interval.
+
+Owns the polling loop, the rates computed between two polls, and the view's layout. Called only
+by ``supervisor/cli.py``'s ``cmd_status``.
+
+- One ``Client`` stays open between polls. When a poll fails it is closed, "reconnecting" is
+  shown, and a new one is tried every interval, so a supervisor restarted on the same socket
+  (a new process, its counters back at zero) is picked up again.
+- On a terminal the view is a rich ``Live`` on the alternate screen; stdin is put in cbreak
+  mode so ``q`` quits at once. Otherwise each poll prints one plain-text frame (the same
+  layout without colour, its bars and rules in ASCII) for pipes and logs.
+- ``q``, Ctrl-C and SIGTERM all end with exit 0, and every exit path restores the terminal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import io
+import os
+import select
+import signal
+import sys
+import termios
+import time
+import tty
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from rich.box import SIMPLE_HEAD, Box
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from ipc.client import Client
+from ipc.errors import DuomoError
+
+STATUS_TIMEOUT_S = 5.0  # the longest one poll waits for the supervisor's reply
+PLAIN_WIDTH = 140
+BAR_CELLS = 8
+CLIENTS_LISTED = 8  # the rest are counted, so that the view fits a terminal
+PLAIN_BOX = Box("    \n    \n -- \n    \n    \n    \n    \n    \n")  # SIMPLE_HEAD in ASCII
+STATE_STYLES = {
+    "READY": "green",
+    "DEGRADED": "yellow",
+    "FAILED": "bold red",
+    "LOADING": "cyan",
+    "REINITIALIZING": "cyan",
+    "UNLOADING": "cyan",
+    "UNLOADED": "dim",
+    "STOPPED": "dim",
+}
+MODEL_COLUMNS = (
+    "model", "state", "req/s", "requests", "errors", "p50 ms", "p99 ms", "queue", "busy", "batch",
+    "restarts", "memory",
+)  # fmt: skip
+NUMBERS = set(MODEL_COLUMNS[2:-1])  # the columns aligned right
+GATEWAY_STYLES = {"running": "green", "gave up": "red", "restarting": "yellow"}
+
+
+class _Quit(Exception):
+    """SIGTERM, raised in the main thread so that every ``finally`` runs."""
+
+
+@dataclass(frozen=True)
+class ModelRates:
+    requests_per_s: float | None  # None: no earlier poll of the same supervisor process
+    mean_batch: float | None  # None: nothing executed yet
+
+
+@dataclass(frozen=True)
+class Frame:
+    """What one redraw shows: the supervisor's status, or why there is none."""
+
+    socket: Path
+    status: dict[str, Any] | None = None
+    rates: dict[str, ModelRates] = field(default_factory=dict)
+    problem: str = ""  # why the last poll failed (then ``status`` is None)
+    own_pid: int = 0  # this view's own connection is not counted among the clients
+
+
+def model_rates(
+    before: dict[str, Any] | None, after: dict[str, Any], elapsed_s: float
+) -> dict[str, ModelRates]:
+    """Requests answered per second and mean batch size per model between two status snapshots.
+
+    A rate needs both snapshots from one supervisor process (a new one starts from zero); the
+    mean batch is over the interval's executions, or over all of them when there were none."""
+    same = before is not None and before["pid"] == after["pid"] and elapsed_s > 0
+    rates = {}
+    for name, m in after["models"].items():
+        old = before["models"].get(name) if same and before is not None else None
+        inferences, executions = m["totals"]["inference_count"], m["totals"]["execution_count"]
+        per_s = None
+        if old is not None and m["requests"] >= old["requests"]:
+            per_s = (m["requests"] - old["requests"]) / elapsed_s
+            if executions > old["totals"]["execution_count"]:
+                inferences -= old["totals"]["inference_count"]
+                executions -= old["totals"]["execution_count"]
+        rates[name] = ModelRates(per_s, inferences / executions if executions else None)
+    return rates
+
+
+class StatusPoller:
+    """One connection to the supervisor at ``socket``, reopened on the poll after a failure."""
+
+    def __init__(self, socket: Path, timeout_s: float) -> None:
+        self.socket = socket
+        self.timeout_s = timeout_s
+        self._client: Client | None = None
+        self._last: dict[str, Any] | None = None
+        self._last_at_s = 0.0
+
+    def poll(self) -> Frame:
+        try:
+            if self._client is None:
+                self._client = Client(self.socket, timeout_s=self.timeout_s)
+            status = self._client.status()
+        except (DuomoError, OSError) as err:
+            self.close()
+            return Frame(self.socket, problem=getattr(err, "message", None) or str(err))
+        now_s = time.monotonic()
+        rates = model_rates(self._last, status, now_s - self._last_at_s)
+        self._last, self._last_at_s = status, now_s
+        return Frame(self.socket, status, rates, own_pid=os.getpid())
+
+    def close(self) -> None:
+        if self._client is not None:
+            client, self._client = self._client, None
+            client.close()
+
+
+def render(frame: Frame, plain: bool = False) -> RenderableType:
+    """The view of one frame; ``plain``: bars and rules in ASCII (colour is the console's)."""
+    if frame.status is None:
+        return Text(f"reconnecting to {frame.socket} … ({frame.problem})", style="bold yellow")
+    s = frame.status
+    clients = [c for c in s["clients"] if c["pid"] != frame.own_pid]
+    lines: list[RenderableType] = [
+        Text.assemble(
+            ("duomo ", "bold"),
+            f"pid {s['pid']} on {s['socket']} · up {_duration(s['uptime_s'])} · "
+            f"{_size(s['rss_bytes'])} resident · thread budget {s['thread_budget']} · "
+            f"{len(clients)} client(s) attached",
+        ),
+        Text(),
+        _models_table(s["models"], frame.rates, plain),
+    ]
+    for name, m in s["models"].items():
+        if m.get("last_error"):
+            style = "dim" if m["state"] == "READY" else "red"
+            line = f"{name} last error: {m['last_error']}"
+            lines.append(Text(line, style=style, no_wrap=True, overflow="ellipsis"))
+    lines += [Text(), _devices_table(s["devices"], plain), Text()]
+    for g in s.get("gateways", []):
+        state = "running" if g["running"] else "gave up" if g["gave_up"] else "restarting"
+        lines.append(
+            Text.assemble(
+                f"gateway worker {g['worker']} (pid {g['pid']}): ",
+                (state, GATEWAY_STYLES[state]),
+                f", http {g['http']}, grpc {g['grpc']}, {g['restarts']} restart(s)",
+            )
+        )
+    for c in clients[:CLIENTS_LISTED]:
+        models = ", ".join(f"{r['model']}×{r['slots']}" for r in c["rings"]) or "no models"
+        line = f"client {c['id']} (pid {c['pid']}): {models}"
+        lines.append(Text(line, no_wrap=True, overflow="ellipsis"))
+    if len(clients) > CLIENTS_LISTED:
+        lines.append(Text(f"… and {len(clients) - CLIENTS_LISTED} more client(s)"))
+    return Group(*lines)
+
+
+def plain_frame(frame: Frame, at: datetime.datetime) -> str:
+    """One frame as plain text: a line with the time, then the view without colour."""
+    out = io.StringIO()
+    console = Console(file=out, color_system=None, width=PLAIN_WIDTH, highlight=False)
+    console.print(render(frame, plain=True))
+    lines = [f"-- duomo status at {at.isoformat(timespec='seconds')} --"]
+    lines += [line.rstrip() for line in out.getvalue().splitlines()]  # cells are padded
+    return "\n".join(lines) + "\n"
+
+
+def _table(plain: bool, *titles: str) -> Table:
+    """Columns with a rule under their titles only; numbers aligned right."""
+    table = Table(
+        box=PLAIN_BOX if plain else SIMPLE_HEAD, show_edge=False, pad_edge=False,
+        collapse_padding=True,
+    )  # fmt: skip
+    for title in titles:
+        table.add_column(title, justify="right" if title in NUMBERS else "left", no_wrap=True)
+    return table
+
+
+def _models_table(models: dict[str, Any], rates: dict[str, ModelRates], plain: bool) -> Table:
+    table = _table(plain, *MODEL_COLUMNS)
+    for name, m in models.items():
+        ok = m["outcomes"].get("ok", 0)
+        total = (m.get("latency") or {}).get("total") or {}
+        rate = rates.get(name, ModelRates(None, None))
+        memory = m.get("memory") or {}
+        table.add_row(
+            Text(name, style="bold"),
+            Text(m["state"], style=STATE_STYLES.get(m["state"], "")),
+            _number(rate.requests_per_s, ".1f"),
+            str(m["requests"]),
+            Text(str(m["requests"] - ok), style="red" if m["requests"] > ok else ""),
+            _number(total.get("p50_ms"), ".1f"),
+            _number(total.get("p99_ms"), ".1f"),
+            str(m["queue_depth"]),
+            str(m["in_flight"]),
+            _number(rate.mean_batch, ".1f"),
+            str(m["reinitializations"]),
+            _memory(memory.get("charged_bytes"), memory.get("budget_bytes"), plain),
+        )
+    return table
+
+
+def _devices_table(devices: list[dict[str, Any]], plain: bool) -> Table:
+    table = _table(plain, "device", "used", "budget", "total", "telemetry")
+    for d in devices:
+        budget, total = d["budget_bytes"], d.get("total_bytes")
+        table.add_row(
+            f"{d['id']} ({d['kind']})",
+            _memory(d["used_bytes"], budget or total, plain, show_limit=False),
+            _size(budget) if budget else "-",
+            _size(total) if total else "-",
+            _telemetry(d.get("telemetry") or {}),
+        )
+    return table
+
+
+def _memory(used: int | None, limit: int | None, plain: bool, show_limit: bool = True) -> Text:
+    """Used bytes, after a bar against ``limit`` when there is one."""
+    if used is None:
+        return Text("-")
+    if not limit:
+        return Text(_size(used))
+    fraction = used / limit
+    cells = min(BAR_CELLS, round(fraction * BAR_CELLS))
+    full, empty = ("#", ".") if plain else ("█", "░")
+    style = "green" if fraction < 0.7 else "yellow" if fraction < 0.9 else "red"
+    return Text.assemble(
+        (full * cells, style), (empty * (BAR_CELLS - cells), "dim"),
+        " " + (_size(used, limit) if show_limit else _size(used)),
+    )  # fmt: skip
+
+
+def _telemetry(reading: dict[str, Any]) -> str:
+    shown = {
+        "utilization": lambda v: f"util {v:.0%}",
+        "temperature_c": lambda v: f"{v:.0f} °C",
+        "power_w": lambda v: f"{v:.0f} W",
+        "runtime_used_bytes": lambda v: f"{_size(v)} used on device",
+    }
+    return " · ".join(
+        shown[k](v) if k in shown else f"{k} {v}" for k, v in reading.items() if v is not None
+    )
+
+
+def _number(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _size(*counts: int) -> str:
+    """Byte counts in one unit, chosen by the largest: ``38 / 45 MiB``."""
+    if max(counts) >= 10 * 2**30:
+        return " / ".join(f"{count / 2**30:.1f}" for count in counts) + " GiB"
+    return " / ".join(f"{count / 2**20:.0f}" for count in counts) + " MiB"
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    days, hours = divmod(hours, 24)
+    if days:
+        return f"{days}d {hours:02d}h"
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    return f"{minutes}m {secs:02d}s" if minutes else f"{secs}s"
+
+
+def watch(socket: Path, interval_s: float) -> int:
+    """Show the supervisor at ``socket`` every ``interval_s`` until q, Ctrl-C or SIGTERM: 0."""
+    poller = StatusPoller(socket, max(STATUS_TIMEOUT_S, interval_s))
+    previous = signal.signal(signal.SIGTERM, _raise_quit)
+    try:
+        if sys.stdout.isatty():
+            _watch_terminal(poller, interval_s)
+        else:
+            _watch_plain(poller, interval_s)
+    except (KeyboardInterrupt, _Quit):
+        pass
+    except BrokenPipeError:  # the reader went away (``| head``): nothing left to show
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    finally:
+        poller.close()
+        signal.signal(signal.SIGTERM, previous)
+    return 0
+
+
+def _watch_plain(poller: StatusPoller, interval_s: float) -> None:
+    while True:
+        next_s = time.monotonic() + interval_s
+        frame = poller.poll()
+        sys.stdout.write(plain_frame(frame, datetime.datetime.now().astimezone()))
+        sys.stdout.flush()
+        time.sleep(max(0.0, next_s - time.monotonic()))
+
+
+def _watch_terminal(poller: StatusPoller, interval_s: float) -> None:
+    console = Console()
+    with _cbreak_stdin() as keys, Live(console=console, screen=True, auto_refresh=False) as live:
+        while True:
+            next_s = time.monotonic() + interval_s
+            footer = Text(f"every {interval_s:g}s · q or Ctrl-C quits", style="dim")
+            live.update(Group(render(poller.poll()), footer), refresh=True)
+            if _quit_key_before(keys, next_s):
+                return
+
+
+@contextlib.contextmanager
+def _cbreak_stdin() -> Iterator[int | None]:
+    """stdin's fd in cbreak mode (each key arrives at once, unechoed; Ctrl-C still signals),
+    restored on exit; None when stdin is no terminal (then only signals quit)."""
+    if not sys.stdin.isatty():
+        yield None
+        return
+    fd = sys.stdin.fileno()
+    saved = termios.tcgetattr(fd)
+    try:
+        tty.setcbreak(fd)
+        yield fd
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+
+def _quit_key_before(fd: int | None, until_s: float) -> bool:
+    """Wait until the monotonic time ``until_s``; True as soon as q is pressed (or the
+    terminal is gone)."""
+    while (left_s := until_s - time.monotonic()) > 0:
+        if fd is None:
+            time.sleep(left_s)
+            return False
+        if select.select([fd], [], [], left_s)[0]:
+            keys = os.read(fd, 64)
+            if not keys or b"q" in keys.lower():
+                return True
+    return False
+
+
+def _raise_quit(signum: int, frame: FrameType | None) -> None:
+    raise _Quit

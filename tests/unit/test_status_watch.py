@@ -1,0 +1,130 @@
+"""``duomo status --watch``'s pure parts: rates between two snapshots, and the plain frame."""
+
+from __future__ import annotations
+
+import copy
+import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from supervisor.status_watch import Frame, ModelRates, model_rates, plain_frame
+
+MIB = 2**20
+AT = datetime.datetime(2025, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc)
+
+
+def model(
+    requests: int, ok: int, inferences: int, executions: int, **fields: Any
+) -> dict[str, Any]:
+    """One model's entry in ``status`` with the fields the view reads."""
+    return {
+        "state": "READY",
+        "requests": requests,
+        "outcomes": {"ok": ok} if ok else {},
+        "queue_depth": 0,
+        "in_flight": 0,
+        "reinitializations": 0,
+        "last_error": None,
+        "totals": {"inference_count": inferences, "execution_count": executions},
+        "latency": {"total": {"p50_ms": 18.7, "p99_ms": 24.8}},
+        "memory": {"charged_bytes": 38 * MIB, "budget_bytes": None},
+        **fields,
+    }
+
+
+def status(pid: int = 100, **models: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "pid": pid,
+        "socket": "/run/duomo/duomo.sock",
+        "uptime_s": 3725.4,
+        "rss_bytes": 275 * MIB,
+        "thread_budget": 8,
+        "devices": [{"id": 0, "kind": "cpu", "used_bytes": 331 * MIB, "budget_bytes": None}],
+        "models": models,
+        "gateways": [
+            {
+                "worker": 0,
+                "pid": 7,
+                "running": True,
+                "gave_up": False,
+                "restarts": 0,
+                "http": "127.0.0.1:8000",
+                "grpc": "127.0.0.1:8001",
+            },
+        ],
+        "clients": [
+            {"id": 1, "pid": 7, "rings": [{"model": "classify", "slots": 16}]},
+            {"id": 2, "pid": 4242, "rings": []},
+        ],
+    }
+
+
+def test_rates_between_two_snapshots_of_one_supervisor() -> None:
+    before = status(classify=model(10, 10, inferences=10, executions=10))
+    after = status(classify=model(30, 28, inferences=30, executions=15))
+    assert model_rates(before, after, elapsed_s=2.0) == {"classify": ModelRates(10.0, 4.0)}
+
+
+def test_no_rate_without_an_earlier_snapshot_of_the_same_process() -> None:
+    after = status(classify=model(30, 30, inferences=30, executions=15))
+    assert model_rates(None, after, 1.0)["classify"] == ModelRates(None, 2.0)  # all-time batch
+    restarted = status(pid=101, classify=model(3, 3, inferences=3, executions=3))
+    assert model_rates(after, restarted, 1.0)["classify"].requests_per_s is None
+
+
+def test_mean_batch_over_all_time_when_nothing_ran_in_the_interval() -> None:
+    before = status(classify=model(8, 8, inferences=8, executions=2))
+    rates = model_rates(before, copy.deepcopy(before), elapsed_s=0.5)
+    assert rates == {"classify": ModelRates(0.0, 4.0)}
+    idle = status(face=model(0, 0, inferences=0, executions=0))
+    assert model_rates(idle, idle, 1.0)["face"] == ModelRates(0.0, None)
+
+
+def test_plain_frame_shows_the_table_without_escape_codes() -> None:
+    shown = status(
+        classify=model(30, 28, inferences=30, executions=15),
+        face=model(
+            0, 0, 0, 0, state="FAILED", last_error="face: onnxruntime aborted", latency={},
+            memory={"charged_bytes": 90 * MIB, "budget_bytes": 100 * MIB},
+        ),
+    )  # fmt: skip
+    shown["devices"][0].update(
+        budget_bytes=1000 * MIB, total_bytes=64 * 2**30,
+        telemetry={"utilization": 0.42, "temperature_c": 55.0, "power_w": 120.4},
+    )  # fmt: skip
+    rates = {"classify": ModelRates(12.5, 2.0), "face": ModelRates(None, None)}
+    text = plain_frame(Frame(Path("/s"), shown, rates, own_pid=4242), AT)
+
+    lines = text.splitlines()
+    assert lines[0] == "-- duomo status at 2025-01-02T03:04:05+00:00 --"
+    assert "\x1b[" not in text and "█" not in text and "─" not in text
+    assert "pid 100" in lines[1] and "up 1h 02m" in lines[1]
+    assert "1 client(s) attached" in lines[1]  # the view's own connection is not counted
+    classify = next(line for line in lines if line.startswith("classify"))
+    assert " ".join(classify.split()[:9]) == "classify READY 12.5 30 2 18.7 24.8 0 0"
+    assert "38 MiB" in classify
+    face = next(line for line in lines if line.startswith("face "))
+    assert "FAILED" in face and "#######. 90 / 100 MiB" in face
+    assert "face last error: face: onnxruntime aborted" in text
+    device = next(line for line in lines if line.startswith("0 (cpu)"))
+    assert "###..... 331 MiB" in device and "1000 MiB" in device
+    assert "64.0 GiB" in device and "util 42%" in device and "55 °C" in device
+    assert "120 W" in device
+    assert "gateway worker 0 (pid 7): running" in text
+    assert "client 1 (pid 7): classify×16" in text and "client 2" not in text
+
+
+@pytest.mark.parametrize("devices", [[{"id": 0, "kind": "cpu", "used_bytes": 0}], []])
+def test_plain_frame_copes_with_missing_optional_fields(devices: list[dict[str, Any]]) -> None:
+    shown = status(classify=model(0, 0, 0, 0, memory=None, latency={"total": {}}))
+    shown["devices"] = [{**d, "budget_bytes": None} for d in devices]
+    lines = plain_frame(Frame(Path("/s"), shown), AT).splitlines()
+    row = next(line for line in lines if line.startswith("classify"))
+    assert " ".join(row.split()) == "classify READY - 0 0 - - 0 0 - 0 -"
+
+
+def test_plain_frame_while_reconnecting() -> None:
+    text = plain_frame(Frame(Path("/tmp/d.sock"), problem="no supervisor (no key file)"), AT)
+    assert text.splitlines()[1] == "reconnecting to /tmp/d.sock … (no supervisor (no key file))"
