@@ -30,7 +30,8 @@ from typing import Any
 
 from tools.bench.report import write_report
 from tools.bench.sampler import TreeSampler
-from tools.bench.servers import FloorServer, ModeServers, servers_for
+from tools.bench.scraper import MetricsScraper
+from tools.bench.servers import DuomoServers, FloorServer, ModeServers, servers_for
 from tools.bench.tally import merge
 from tools.bench.workload import ALL_MODES, Workload, load_workload
 
@@ -215,11 +216,16 @@ def run_served(
     mode: str, workload: Workload, models: list[dict[str, Any]], workdir: Path, idle: bool
 ) -> dict[str, Any]:
     names = [m["name"] for m in models]
-    servers = servers_for(mode, workload.config, names, workdir)
+    every_s = workload.scrape_metrics_s
+    servers = servers_for(mode, workload.config, names, workdir, metrics=every_s is not None)
     figures: dict[str, Any] = {"duration_s": workload.duration_s}
     started = time.monotonic()
     servers.start()
+    ports = servers.metrics_ports if isinstance(servers, DuomoServers) else []
+    scraper = MetricsScraper(ports, every_s) if every_s is not None and ports else None
     try:
+        if scraper is not None:
+            scraper.start()
         figures["start_s"] = time.monotonic() - started
         if idle and workload.idle_s > 0:
             now = time.time() + 1.0  # let start-up settle
@@ -230,6 +236,8 @@ def run_served(
         figures["resources"] = _sample(servers.pids(), start_at, end_at)
         tallies = [child.result() for child in children]
     finally:
+        if scraper is not None:
+            figures["scrapes"] = scraper.stop()
         servers.stop()
     figures["client_cpu_cores"] = sum(t["cpu_s"] for t in tallies) / workload.duration_s
     figures["models"] = {name: merge([t for t in tallies if t["model"] == name]) for name in names}
@@ -287,6 +295,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, help="override the workload's rounds")
     parser.add_argument("--duration", type=float, help="override duration_s (seconds)")
     parser.add_argument(
+        "--scrape-metrics", type=float, metavar="S", default=None,
+        help="Duomo's supervisors serve /metrics, scraped every S seconds (the scrape's cost)",
+    )  # fmt: skip
+    parser.add_argument(
         "--out", type=Path, default=None,
         help="report folder (default: bench-results/<UTC date and time>)",
     )  # fmt: skip
@@ -300,6 +312,7 @@ def bench(args: argparse.Namespace) -> int:
             modes=args.modes.split(",") if args.modes else None,
             rounds=args.rounds,
             duration_s=args.duration,
+            scrape_metrics_s=args.scrape_metrics,
         )
     except (OSError, ValueError) as err:
         print(f"duomo bench: {err}", file=sys.stderr)

@@ -61,10 +61,11 @@ def supervisor_config(
     out: Path,
     onnxruntime: dict[str, Any] | None = None,
     gateway: dict[str, Any] | None = None,
+    metrics_port: int | None = None,
 ) -> Path:
     """``base`` with only ``models`` (in that order), absolute model paths, the
-    ``backends.onnxruntime`` settings in ``onnxruntime`` replaced, and the ``gateway`` section
-    given (none by default)."""
+    ``backends.onnxruntime`` settings in ``onnxruntime`` replaced, and the ``gateway`` and
+    ``metrics`` sections given (none by default)."""
     raw = yaml.safe_load(base.read_text(encoding="utf-8"))
     root = raw.get("model_root")
     raw["model_root"] = str((base.parent / root).resolve()) if root else str(base.parent)
@@ -73,6 +74,9 @@ def supervisor_config(
     raw.pop("gateway", None)
     if gateway is not None:
         raw["gateway"] = gateway
+    raw.pop("metrics", None)
+    if metrics_port is not None:
+        raw["metrics"] = {"http": f"127.0.0.1:{metrics_port}"}
     raw.setdefault("backends", {}).setdefault("onnxruntime", {}).update(onnxruntime or {})
     out.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
     return out
@@ -108,8 +112,10 @@ class DuomoServers(ModeServers):
         workdir: Path,
         onnxruntime: dict[str, Any] | None = None,
         transport: str | None = None,
+        metrics: bool = False,
     ) -> None:
         self.sockets: dict[str, Path] = {}
+        self.metrics_ports: list[int] = []  # each supervisor's /metrics, when asked for
         self.configs: list[tuple[Path, Path]] = []
         self.transport = transport
         self.ports = {"http": free_port(), "grpc": free_port()}
@@ -118,8 +124,11 @@ class DuomoServers(ModeServers):
             gateway = {kind: f"127.0.0.1:{port}" for kind, port in self.ports.items()}
             gateway["slots"] = 16
         for i, group in enumerate(groups):
+            metrics_port = free_port() if metrics else None
+            if metrics_port is not None:
+                self.metrics_ports.append(metrics_port)
             config = supervisor_config(
-                base, group, workdir / f"duomo-{i}.yaml", onnxruntime, gateway
+                base, group, workdir / f"duomo-{i}.yaml", onnxruntime, gateway, metrics_port
             )
             sock = workdir / f"duomo-{i}.sock"
             self.configs.append((config, sock))
@@ -306,17 +315,21 @@ class FloorServer(ModeServers):
         self.processes.clear()
 
 
-def servers_for(mode: str, base: Path, models: list[str], workdir: Path) -> ModeServers:
+def servers_for(
+    mode: str, base: Path, models: list[str], workdir: Path, metrics: bool = False
+) -> ModeServers:
+    """The servers of ``mode``; with ``metrics``, Duomo's supervisors serve ``/metrics``."""
     if mode == "duomo":
-        return DuomoServers(base, [models], workdir)
+        return DuomoServers(base, [models], workdir, metrics=metrics)
     if mode in GATEWAY_MODES:
-        return DuomoServers(base, [models], workdir, transport=GATEWAY_MODES[mode])
+        return DuomoServers(base, [models], workdir, transport=GATEWAY_MODES[mode], metrics=metrics)
     if mode == "per-model":
-        return DuomoServers(base, [[m] for m in models], workdir, ORT_THREAD_DEFAULTS)
-    if mode == "per-model-tuned":
         return DuomoServers(
-            base, [[m] for m in models], workdir, {**ORT_THREAD_DEFAULTS, "thread_budget": 1}
+            base, [[m] for m in models], workdir, ORT_THREAD_DEFAULTS, metrics=metrics
         )
+    if mode == "per-model-tuned":
+        tuned = {**ORT_THREAD_DEFAULTS, "thread_budget": 1}
+        return DuomoServers(base, [[m] for m in models], workdir, tuned, metrics=metrics)
     if mode == "triton":
         return TritonServer(base, models, workdir)
     if mode == "mosec":

@@ -50,6 +50,8 @@ class Workload(StrictModel):
     overhead_s: float = Field(default=5.0, ge=0)  # one client, one model at a time (0: skip)
     overhead_models: list[str] = Field(default_factory=lambda: ["classify"])
     idle_s: float = Field(default=5.0, ge=0)  # the idle supervisor's CPU (0: skip)
+    # every Duomo supervisor serves /metrics, scraped this often while its mode runs (null: off)
+    scrape_metrics_s: float | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _consistent(self) -> Workload:
