@@ -166,12 +166,19 @@ class Attachment:
             self._in_flight[slot] = request  # cancellable by ``close`` from now on
             model.enqueue(request)
         except DuomoError as err:
-            self._complete(slot, Outcome(error=err))
+            self._refuse(slot, err)
         except ValueError as err:  # a header that cannot even be decoded
-            self._complete(slot, Outcome(error=InvalidArgumentError(str(err))))
+            self._refuse(slot, InvalidArgumentError(str(err)))
         except Exception:  # a bug here must still answer the slot, and never reach the reactor
             log.exception("could not queue a slot", model=self.model_name, slot=slot)
-            self._complete(slot, Outcome(error=InternalError("could not queue the request")))
+            self._refuse(slot, InternalError("could not queue the request"))
+
+    def _refuse(self, slot: int, error: DuomoError) -> None:
+        """Answer a request that was not queued, and count it against its model."""
+        model = self._models.get(self.model_name)
+        if model is not None:
+            model.stats.record_refusal(error.code)
+        self._complete(slot, Outcome(error=error))
 
     def _busy(self, slot: int) -> DuomoError:
         held = self._in_flight[slot]

@@ -534,6 +534,8 @@ class Engine:
         try:
             self.model(name).submit(payload, done, priority=priority, deadline_s=deadline_s)
         except DuomoError as err:
+            if name in self.models:
+                self.models[name].stats.record_refusal(err.code)
             future.set_exception(err)
         return future
 

@@ -94,7 +94,8 @@ class DuomoCollector(Collector):
 
         success = counter("inference_request_success", "Requests answered successfully.")
         failure = counter(
-            "inference_request_failure", "Requests answered with an error, by its code.",
+            "inference_request_failure",
+            "Requests answered with an error or refused before they were queued, by its code.",
             [*m, "reason"],
         )  # fmt: skip
         items = counter("inference_count", "Items inferred (a batch of n counts n).")
@@ -142,8 +143,10 @@ class DuomoCollector(Collector):
         for name, model in list(self.engine.models.items()):
             numbers = model.stats.counters()
             success.add_metric([name], numbers.totals["success"][0])
-            for reason in FAILURE_REASONS:
-                failure.add_metric([name, reason], numbers.outcomes.get(reason.lower(), 0))
+            for reason in FAILURE_REASONS:  # answered with the error, or refused at the door
+                key = reason.lower()
+                count = numbers.outcomes.get(key, 0) + numbers.refused.get(key, 0)
+                failure.add_metric([name, reason], count)
             items.add_metric([name], numbers.items)
             executions.add_metric([name], numbers.executions)
             for stage, kind in STAGE_DURATIONS:

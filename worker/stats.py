@@ -61,6 +61,7 @@ class Counters:
     """The cumulative numbers of one model at one moment (the metrics scrape's view)."""
 
     outcomes: dict[str, int]  # answered requests by outcome key ("ok", "internal", ...)
+    refused: dict[str, int]  # requests refused before they were queued, by error key
     totals: dict[str, tuple[int, int]]  # TOTALS kind -> (count, nanoseconds)
     items: int
     executions: int
@@ -72,6 +73,7 @@ class ModelStats:
     def __init__(self, window: int = _WINDOW) -> None:
         self._lock = threading.Lock()
         self._outcomes: Counter[str] = Counter()
+        self._refused: Counter[str] = Counter()  # never queued: bad input, full, not serving
         self._batches: Counter[int] = Counter()
         # one tuple per answered request (queue, preprocess, infer, postprocess, total seconds)
         self._samples: deque[tuple[float, float, float, float, float]] = deque(maxlen=window)
@@ -108,6 +110,11 @@ class ModelStats:
                 entry[0] += 1
                 entry[1] += int(seconds * 1e9)
 
+    def record_refusal(self, code: ErrorCode) -> None:
+        """A request refused before it was queued (its error answered at once)."""
+        with self._lock:
+            self._refused[_OUTCOME_KEYS[code]] += 1
+
     def record_batch(self, size: int) -> None:
         with self._lock:
             self._batches[size] += 1
@@ -120,6 +127,7 @@ class ModelStats:
         Each value is read atomically; two of them may be one request apart."""
         return Counters(
             outcomes=dict(self._outcomes),
+            refused=dict(self._refused),
             totals={kind: (entry[0], entry[1]) for kind, entry in self._totals.items()},
             items=self._items,
             executions=self._executions,
@@ -138,6 +146,7 @@ class ModelStats:
         """A JSON-ready view: counts, p50/p90/p99 per stage in ms, batch sizes."""
         with self._lock:
             outcomes = dict(self._outcomes)
+            refused = dict(self._refused)
             batches = {str(k): v for k, v in sorted(self._batches.items())}
             samples = np.array(self._samples, dtype=np.float64).reshape(-1, len(STAGES))
             totals: dict[str, Any] = {
@@ -157,6 +166,7 @@ class ModelStats:
         return {
             "requests": sum(outcomes.values()),
             "outcomes": outcomes,
+            "refused": refused,
             "latency": latency,
             "batch_sizes": batches,
             "totals": totals,
