@@ -3,6 +3,7 @@
 #                 config (with its KServe v2 gateway), feed it frames from a producer in another
 #                 process, send one request through tritonclient, show its status, stop it
 #   make test   - install, fetch the models, lint, type-check and run the whole test suite
+#                 (as root it installs Debian's prometheus and tmux first when they are missing)
 #   make bench  - the benchmark of README "Benchmarks" (installs Triton and Mosec into .bench/)
 # Everything lives in .venv; the models in models/ (both ignored by git).
 
@@ -13,7 +14,10 @@ STAMP  := $(VENV)/.installed
 IMAGES := tests/fixtures/images
 SOCKET ?= /tmp/duomo-demo-$(shell id -u)/duomo.sock
 
-.PHONY: demo test models lint bench clean
+.PHONY: demo test models lint tools bench clean
+
+# the demo's last look: the success counters on the supervisor's /metrics (configs/default.yaml)
+export SHOW_METRICS = import urllib.request; text = urllib.request.urlopen("http://127.0.0.1:8002/metrics").read().decode(); print(*(line for line in text.splitlines() if line.startswith("duomo_inference_request_success_total")), sep="\n")
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +34,7 @@ demo: models
 	$(BIN)/python tools/example_producer.py --socket $(SOCKET); status=$$?; \
 	$(BIN)/python tools/example_v2_client.py || status=1; \
 	$(BIN)/duomo infer --socket $(SOCKET) classify $(IMAGES)/chelsea.png; \
+	$(BIN)/python -c "$$SHOW_METRICS"; \
 	$(BIN)/duomo status --socket $(SOCKET); \
 	$(BIN)/duomo stop --socket $(SOCKET); exit $$status
 
@@ -38,7 +43,18 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: models lint
+# Debian programs the tests drive: a real Prometheus server and promtool (the /metrics tests) and
+# tmux (the live view's test); installed when missing and this is root with apt-get
+tools:
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null && command -v tmux >/dev/null \
+	|| if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus tmux >/dev/null; \
+	else \
+		echo "make test: install prometheus and tmux (Debian packages) or their tests are skipped"; \
+	fi
+
+test: models lint tools
 	$(BIN)/python -m pytest -q
 
 bench: models

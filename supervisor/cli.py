@@ -164,7 +164,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.watch:
         from supervisor.status_watch import watch
 
-        return watch(args.socket, args.interval)
+        return watch(args.socket, args.interval or 1.0)
+    if args.interval is not None:
+        print("duomo status: --interval goes with --watch", file=sys.stderr)
+        return EXIT_INVALID
     try:
         with Client(args.socket, timeout_s=10) as client:
             status = client.status()
@@ -428,7 +431,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--watch", action="store_true", help="a live view, redrawn until q or Ctrl-C"
     )
     status.add_argument(
-        "--interval", type=_seconds, default=1.0, metavar="S",
+        "--interval", type=_seconds, default=None, metavar="S",
         help="seconds between redraws with --watch (default 1)",
     )  # fmt: skip
     _socket_arg(status)

@@ -8,15 +8,16 @@ a device:
 
 - ``cpu``: psutil (the machine's memory, this process's user and system CPU seconds);
 - ``cuda``: NVML through ``nvidia-ml-py``, read when asked (each call takes microseconds);
-- ``ascend``: ``npu-smi info -t common`` and ``-t usages``, run by a sampler thread every
-  ``NPU_SMI_PERIOD_S`` (it takes tens of milliseconds and the driver rate-limits it); a read
-  returns the last sample. Parsed by key, as the driver's documentation lists the keys; the
-  format is unconfirmed on a card here.
+- ``ascend``: ``npu-smi info -t common`` and ``-t usages`` for the chip that ACL's device id
+  names (``npu-smi info -m`` maps it), run by a sampler thread every ``NPU_SMI_PERIOD_S`` (it
+  takes tens of milliseconds and the driver rate-limits it); a read returns the last sample.
+  Parsed by key, as the driver's documentation lists the keys; unconfirmed on a card here.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import shutil
 import subprocess
@@ -84,7 +85,21 @@ class NvmlProbe:
 
         pynvml.nvmlInit()
         self._nvml = pynvml
-        self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        self._handle = self._handle_for(index)
+
+    def _handle_for(self, index: int) -> Any:
+        """NVML's handle for CUDA's device ``index``: the ``index``-th entry of
+        ``CUDA_VISIBLE_DEVICES`` when it is set (an NVML index or a ``GPU-…`` UUID), else
+        NVML's own index. NVML numbers GPUs in PCI bus order; CUDA does too with
+        ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (the README says to set it)."""
+        visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")]
+        visible = [v for v in visible if v]
+        if not visible:
+            return self._nvml.nvmlDeviceGetHandleByIndex(index)
+        chosen = visible[index]  # IndexError: the config names a device CUDA cannot see
+        if chosen.isdigit():
+            return self._nvml.nvmlDeviceGetHandleByIndex(int(chosen))
+        return self._nvml.nvmlDeviceGetHandleByUUID(chosen)
 
     def _try(self, read: Callable[[Any], Any]) -> Any:
         try:
@@ -154,28 +169,62 @@ def reading_from_npu_smi(common: str, usages: str) -> DeviceReading:
     )
 
 
-class NpuSmiProbe:
-    """One Ascend NPU through ``npu-smi``, sampled on its own thread."""
+def chip_of(mapping: str, logic_id: int) -> tuple[int, int] | None:
+    """(NPU id, chip id) of the chip whose logic id is ``logic_id``, from the table that
+    ``npu-smi info -m`` prints (``NPU ID  Chip ID  Chip Logic ID  Chip Name`` rows; rows
+    without a logic id, such as an MCU's, are skipped)."""
+    for line in mapping.splitlines():
+        fields = line.split()
+        digits = len(fields) >= 3 and all(f.isdigit() for f in fields[:3])
+        if digits and int(fields[2]) == logic_id:
+            return int(fields[0]), int(fields[1])
+    return None
 
-    def __init__(self, npu_id: int, command: str = "npu-smi") -> None:
+
+def visible_logic_id(device: int) -> int:
+    """The chip logic id of ACL's device ``device``: the ``device``-th entry of
+    ``ASCEND_RT_VISIBLE_DEVICES`` when it is set, else ``device`` itself."""
+    visible = [v.strip() for v in os.environ.get("ASCEND_RT_VISIBLE_DEVICES", "").split(",")]
+    visible = [v for v in visible if v.isdigit()]
+    return int(visible[device]) if visible else device
+
+
+class NpuSmiProbe:
+    """One Ascend chip through ``npu-smi``, sampled on its own thread. ACL's device id is a
+    logic id; ``npu-smi`` takes the card's NPU id and the chip's id on it (two chips on an
+    Atlas 300I Duo), mapped once through ``npu-smi info -m``."""
+
+    def __init__(self, device: int, command: str = "npu-smi") -> None:
         self._command = command
-        self._npu_id = npu_id
+        self._device = device
         self._last = DeviceReading()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, name="duomo-npu-smi", daemon=True)
         self._thread.start()
 
-    def _run(self, kind: str) -> str:
-        args = [self._command, "info", "-t", kind, "-i", str(self._npu_id)]
-        done = subprocess.run(args, capture_output=True, text=True, timeout=NPU_SMI_TIMEOUT_S)
+    def _run(self, *args: str) -> str:
+        done = subprocess.run(
+            [self._command, "info", *args], capture_output=True, text=True,
+            timeout=NPU_SMI_TIMEOUT_S,
+        )  # fmt: skip
         return done.stdout if done.returncode == 0 else ""
 
     def _sample(self) -> None:
+        chip: tuple[int, int] | None = None
         while True:
             try:
-                self._last = reading_from_npu_smi(self._run("common"), self._run("usages"))
-            except (OSError, subprocess.SubprocessError) as err:
-                log.warning("npu-smi gave no reading", npu=self._npu_id, error=str(err))
+                chip = chip or chip_of(self._run("-m"), visible_logic_id(self._device))
+                if chip is None:
+                    self._last = DeviceReading()
+                else:
+                    where = ("-i", str(chip[0]), "-c", str(chip[1]))
+                    common, usages = (
+                        self._run("-t", "common", *where),
+                        self._run("-t", "usages", *where),
+                    )
+                    self._last = reading_from_npu_smi(common, usages)
+            except (OSError, subprocess.SubprocessError, IndexError) as err:
+                log.warning("npu-smi gave no reading", device=self._device, error=str(err))
                 self._last = DeviceReading()
             if self._stop.wait(NPU_SMI_PERIOD_S):
                 return
@@ -185,6 +234,7 @@ class NpuSmiProbe:
 
     def close(self) -> None:
         self._stop.set()
+        self._thread.join(2 * NPU_SMI_TIMEOUT_S + 1)
 
 
 def open_probe(kind: str, index: int) -> Probe | None:

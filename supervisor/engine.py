@@ -44,7 +44,15 @@ from ipc.errors import (
 )
 from supervisor.config import LoadedConfig, ResolvedModel
 from supervisor.device_telemetry import DeviceTelemetry
-from supervisor.memory import Footprint, Resident, choose_victims, mb, resident_bytes, trim_heap
+from supervisor.memory import (
+    Footprint,
+    MemoryUse,
+    Resident,
+    choose_victims,
+    mb,
+    resident_bytes,
+    trim_heap,
+)
 from worker.backends import Backend, create_backend
 from worker.backends.base import NotEnoughDeviceMemory
 from worker.executors.image_ops import limit_opencv_threads
@@ -129,9 +137,9 @@ class Engine:
                 if d.kind != "cpu"
             }
             limit_opencv_threads()
-            self.telemetry = DeviceTelemetry((d.id, d.kind) for d in self.loaded.config.devices)
             for name in self._wanted:
                 self.models[name] = self._build(name, self.loaded)
+            self.telemetry = DeviceTelemetry((d.id, d.kind) for d in self.loaded.config.devices)
             try:
                 for name in self._wanted:
                     if self._only or self.loaded.models[name].config.preload:
@@ -542,25 +550,25 @@ class Engine:
     def infer(self, name: str, payload: Any, timeout_s: float | None = None) -> Any:
         return self.submit(name, payload).result(timeout_s)
 
-    def model_memory(self, name: str, model: ServedModel) -> tuple[int | None, int | None]:
-        """The bytes charged to ``model`` (its largest measured load, on its device's terms;
-        None before it was ever measured) and its ``memory_budget_mb`` in bytes."""
+    def model_memory(self, name: str, model: ServedModel) -> MemoryUse:
+        """The bytes charged to ``model`` (its largest measured load, on its device's terms,
+        whether loaded now or not) against its ``memory_budget_mb``."""
         largest = self.footprints.get(name)
         charged = largest.charged(self._device_kind(model.spec.device)) if largest else None
         resolved = self.loaded.models.get(name)
-        return charged, self._model_budget(resolved) if resolved else None
+        return MemoryUse(charged, self._model_budget(resolved) if resolved else None)
 
     def _model_status(self, name: str, model: ServedModel) -> dict[str, Any]:
         """The model's own status with its memory against its budget and its config flags."""
         shown = model.status()
         resolved = self.loaded.models.get(name)
         last = self._measured.get(name)
-        charged, budget = self.model_memory(name, model)
+        use = self.model_memory(name, model)
         shown["memory"] = {
             "loaded": model.holds_memory,
             "measured": last.to_dict() if last else None,
-            "charged_bytes": charged,
-            "budget_bytes": budget,
+            "charged_bytes": use.used_bytes,
+            "budget_bytes": use.budget_bytes,
         }
         waits = self._idle_waits.get(name)
         shown["idle_spin"] = (waits or IdleWaits()).to_dict()
@@ -568,30 +576,30 @@ class Engine:
         shown["evictable"] = resolved.config.evictable if resolved else None
         return shown
 
-    def device_memory(self) -> list[tuple[int, int, int | None]]:
-        """Per configured device: (id, bytes charged to its loaded models, its budget)."""
-        shown = []
+    def device_memory(self) -> dict[int, MemoryUse]:
+        """Per configured device id: the bytes charged to its loaded models against its budget."""
+        shown = {}
         for device in self.loaded.config.devices:
             used = sum(
                 self._charged(n, device.kind)
                 for n, m in list(self.models.items())
                 if m.spec.device == device.id and m.holds_memory
             )
-            shown.append((device.id, used, self._device_budget(device.id)))
+            shown[device.id] = MemoryUse(used, self._device_budget(device.id))
         return shown
 
     def devices(self) -> list[dict[str, Any]]:
         """``status``'s devices: memory charged against the budget, and what each device
         reports of itself (its total memory, ``telemetry``)."""
         shown = []
-        for id_, used, budget in self.device_memory():
+        for id_, use in self.device_memory().items():
             reading = self.telemetry.read(id_)
             shown.append(
                 {
                     "id": id_,
                     "kind": self._device_kind(id_),
-                    "used_bytes": used,
-                    "budget_bytes": budget,
+                    "used_bytes": use.used_bytes,
+                    "budget_bytes": use.budget_bytes,
                     "total_bytes": reading.total_bytes,
                     "telemetry": reading.to_dict(),
                 }

@@ -24,6 +24,15 @@ MB = 1 << 20
 
 
 @dataclass(frozen=True)
+class MemoryUse:
+    """Bytes charged to a model or a device against its budget (``None``: no budget; used
+    ``None``: a model never measured)."""
+
+    used_bytes: int | None
+    budget_bytes: int | None
+
+
+@dataclass(frozen=True)
 class Footprint:
     host_bytes: int  # resident-memory growth across load + warm-up
     device_bytes: int  # accelerator memory the sessions took

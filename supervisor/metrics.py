@@ -28,7 +28,7 @@ from prometheus_client.utils import floatToGoString
 from ipc.errors import ErrorCode
 from supervisor.engine import Engine
 from worker.served_model import ModelState
-from worker.stats import TOTALS
+from worker.stats import TOTALS, HistogramState
 
 FAILURE_REASONS = tuple(code.name for code in ErrorCode if code is not ErrorCode.OK)
 # Triton's cumulative stage durations: (metric suffix, ``ModelStats`` total kind)
@@ -55,11 +55,10 @@ def _histogram(
     family: HistogramMetricFamily,
     labels: list[str],
     bounds: Sequence[float],
-    read: tuple[list[int], float],
+    state: HistogramState,
 ) -> None:
-    cumulative, total = read
     edges = [floatToGoString(b) for b in bounds] + ["+Inf"]
-    family.add_metric(labels, list(zip(edges, cumulative, strict=True)), total)
+    family.add_metric(labels, list(zip(edges, state.cumulative, strict=True)), state.total)
 
 
 class DuomoCollector(Collector):
@@ -157,12 +156,12 @@ class DuomoCollector(Collector):
             current = model.state
             for each in ModelState:
                 state.add_metric([name, each.value], 1.0 if each is current else 0.0)
-            charged, model_budget = self.engine.model_memory(name, model)
-            if charged is not None:
-                held = charged if model.holds_memory else 0
+            use = self.engine.model_memory(name, model)
+            if use.used_bytes is not None:
+                held = use.used_bytes if model.holds_memory else 0
                 memory.add_metric([name, str(model.spec.device)], held)
-            if model_budget is not None:
-                budget.add_metric([name], model_budget)
+            if use.budget_bytes is not None:
+                budget.add_metric([name], use.budget_bytes)
             loads.add_metric([name], model.loads)
             _histogram(load_time, [name], model.load_seconds.bounds, model.load_seconds.read())
             evictions.add_metric([name], model.evictions)
@@ -195,11 +194,11 @@ class DuomoCollector(Collector):
             "duomo_device_cpu_seconds", "CPU seconds this process spent (cpu devices).",
             labels=[*d, "mode"],
         )  # fmt: skip
-        for id_, used_bytes, budget_bytes in self.engine.device_memory():
+        for id_, use in self.engine.device_memory().items():
             key = [str(id_)]
-            used.add_metric(key, used_bytes)
-            if budget_bytes is not None:
-                budget.add_metric(key, budget_bytes)
+            used.add_metric(key, use.used_bytes or 0)
+            if use.budget_bytes is not None:
+                budget.add_metric(key, use.budget_bytes)
             reading = self.engine.telemetry.read(id_)
             if reading.total_bytes is not None:
                 total.add_metric(key, reading.total_bytes)

@@ -3,16 +3,19 @@ and the health probes for deployments without the gateway.
 
 Owned by ``Supervisor``, which starts it before it loads the models (so probes answer while
 they load) and stops it last. It runs on its own threads (``ThreadingWSGIServer``), one per
-request; a scrape reads what the workers keep without making them wait
-(``supervisor.metrics``).
+connection, at most ``MAX_CONNECTIONS`` at once (more are closed at once) and each closed after
+``IDLE_TIMEOUT_S`` without a request, so an idle or slow peer cannot hold the port or the
+process's file descriptors; a scrape reads what the workers keep without making them wait
+(``supervisor.metrics``). HEAD is answered like GET, without the body.
 
 ==========================  ===============================================================
 ``GET /metrics``            the ``duomo_*`` series (text format; OpenMetrics when the
                             scraper asks for it; gzip when it accepts it)
 ``GET /v2/health/live``     200 while the supervisor is starting or its reactor runs a task
                             within ``LIVE_TIMEOUT_S``; 503 otherwise
-``GET /v2/health/ready``    200 when every ``preload`` model is READY or DEGRADED (the
-                            gateway's meaning of ready); 503 with the ones that are not
+``GET /v2/health/ready``    200 when every ``preload`` model serves: READY or DEGRADED (what
+                            the gateway calls a ready model), or evicted and loaded again on
+                            its next request; 503 with the ones that do not
 ==========================  ===============================================================
 """
 
@@ -36,6 +39,8 @@ from worker.config_model import StrictModel
 
 log = structlog.get_logger("duomo.metrics")
 LIVE_TIMEOUT_S = 1.0
+MAX_CONNECTIONS = 16  # Prometheus, a kubelet and an operator's curl need a handful
+IDLE_TIMEOUT_S = 10.0
 StartResponse = Callable[..., Any]
 
 
@@ -55,12 +60,30 @@ class ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
     daemon_threads = True
     allow_reuse_address = True
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):  # full: this one is closed unanswered
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
 
 class ThreadingWSGIServer6(ThreadingWSGIServer):
     address_family = socket.AF_INET6
 
 
 class _QuietHandler(WSGIRequestHandler):
+    timeout = IDLE_TIMEOUT_S  # a connection silent this long is closed
+
     def log_message(self, format: str, *args: Any) -> None:
         pass  # one line per scrape would drown the supervisor's log
 
@@ -109,6 +132,10 @@ class MetricsServer:
             self._server = None
 
     def _app(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        body = self._route(environ, start_response)
+        return [] if environ.get("REQUEST_METHOD") == "HEAD" else body
+
+    def _route(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         path, method = environ.get("PATH_INFO", ""), environ.get("REQUEST_METHOD", "GET")
         if method not in ("GET", "HEAD"):
             return _reply(start_response, "405 Method Not Allowed", {"error": "GET only"})

@@ -64,7 +64,7 @@ from supervisor.metrics import DuomoCollector, ProcessView
 from supervisor.metrics_http import LIVE_TIMEOUT_S, MetricsServer
 from supervisor.reactor import Reactor
 from supervisor.watchdog import Watchdog
-from worker.served_model import SERVING
+from worker.served_model import SERVING, ModelState, ServedModel
 
 log = structlog.get_logger("duomo.supervisor")
 MAX_SLOTS = 64
@@ -228,16 +228,22 @@ class Supervisor:
         return answered.wait(LIVE_TIMEOUT_S)
 
     def _not_ready(self) -> list[str]:
-        """Why it is not ready: each ``preload`` model that is not READY or DEGRADED, with its
-        state; empty once ready."""
+        """Why it is not ready: each ``preload`` model that does not serve, with its state;
+        empty once ready. A model serves when it is READY or DEGRADED (what the gateway calls a
+        ready model), or when it was evicted and loads again on its next request."""
         if self._stopping:
             return ["the supervisor is stopping"]
         preload = [n for n, m in self.loaded.models.items() if m.config.preload]
         models = dict(self.engine.models)
+
+        def serves(model: ServedModel) -> bool:
+            evicted = model.state is ModelState.UNLOADED and model.auto_load and model.loads > 0
+            return model.state in SERVING or evicted
+
         waiting = [
             f"{n}: {models[n].state.value if n in models else 'not built yet'}"
             for n in preload
-            if n not in models or models[n].state not in SERVING
+            if n not in models or not serves(models[n])
         ]
         if self.reactor is None:
             waiting.append("the supervisor is not listening yet")

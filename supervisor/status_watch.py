@@ -199,6 +199,7 @@ def _models_table(models: dict[str, Any], rates: dict[str, ModelRates], plain: b
     table = _table(plain, *MODEL_COLUMNS)
     for name, m in models.items():
         ok = m["outcomes"].get("ok", 0)
+        errors = m["requests"] - ok + sum((m.get("refused") or {}).values())  # refused: never run
         total = (m.get("latency") or {}).get("total") or {}
         rate = rates.get(name, ModelRates(None, None))
         memory = m.get("memory") or {}
@@ -207,13 +208,13 @@ def _models_table(models: dict[str, Any], rates: dict[str, ModelRates], plain: b
             Text(m["state"], style=STATE_STYLES.get(m["state"], "")),
             _number(rate.requests_per_s, ".1f"),
             str(m["requests"]),
-            Text(str(m["requests"] - ok), style="red" if m["requests"] > ok else ""),
+            Text(str(errors), style="red" if errors else ""),
             _number(total.get("p50_ms"), ".1f"),
             _number(total.get("p99_ms"), ".1f"),
             str(m["queue_depth"]),
             str(m["in_flight"]),
             _number(rate.mean_batch, ".1f"),
-            str(m["reinitializations"]),
+            str(sum((m.get("restart_attempts") or {}).values())),
             _memory(memory.get("charged_bytes"), memory.get("budget_bytes"), plain),
         )
     return table

@@ -87,7 +87,7 @@ class Watchdog:
             model.lifecycle.release()
         restart = threading.Thread(
             target=model.reinitialize,
-            args=(reason, self._stop, verdict.value.lower()),
+            args=(reason, self._stop, verdict),
             name=f"duomo-restart-{model.spec.name}",
             daemon=True,
         )

@@ -41,7 +41,7 @@ from worker.backends.base import Backend, ModelSession, SessionSettings
 from worker.batcher import Batcher, IdleReader
 from worker.config_model import StrictModel
 from worker.executors.base import Executor, SlotSpec
-from worker.health import HealthPolicy, RestartHistory
+from worker.health import HealthPolicy, RestartHistory, Verdict
 from worker.model_worker import ModelWorker
 from worker.request import Outcome, Request
 from worker.stats import Buckets, ModelStats
@@ -50,7 +50,8 @@ from worker.thread_budget import Activity, ComputeGate, GateMember
 log = structlog.get_logger("duomo.model")
 HISTORY = 16  # state changes kept for ``status``
 LOAD_BOUNDS_S = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)  # a load, warm-up included
-RESTART_CAUSES = ("hung", "failing")  # the watchdog's verdicts that restart a model
+# the watchdog's verdicts that restart a model, as ``restart_attempts`` counts them
+RESTART_CAUSES = tuple(v.value.lower() for v in Verdict if v.needs_restart)
 
 
 class ModelState(str, Enum):
@@ -329,9 +330,11 @@ class ServedModel:
         started = [w.busy_since for w in self.workers if w.busy_since is not None]
         return now - min(started) if started else 0.0
 
-    def reinitialize(self, reason: str, stop: threading.Event, cause: str = "failing") -> None:
-        """Replace every instance after failures or a hang (on a watchdog thread); ``cause``
-        (one of ``RESTART_CAUSES``) counts each attempt in ``restart_attempts``.
+    def reinitialize(
+        self, reason: str, stop: threading.Event, cause: Verdict = Verdict.FAILING
+    ) -> None:
+        """Replace every instance after failures or a hang (on a watchdog thread); each attempt
+        is counted in ``restart_attempts`` under its ``cause``.
 
         Backs off exponentially between attempts; FAILED once ``max_restarts`` restarts fall
         within ``restart_window_s``. Queued requests wait or are answered UNAVAILABLE, as
@@ -358,7 +361,8 @@ class ServedModel:
                     return
                 delay = self.restarts.next_delay_s(now)
                 self.restarts.record(now)
-                self.restart_attempts[cause] = self.restart_attempts.get(cause, 0) + 1
+                key = cause.value.lower()
+                self.restart_attempts[key] = self.restart_attempts.get(key, 0) + 1
                 self.set_state(ModelState.REINITIALIZING, reason)
                 if policy.while_reinitializing == "fail":
                     self._fail_queued(f"model {self.spec.name!r} is re-initializing: {reason}")
@@ -445,9 +449,9 @@ class ServedModel:
 
     @property
     def pending(self) -> int:
-        """Requests accepted and not yet answered (queued or in a batch being processed)."""
-        with self._pending_lock:
-            return self._pending
+        """Requests accepted and not yet answered (queued or in a batch being processed). Read
+        without the lock its writers take (an int is read whole): a scrape never waits."""
+        return self._pending
 
     def stop(self, timeout_s: float = 30.0) -> int:
         """Stop for good: refuse new requests, let the instances finish the queue within
@@ -518,6 +522,7 @@ class ServedModel:
             "loads": self.loads,
             "evictions": self.evictions,
             "reinitializations": self.reinitializations,
+            "restart_attempts": dict(self.restart_attempts),
             "abandoned_workers": sum(1 for w in self.abandoned if w.alive),
             "last_error": self.last_error,
             "idle_s": round(now - self.last_used_s, 1) if self.last_used_s else None,

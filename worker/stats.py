@@ -50,10 +50,18 @@ class Buckets:
         self._counts[bisect.bisect_left(self.bounds, value)] += 1
         self._sum += value
 
-    def read(self) -> tuple[list[int], float]:
-        """Cumulative counts per bound (the last is +Inf, the total) and the sum."""
+    def read(self) -> HistogramState:
         counts, total = list(self._counts), self._sum
-        return list(itertools.accumulate(counts)), total
+        return HistogramState(list(itertools.accumulate(counts)), total)
+
+
+@dataclass(frozen=True)
+class HistogramState:
+    """``Buckets`` at one moment: cumulative counts per bound (the last one +Inf: the count of
+    every observation) and the sum of the observations."""
+
+    cumulative: list[int]
+    total: float
 
 
 @dataclass(frozen=True)
@@ -65,8 +73,8 @@ class Counters:
     totals: dict[str, tuple[int, int]]  # TOTALS kind -> (count, nanoseconds)
     items: int
     executions: int
-    request_seconds: tuple[list[int], float]  # ``Buckets.read``
-    batch_sizes: tuple[list[int], float]
+    request_seconds: HistogramState
+    batch_sizes: HistogramState
 
 
 class ModelStats:

@@ -6,7 +6,6 @@ model loads, serves and fails."""
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import socket
 import subprocess
@@ -100,6 +99,8 @@ def test_every_series_exists_at_zero_and_counts_exactly_the_requests_sent(
         with pytest.raises(DuomoError) as refused:  # a bad request: INVALID_ARGUMENT
             handle.infer(np.zeros((1, 3), dtype=np.float32))
         assert refused.value.code is ErrorCode.INVALID_ARGUMENT
+        # an answer reaches its client a moment before its model counts it: wait for the count
+        poll(lambda: value(scrape(port), "duomo_inference_request_success_total", model="a") == n)
         after = scrape(port)
 
     def rose(name: str, **labels: str) -> float:
@@ -252,8 +253,8 @@ def test_probes_say_ready_only_while_every_preload_model_serves(tmp_path: Path) 
             return False
 
         poll(answers, timeout_s=60)
-        status, body = seen[-1]
-        assert status == 503 and b"slow: LOADING" in body, seen[-1]
+        status, body = seen[-1]  # the port answers before the models are even built
+        assert status == 503 and (b"slow: LOADING" in body or b"slow: not built" in body), body
         assert get(port, "/v2/health/live")[0] == 200  # starting counts as alive
         poll(lambda: get(port, "/v2/health/ready")[0] == 200, timeout_s=60)
         assert get(port, "/v2/health/live")[0] == 200
@@ -267,7 +268,6 @@ def test_probes_say_ready_only_while_every_preload_model_serves(tmp_path: Path) 
         assert b"slow: FAILED" in body, body
         assert get(port, "/v2/health/live")[0] == 200
         assert process.poll() is None
-    assert os.path.exists(tmp_path)
 
 
 def test_a_taken_metrics_port_stops_the_start_with_the_reason(tmp_path: Path) -> None:

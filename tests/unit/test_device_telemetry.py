@@ -15,7 +15,9 @@ from supervisor.device_telemetry import (
     DeviceReading,
     DeviceTelemetry,
     NpuSmiProbe,
+    chip_of,
     reading_from_npu_smi,
+    visible_logic_id,
 )
 
 pytestmark = pytest.mark.unit
@@ -78,25 +80,46 @@ def test_unparseable_output_reports_nothing() -> None:
     assert reading_from_npu_smi("Error: device 7 not found", "") == DeviceReading()
 
 
+MAPPING_DUO = """
+        NPU ID                         Chip ID                        Chip Logic ID                  Chip Name
+        1                              0                              2                              Ascend 310P3
+        1                              1                              3                              Ascend 310P3
+        1                              2                              -                              Mcu
+"""  # noqa: E501 (as npu-smi prints it)
+
+
+def test_acl_device_ids_map_to_a_card_and_its_chip(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert chip_of(MAPPING_DUO, 3) == (1, 1)  # the Duo card's second chip
+    assert chip_of(MAPPING_DUO, 2) == (1, 0)
+    assert chip_of(MAPPING_DUO, 7) is None
+    monkeypatch.delenv("ASCEND_RT_VISIBLE_DEVICES", raising=False)
+    assert visible_logic_id(1) == 1
+    monkeypatch.setenv("ASCEND_RT_VISIBLE_DEVICES", "2,3")
+    assert visible_logic_id(1) == 3
+
+
 def test_the_probe_samples_a_real_npu_smi_on_its_own_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    (tmp_path / "m.txt").write_text(MAPPING_DUO)
     (tmp_path / "common.txt").write_text(COMMON_310P)
     (tmp_path / "usages.txt").write_text(USAGES_310P)
     script = tmp_path / "npu-smi"
-    script.write_text(
+    script.write_text(  # answers only for the chip ACL's device 1 is (logic id 3: NPU 1, chip 1)
         "#!/bin/sh\n"
-        '[ "$1 $2 $4 $5" = "info -t -i 3" ] || { echo "bad arguments: $*" >&2; exit 2; }\n'
-        f'cat "{tmp_path}/$3.txt"\n'
+        '[ "$*" = "info -m" ] && exec cat "' + str(tmp_path) + '/m.txt"\n'
+        '[ "$1 $2 $4 $5 $6 $7" = "info -t -i 1 -c 1" ] || { echo "bad: $*" >&2; exit 2; }\n'
+        'cat "' + str(tmp_path) + '/$3.txt"\n'
     )
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    telemetry = DeviceTelemetry([(3, "ascend")])
+    monkeypatch.setenv("ASCEND_RT_VISIBLE_DEVICES", "2,3")
+    telemetry = DeviceTelemetry([(1, "ascend")])
     try:
         deadline = time.monotonic() + 10
-        while telemetry.read(3).total_bytes is None and time.monotonic() < deadline:
+        while telemetry.read(1).total_bytes is None and time.monotonic() < deadline:
             time.sleep(0.02)
-        reading = telemetry.read(3)
+        reading = telemetry.read(1)
         assert reading.total_bytes == 21534 * 2**20 and reading.temperature_c == 46
     finally:
         telemetry.close()
@@ -142,12 +165,16 @@ def test_nvml_readings_are_converted_and_a_failing_one_is_left_out(
     from supervisor.device_telemetry import NvmlProbe
 
     calls: list[str] = []
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-aaaa,GPU-bbbb")  # device 1 is GPU-bbbb
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetHandleByUUID", lambda uuid: f"handle {uuid}")
     monkeypatch.setattr(pynvml, "nvmlInit", lambda: calls.append("init"))
     monkeypatch.setattr(pynvml, "nvmlShutdown", lambda: calls.append("shutdown"))
     monkeypatch.setattr(pynvml, "nvmlDeviceGetHandleByIndex", lambda index: f"gpu{index}")
+    handles: list[object] = []
     monkeypatch.setattr(
         pynvml, "nvmlDeviceGetMemoryInfo",
-        lambda handle: SimpleNamespace(total=80 * 2**30, used=20 * 2**30, free=60 * 2**30),
+        lambda handle: handles.append(handle)
+        or SimpleNamespace(total=80 * 2**30, used=20 * 2**30, free=60 * 2**30),
     )  # fmt: skip
     monkeypatch.setattr(
         pynvml, "nvmlDeviceGetUtilizationRates", lambda handle: SimpleNamespace(gpu=42, memory=7)
@@ -166,3 +193,4 @@ def test_nvml_readings_are_converted_and_a_failing_one_is_left_out(
         power_w=None,
     )  # fmt: skip
     assert calls == ["init", "shutdown"]
+    assert handles == ["handle GPU-bbbb"]

@@ -155,6 +155,9 @@ def targets(modes: dict[str, Any]) -> list[dict[str, Any]]:
                            engine=engine_work("per-model")))  # fmt: skip
         memory = ratio("rss_peak_mib", "per-model")
         out.append(_target("duomo memory ÷ per-model memory", memory, 0.6, False))
+    if "duomo-scraped" in modes:  # /metrics scraped once a second costs at most 1 %
+        scraped = float(modes["duomo-scraped"]["work"] / duomo["work"])
+        out.append(_target("duomo work with /metrics scraped ÷ without", scraped, 0.99, True))
     if duomo.get("kept_evenness") is not None:  # fair sharing: no model starved by another
         out.append(_target("duomo kept shares, least ÷ most", duomo["kept_evenness"], 0.6, True))
     peers = [p for p in PEERS if p in modes]

@@ -216,13 +216,12 @@ def run_served(
     mode: str, workload: Workload, models: list[dict[str, Any]], workdir: Path, idle: bool
 ) -> dict[str, Any]:
     names = [m["name"] for m in models]
-    every_s = workload.scrape_metrics_s
-    servers = servers_for(mode, workload.config, names, workdir, metrics=every_s is not None)
+    servers = servers_for(mode, workload.config, names, workdir)
     figures: dict[str, Any] = {"duration_s": workload.duration_s}
     started = time.monotonic()
     servers.start()
     ports = servers.metrics_ports if isinstance(servers, DuomoServers) else []
-    scraper = MetricsScraper(ports, every_s) if every_s is not None and ports else None
+    scraper = MetricsScraper(ports, workload.scrape_every_s) if ports else None
     try:
         if scraper is not None:
             scraper.start()
@@ -295,10 +294,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, help="override the workload's rounds")
     parser.add_argument("--duration", type=float, help="override duration_s (seconds)")
     parser.add_argument(
-        "--scrape-metrics", type=float, metavar="S", default=None,
-        help="Duomo's supervisors serve /metrics, scraped every S seconds (the scrape's cost)",
-    )  # fmt: skip
-    parser.add_argument(
         "--out", type=Path, default=None,
         help="report folder (default: bench-results/<UTC date and time>)",
     )  # fmt: skip
@@ -312,7 +307,6 @@ def bench(args: argparse.Namespace) -> int:
             modes=args.modes.split(",") if args.modes else None,
             rounds=args.rounds,
             duration_s=args.duration,
-            scrape_metrics_s=args.scrape_metrics,
         )
     except (OSError, ValueError) as err:
         print(f"duomo bench: {err}", file=sys.stderr)

@@ -1,7 +1,8 @@
 """What one ``/metrics`` scrape costs the supervisor: its CPU time per scrape, measured on the
 supervisor process itself (``psutil``) over many scrapes of a running supervisor with the
-config's models loaded and answered once. The A/B under load (``duomo bench --scrape-metrics``)
-cannot resolve a cost this small on a shared machine; this bounds it directly.
+config's models loaded and answered once. The A/B under load (``duomo bench``'s
+``duomo-scraped`` mode against ``duomo``) cannot resolve a cost this small on a shared machine;
+this bounds it directly.
 
 Run as ``python -m tools.bench.scrape_cost [-c CONFIG] [--scrapes N] [--repeats R]``.
 """

@@ -2,7 +2,9 @@
 reach them.
 
 - ``duomo``: one supervisor serving every model of the workload (``duomo start`` on a config made
-  from the workload's supervisor config, only those models);
+  from the workload's supervisor config, only those models); ``duomo-scraped``: the same with
+  its ``/metrics`` on, which ``tools.bench.run`` scrapes every ``scrape_every_s`` (the A/B of
+  what a scrape costs, interleaved with ``duomo`` in one run);
 - ``duomo-http`` / ``duomo-grpc``: the same supervisor with its KServe v2 gateway (one worker),
   reached over HTTP (binary tensors) or gRPC (raw contents): like for like with the peers;
 - ``per-model`` / ``per-model-tuned``: one supervisor per model, each with its own backend init.
@@ -315,21 +317,17 @@ class FloorServer(ModeServers):
         self.processes.clear()
 
 
-def servers_for(
-    mode: str, base: Path, models: list[str], workdir: Path, metrics: bool = False
-) -> ModeServers:
-    """The servers of ``mode``; with ``metrics``, Duomo's supervisors serve ``/metrics``."""
-    if mode == "duomo":
-        return DuomoServers(base, [models], workdir, metrics=metrics)
+def servers_for(mode: str, base: Path, models: list[str], workdir: Path) -> ModeServers:
+    if mode in ("duomo", "duomo-scraped"):
+        return DuomoServers(base, [models], workdir, metrics=mode == "duomo-scraped")
     if mode in GATEWAY_MODES:
-        return DuomoServers(base, [models], workdir, transport=GATEWAY_MODES[mode], metrics=metrics)
+        return DuomoServers(base, [models], workdir, transport=GATEWAY_MODES[mode])
     if mode == "per-model":
-        return DuomoServers(
-            base, [[m] for m in models], workdir, ORT_THREAD_DEFAULTS, metrics=metrics
-        )
+        return DuomoServers(base, [[m] for m in models], workdir, ORT_THREAD_DEFAULTS)
     if mode == "per-model-tuned":
-        tuned = {**ORT_THREAD_DEFAULTS, "thread_budget": 1}
-        return DuomoServers(base, [[m] for m in models], workdir, tuned, metrics=metrics)
+        return DuomoServers(
+            base, [[m] for m in models], workdir, {**ORT_THREAD_DEFAULTS, "thread_budget": 1}
+        )
     if mode == "triton":
         return TritonServer(base, models, workdir)
     if mode == "mosec":

@@ -16,12 +16,12 @@ from pydantic import Field, ValidationError, model_validator
 from worker.config_model import StrictModel
 
 Mode = Literal[
-    "engine", "duomo", "duomo-http", "duomo-grpc", "per-model", "per-model-tuned", "triton",
-    "mosec",
+    "engine", "duomo", "duomo-scraped", "duomo-http", "duomo-grpc", "per-model",
+    "per-model-tuned", "triton", "mosec",
 ]  # fmt: skip
 ALL_MODES: tuple[Mode, ...] = (
-    "engine", "duomo", "duomo-http", "duomo-grpc", "per-model", "per-model-tuned", "triton",
-    "mosec",
+    "engine", "duomo", "duomo-scraped", "duomo-http", "duomo-grpc", "per-model",
+    "per-model-tuned", "triton", "mosec",
 )  # fmt: skip
 PEER_MODES: tuple[Mode, ...] = ("triton", "mosec")
 # Duomo through its KServe v2 gateway (a supervisor and one gateway worker): the mode's transport
@@ -50,8 +50,8 @@ class Workload(StrictModel):
     overhead_s: float = Field(default=5.0, ge=0)  # one client, one model at a time (0: skip)
     overhead_models: list[str] = Field(default_factory=lambda: ["classify"])
     idle_s: float = Field(default=5.0, ge=0)  # the idle supervisor's CPU (0: skip)
-    # every Duomo supervisor serves /metrics, scraped this often while its mode runs (null: off)
-    scrape_metrics_s: float | None = Field(default=None, gt=0)
+    # ``duomo-scraped``: ``duomo`` with its /metrics scraped this often (what a scrape costs)
+    scrape_every_s: float = Field(default=1.0, gt=0)
 
     @model_validator(mode="after")
     def _consistent(self) -> Workload:
