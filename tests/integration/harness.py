@@ -140,15 +140,21 @@ def running_supervisor(
             raise RuntimeError(f"supervisor did not start: {line or 'no readiness line'}")
         yield SupervisorProcess(process, socket_path)
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(10)
+        stop_gracefully(process)
         if socket_path == folder / "duomo.sock" and folder.name.startswith("duomo-t-"):
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def stop_gracefully(process: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
+    """SIGTERM, and SIGKILL if it has not exited within ``timeout_s``."""
+    if process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)
 
 
 def _limit_fds(count: int) -> None:

@@ -6,7 +6,6 @@ model loads, serves and fails."""
 from __future__ import annotations
 
 import contextlib
-import signal
 import socket
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from tests.integration.harness import (
     poll,
     running_supervisor,
     short_socket_dir,
+    stop_gracefully,
     write_config,
 )
 from tests.unit.test_grafana_dashboard import dashboard_metric_names
@@ -218,12 +218,7 @@ def starting_supervisor(config: Path) -> Iterator[tuple[subprocess.Popen[bytes],
     try:
         yield process, sock
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
+        stop_gracefully(process)
         with contextlib.suppress(OSError):
             for leftover in folder.iterdir():
                 leftover.unlink()

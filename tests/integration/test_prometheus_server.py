@@ -24,7 +24,13 @@ import numpy as np
 import pytest
 
 from ipc.client import Client
-from tests.integration.harness import faulty_model, poll, running_supervisor, write_config
+from tests.integration.harness import (
+    faulty_model,
+    poll,
+    running_supervisor,
+    stop_gracefully,
+    write_config,
+)
 from tests.integration.test_metrics import free_port
 from tests.unit.test_grafana_dashboard import targets
 
@@ -70,12 +76,7 @@ def prometheus_scraping(binary: str, target_port: int, folder: Path) -> Iterator
     try:
         yield port
     finally:
-        server.terminate()
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(10)
+        stop_gracefully(server, timeout_s=30)
         log.close()
 
 
