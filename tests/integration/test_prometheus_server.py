@@ -108,14 +108,19 @@ def test_prometheus_scrapes_it_and_runs_every_dashboard_query(tmp_path: Path) ->
             for _ in range(5):
                 assert client.model("a").infer(X)["y"][0, 0] == 3.0
 
-            def scraped_all() -> bool:
+            def prometheus_ready() -> bool:  # its API answers 503 in plain text until then
                 try:
-                    found = query(port, 'duomo_inference_request_success_total{model="a"}')
-                except urllib.error.URLError:  # not listening yet
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=5):
+                        return True
+                except OSError:  # not listening yet, or 503
                     return False
+
+            def scraped_all() -> bool:
+                found = query(port, 'duomo_inference_request_success_total{model="a"}')
                 result = found.get("data", {}).get("result", [])
                 return bool(result) and float(result[0]["value"][1]) == 5
 
+            poll(prometheus_ready, timeout_s=60)
             poll(scraped_all, timeout_s=60)
             time.sleep(1.5)  # a few more scrapes: rates over the window have two points
             filled = {"$__rate_interval": "10s", "$__range": "1m"}
