@@ -4,7 +4,9 @@ one thread runs them in the order they arrived, from a bounded queue.
 Owned by ``Supervisor``, which submits from the reactor thread so the reactor never waits for
 a model. They would run one at a time anyway (each takes the engine's lifecycle lock), so one
 thread costs no throughput, and a client that pipelines hundreds of them adds no thread: past
-``limits.control_queue`` waiting jobs, ``submit`` answers RESOURCE_EXHAUSTED at once.
+``limits.control_queue`` waiting jobs in all, or ``limits.control_queue_per_client`` of one
+client's, ``submit`` answers RESOURCE_EXHAUSTED at once, so one client cannot fill the queue
+for the others.
 
 Every job answers its caller exactly once, whatever it raises: its reply, the error it raised,
 an INTERNAL error for a bug, or UNAVAILABLE for the jobs still queued at ``stop``.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -40,10 +43,12 @@ def error_reply(err: DuomoError) -> dict[str, Any]:
 
 
 class ControlJobs:
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, per_client: int) -> None:
         self._queue: queue.Queue[ControlJob | None] = queue.Queue()
         self._capacity = capacity
+        self._per_client = per_client
         self._waiting = 0  # submitted and not yet started (queue.Queue's bound blocks instead)
+        self._waiting_by: Counter[int] = Counter()  # the same, by connection id
         self._lock = threading.Lock()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -52,9 +57,10 @@ class ControlJobs:
     def waiting(self) -> int:
         return self._waiting
 
-    def set_capacity(self, capacity: int) -> None:
-        """A reload's new ``limits.control_queue`` (jobs already queued stay)."""
-        self._capacity = capacity
+    def set_capacity(self, capacity: int, per_client: int) -> None:
+        """A reload's new ``limits.control_queue`` and ``control_queue_per_client`` (jobs
+        already queued stay)."""
+        self._capacity, self._per_client = capacity, per_client
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="duomo-control", daemon=True)
@@ -71,8 +77,23 @@ class ControlJobs:
                     f"{self._waiting} slow control messages are queued already "
                     f"(limits.control_queue: {self._capacity}); retry once they are answered"
                 )
+            mine = self._waiting_by[job.conn.id]
+            if mine >= self._per_client:
+                raise ResourceExhaustedError(
+                    f"{mine} of this client's slow control messages are queued already "
+                    f"(limits.control_queue_per_client: {self._per_client}); retry once they "
+                    "are answered"
+                )
             self._waiting += 1
+            self._waiting_by[job.conn.id] += 1
         self._queue.put(job)
+
+    def _started(self, job: ControlJob) -> None:
+        with self._lock:
+            self._waiting -= 1
+            self._waiting_by[job.conn.id] -= 1
+            if not self._waiting_by[job.conn.id]:
+                del self._waiting_by[job.conn.id]
 
     def stop(self, wait_s: float) -> None:
         """Answer the jobs not started yet UNAVAILABLE, let the running one finish within
@@ -85,8 +106,7 @@ class ControlJobs:
             except queue.Empty:
                 break
             if job is not None:
-                with self._lock:
-                    self._waiting -= 1
+                self._started(job)
                 job.conn.reply(job.message, error_reply(UnavailableError("the supervisor stopped")))
         self._queue.put(None)
         if self._thread is not None:
@@ -94,8 +114,7 @@ class ControlJobs:
 
     def _loop(self) -> None:
         while (job := self._queue.get()) is not None:
-            with self._lock:
-                self._waiting -= 1
+            self._started(job)
             self._answer(job)
 
     @staticmethod

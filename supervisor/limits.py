@@ -47,6 +47,7 @@ class LimitsConfig(StrictModel):
     shm_per_client_mb: int | None = Field(default=None, ge=1)
     shm_total_mb: int | None = Field(default=None, ge=1)
     control_queue: int = Field(default=64, ge=1, le=100_000)
+    control_queue_per_client: int = Field(default=8, ge=1, le=100_000)
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,7 @@ class Limits:
     shm_per_client_bytes: int
     shm_total_bytes: int
     control_queue: int
+    control_queue_per_client: int
 
     def to_dict(self) -> dict[str, float]:
         return dict(self.__dict__)
@@ -89,6 +91,7 @@ def resolve_limits(config: LimitsConfig) -> Limits:
         shm_per_client_bytes=(config.shm_per_client_mb or 0) * MIB or shm_size // 4,
         shm_total_bytes=(config.shm_total_mb or 0) * MIB or shm_size // 2,
         control_queue=config.control_queue,
+        control_queue_per_client=config.control_queue_per_client,
     )
 
 

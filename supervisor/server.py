@@ -80,7 +80,9 @@ class Supervisor:
         self.watchdog: Watchdog | None = None
         self.limits: Limits = resolve_limits(loaded.config.limits)
         self.shm = ShmLedger(self.limits)
-        self.control_jobs = ControlJobs(self.limits.control_queue)
+        self.control_jobs = ControlJobs(
+            self.limits.control_queue, self.limits.control_queue_per_client
+        )
         self.gateways: GatewayProcesses | None = None
         self.metrics: MetricsServer | None = None
         self._process = psutil.Process()
@@ -263,7 +265,7 @@ class Supervisor:
     def _apply_limits(self, limits: Limits) -> None:
         self.limits = limits
         self.shm.limits = limits
-        self.control_jobs.set_capacity(limits.control_queue)
+        self.control_jobs.set_capacity(limits.control_queue, limits.control_queue_per_client)
         if self.reactor is not None:
             self.reactor.set_limits(limits)
 

@@ -56,7 +56,8 @@ def test_the_ledger_refuses_past_each_bound_and_holds_nothing_for_a_refusal() ->
 class Recorder:
     """Stands in for a connection: the replies it was sent, in order."""
 
-    def __init__(self) -> None:
+    def __init__(self, id_: int = 1) -> None:
+        self.id = id_
         self.replies: list[dict[str, Any]] = []
         self.done = threading.Event()
 
@@ -66,7 +67,7 @@ class Recorder:
 
 
 def test_control_jobs_run_in_order_on_one_thread_and_every_one_is_answered() -> None:
-    jobs = ControlJobs(capacity=3)
+    jobs = ControlJobs(capacity=3, per_client=3)
     conn = Recorder()
     gate = threading.Event()
     ran: list[str] = []
@@ -103,7 +104,7 @@ def test_control_jobs_run_in_order_on_one_thread_and_every_one_is_answered() -> 
 
 
 def test_jobs_still_queued_at_stop_are_answered_unavailable() -> None:
-    jobs = ControlJobs(capacity=5)
+    jobs = ControlJobs(capacity=5, per_client=5)
     conn = Recorder()
     for n in range(3):
         jobs.submit(ControlJob(conn, {"id": n}, lambda: {}))  # type: ignore[arg-type]
@@ -111,6 +112,26 @@ def test_jobs_still_queued_at_stop_are_answered_unavailable() -> None:
     assert [(r["id"], r["code"]) for r in conn.replies] == [
         (n, ErrorCode.UNAVAILABLE) for n in range(3)
     ]
+
+
+def test_one_client_cannot_fill_the_control_queue_for_the_others() -> None:
+    jobs = ControlJobs(capacity=6, per_client=2)
+    greedy, other = Recorder(1), Recorder(2)
+    for n in range(2):
+        jobs.submit(ControlJob(greedy, {"id": n}, lambda: {}))  # type: ignore[arg-type]
+    with pytest.raises(ResourceExhaustedError, match=r"control_queue_per_client: 2"):
+        jobs.submit(ControlJob(greedy, {"id": 2}, lambda: {}))  # type: ignore[arg-type]
+    jobs.submit(ControlJob(other, {"id": 10}, lambda: {"n": 10}))  # type: ignore[arg-type]
+    jobs.start()
+    deadline = time.monotonic() + 10
+    while len(other.replies) < 1 and time.monotonic() < deadline:
+        other.done.wait(0.05)
+    assert other.replies == [{"id": 10, "ok": True, "n": 10}]
+    while len(greedy.replies) < 2 and time.monotonic() < deadline:
+        greedy.done.wait(0.05)
+    jobs.submit(ControlJob(greedy, {"id": 3}, lambda: {}))  # type: ignore[arg-type]  # room again
+    jobs.stop(10)
+    assert [r["id"] for r in greedy.replies] == [0, 1, 3]
 
 
 def test_classification_bounds_the_resized_image() -> None:
