@@ -18,9 +18,14 @@ The rule, recomputed at most every ``UPDATE_S``:
 3. **Target.** Per item a batch of *n* costs ``a/n + b``; the batch worth waiting for is the
    smallest *n* within ``EFFICIENCY`` of the best per-item cost (``n ≥ a / (EFFICIENCY·b)``,
    at most ``max_batch``), and the window is the time its requests take to arrive,
-   ``(n − 1)/λ``, bounded so that waiting and running it fit the SLO: ``≤ slo − c(n)``.
+   ``(n − 1)/λ``, bounded so that the worst case fits the SLO: a request that waits the whole
+   window, then for the batch running before its own, then for its own: ``≤ slo − 2·c(n)``.
 4. **Feedback.** The window is scaled by a factor that halves while the recent end-to-end p99
    is over ``HIGH · slo`` and grows back by ``STEP`` while it is under ``LOW · slo``.
+
+The window buys device time: fuller batches cost less per request, which the model's own
+backlog and the other models at its device's compute gate use. It is paid in latency, which
+the SLO bounds; a model with no SLO keeps a fixed ``max_delay_ms``.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ SMOOTHING = 0.2  # weight of a new observation in the running means
 FIXED_SHARE = 0.1  # below this share of c(1) fixed cost, batching does not pay
 BUSY = 0.5  # below this utilisation of the instances, no request waits
 EFFICIENCY = 0.1  # the target batch is within this of the best per-item cost
-HIGH, LOW, STEP = 0.9, 0.6, 0.1  # the feedback's bounds on p99 ÷ slo, and its step back up
+HIGH, LOW, STEP = 0.8, 0.6, 0.1  # the feedback's bounds on p99 ÷ slo, and its step back up
 
 
 @dataclass(frozen=True)
@@ -129,7 +134,7 @@ class BatchWindow:
         else:
             target = self.max_batch
         window = (target - 1) / rate
-        window = min(window, max(0.0, self.slo_s - curve.cost_s(target)))
+        window = min(window, max(0.0, self.slo_s - 2 * curve.cost_s(target)))
         return window * self._scale
 
     @property
