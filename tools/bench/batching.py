@@ -4,13 +4,14 @@ answer, under an open-loop stream.
 
 The model is a two-layer MLP (``x [n, 4096] → 4096×4096 → ReLU → 4096×16``): a run reads its
 64 MiB of weights whatever ``n``, so on the CPU a batch of 8 costs far less than 8 single runs
-(here 3.2 ms for one, 5.2 ms for eight) — the kind of model a fill window is for. Each setting runs in its own supervisor (``duomo start``),
-one intra-op thread, ``max_batch`` 8; the settings run in turn, ``--rounds`` times, so drift
-hits them alike. Requests arrive at ``--rate`` per second from one client process (a scheduler
-thread, ``infer_async``; latency counts from when a request was due).
+(here 3.2 ms for one, 5.2 ms for eight) — the kind of model a fill window is for. Each
+setting runs in its own supervisor (``duomo start``), one intra-op thread, ``max_batch`` 8;
+the settings run in turn, ``--rounds`` times, so drift hits them alike. Requests arrive at
+``--rate`` per second from one client process (a scheduler thread, ``infer_async``; latency
+counts from when a request was due).
 
 Run as ``python -m tools.bench.batching [--rate R] [--seconds S] [--rounds N]
-[--settings 0,1,2,auto] [--slo-ms MS]``; prints a Markdown table.
+[--settings 0,2,5,10,auto] [--slo-ms MS]``; prints a Markdown table.
 """
 
 from __future__ import annotations
