@@ -53,6 +53,7 @@ from supervisor.memory import (
     resident_bytes,
     trim_heap,
 )
+from supervisor.preload import TransitionModel
 from worker.backends import Backend, create_backend
 from worker.backends.base import NotEnoughDeviceMemory
 from worker.executors.image_ops import limit_opencv_threads
@@ -110,7 +111,8 @@ class Engine:
         self.footprints: dict[str, Footprint] = {}  # the largest measured, kept across unloads
         self._measured: dict[str, Footprint] = {}  # the last measurement
         self._demand_lock = threading.Lock()
-        self._demanded: set[str] = set()
+        self._demanded: set[str] = set()  # loading for a waiting request, or ahead of one
+        self.predictor = TransitionModel()  # preload_policy: predictive
         self._closed = False
         # the supervisor's reactor, once it runs: idle workers read their lent connections
         self.idle_reader: LentReader | None = None
@@ -247,10 +249,17 @@ class Engine:
         log.info("engine reloaded", **summary)
         return summary
 
-    def _load(self, model: ServedModel, resolved: ResolvedModel | None = None) -> None:
-        """Load ``model`` measured and within budget, evicting idle models if needed
-        (``resolved``: its config entry, when it is not the running config's yet)."""
+    def _load(
+        self,
+        model: ServedModel,
+        resolved: ResolvedModel | None = None,
+        keep: Iterable[str] = (),
+    ) -> None:
+        """Load ``model`` measured and within budget, evicting idle models if needed, never
+        those in ``keep`` (``resolved``: its config entry, when it is not the running
+        config's yet)."""
         name = model.spec.name
+        exclude = {name, *keep}
         if model.state in SERVING:
             return
         resolved = resolved or self._resolved(name)
@@ -258,7 +267,7 @@ class Engine:
         budget = self._model_budget(resolved)
         expected = self.footprints.get(name)
         need = expected.charged(kind) if expected else (budget or 0)
-        self._make_room(model, need, exclude={name})
+        self._make_room(model, need, exclude=exclude)
         self._release_memory()
         before = resident_bytes()
         try:
@@ -272,7 +281,7 @@ class Engine:
                     f"model {name!r} needs {mb(short.needed)} of device memory (query_size), "
                     f"above its memory_budget_mb of {mb(budget)}"
                 ) from None
-            self._make_room(model, short.needed, exclude={name})  # evict, then once more
+            self._make_room(model, short.needed, exclude=exclude)  # evict, then once more
             self._load_within_room(model, kind, budget)
         host = max(0, resident_bytes() - before)
         footprint = Footprint(host, sum(s.device_bytes for s in model.sessions()))
@@ -289,7 +298,7 @@ class Engine:
             self._release_memory()
             raise ResourceExhaustedError(f"model {name!r} {why}")
         try:
-            self._make_room(model, charged, exclude={name})
+            self._make_room(model, charged, exclude=exclude)
         except ResourceExhaustedError:
             model.unload("does not fit its device's memory budget", by_operator=False)
             self._release_memory()
@@ -382,7 +391,7 @@ class Engine:
             try:
                 with self._lifecycle:
                     if self.models.get(name) is model and not self._closed and model.auto_load:
-                        self._load(model)
+                        self._load_keeping_what_comes_next(model)
             except Exception as err:  # the waiting requests were answered with the reason
                 log.error("load on demand failed", model=name, error=str(err))
                 if model.state is ModelState.UNLOADED:
@@ -394,6 +403,76 @@ class Engine:
                     self._on_demand(model)  # more arrived after the failure: try again
 
         threading.Thread(target=load, name=f"duomo-load-{name}", daemon=True).start()
+
+    def _load_keeping_what_comes_next(self, model: ServedModel) -> None:
+        """A load on demand. With ``preload_policy: predictive`` it first tries to make room
+        without evicting the models likely to be asked for next, then as LRU would."""
+        name = model.spec.name
+        if self.loaded.config.preload_policy != "predictive":
+            self._load(model)
+            return
+        threshold = self.loaded.config.predictive_threshold
+        likely = self.predictor.likely_after(name)
+        keep = {n for n, chance in likely.items() if chance >= threshold}
+        try:
+            self._load(model, keep=keep)
+        except ResourceExhaustedError:
+            if not keep or model.state is not ModelState.UNLOADED:
+                raise
+            self._load(model)
+
+    def _predict_after(self, model: ServedModel) -> None:
+        """``preload_policy: predictive``, on every request's path: learn the transition, and
+        when the model changed, load in the background each unloaded model likely enough to
+        come next (``predictive_threshold``)."""
+        name = model.spec.name
+        if self.predictor.observe(name) is None:
+            return  # the same model again, or the first request
+        threshold = self.loaded.config.predictive_threshold
+        for other, chance in self.predictor.likely_after(name).items():
+            candidate = self.models.get(other)
+            if (
+                chance >= threshold
+                and candidate is not None
+                and candidate.state is ModelState.UNLOADED
+                and candidate.auto_load
+            ):
+                self._preload(candidate, after=name, chance=chance)
+
+    def _preload(self, model: ServedModel, after: str, chance: float) -> None:
+        """Load ``model`` ahead of its request on a short-lived thread (once at a time, like a
+        load on demand), evicting only idle models less likely than it to come after
+        ``after`` — never ``after`` itself, never a busy one — and never past a budget."""
+        name = model.spec.name
+        with self._demand_lock:
+            if name in self._demanded or self._closed:
+                return
+            self._demanded.add(name)
+        likely = self.predictor.likely_after(after)
+        keep = {after} | {n for n, p in likely.items() if p >= chance and n != name}
+
+        def load() -> None:
+            try:
+                with self._lifecycle:
+                    if (
+                        self.models.get(name) is model
+                        and not self._closed
+                        and model.state is ModelState.UNLOADED
+                        and model.auto_load
+                    ):
+                        model.predicted = True  # (a request from now on is a hit)
+                        self._load(model, keep=keep)
+                        model.predicted_loads += 1
+            except Exception as err:  # no room (or it failed): the request will load it
+                model.predicted = False
+                log.info("predictive preload skipped", model=name, after=after, why=str(err))
+            finally:
+                with self._demand_lock:
+                    self._demanded.discard(name)
+                if model.pending and model.state is ModelState.UNLOADED and model.auto_load:
+                    self._on_demand(model)  # a request came meanwhile: load it for that one
+
+        threading.Thread(target=load, name=f"duomo-preload-{name}", daemon=True).start()
 
     def _refuse_if_closed(self) -> None:
         if self._closed:
@@ -435,6 +514,7 @@ class Engine:
         )
         self._signatures[name] = self._signature(resolved)
         on_demand = None if self._only else self._on_demand
+        predictive = loaded.config.preload_policy == "predictive" and not self._only
         return ServedModel(
             spec,
             backend,
@@ -442,6 +522,7 @@ class Engine:
             on_demand=on_demand,
             idle_reader=self._read_when_idle,
             activity=self.activity,
+            on_request=self._predict_after if predictive else None,
         )
 
     def _gate_for(self, backend: str, device: int) -> ComputeGate:

@@ -143,6 +143,13 @@ class DuomoCollector(Collector):
             "model_restarts", "Re-initialization attempts by the watchdog, by cause.",
             [*m, "cause"],
         )  # fmt: skip
+        predicted = counter(
+            "model_predicted_loads", "Loads ahead of a request (preload_policy: predictive)."
+        )
+        hits = counter("model_prediction_hits", "Predicted loads that a request then used.")
+        wasted = counter(
+            "model_predictions_wasted", "Predicted loads unloaded again before any request."
+        )
 
         for name, model in list(self.engine.models.items()):
             numbers = model.stats.counters()
@@ -174,8 +181,12 @@ class DuomoCollector(Collector):
             evictions.add_metric([name], model.evictions)
             for cause, count in list(model.restart_attempts.items()):
                 restarts.add_metric([name, cause], count)
+            predicted.add_metric([name], model.predicted_loads)
+            hits.add_metric([name], model.prediction_hits)
+            wasted.add_metric([name], model.predictions_wasted)
         yield from (success, failure, items, executions, *durations.values(), latency, batch)
         yield from (pending, state, memory, budget, loads, load_time, evictions, restarts)
+        yield from (predicted, hits, wasted)
         if window.samples:
             yield window
 

@@ -100,6 +100,7 @@ class ServedModel:
         on_demand: Callable[[ServedModel], None] | None = None,
         idle_reader: IdleReader | None = None,
         activity: Activity | None = None,
+        on_request: Callable[[ServedModel], None] | None = None,
     ) -> None:
         self.spec = spec
         self._backend = backend
@@ -111,6 +112,7 @@ class ServedModel:
         )
         self._activity = activity  # the process's count of instances at work
         self._on_demand = on_demand  # asks the engine to load this model for a waiting request
+        self._on_request = on_request  # tells the engine's predictor (preload_policy)
         self.stats = ModelStats()
         self.window: BatchWindow | None = None  # ``max_delay_ms: auto``
         slo_ms = spec.health.slo_p99_ms
@@ -139,6 +141,12 @@ class ServedModel:
         self.evictions = 0
         self.reinitializations = 0  # since start (``restarts`` only keeps the window)
         self.load_seconds = Buckets(LOAD_BOUNDS_S)  # successful loads: the model switch latency
+        # predictive preload: loads made ahead of a request, those a request then used, and
+        # those unloaded again unused; ``predicted`` while a predicted load awaits its request
+        self.predicted_loads = 0
+        self.prediction_hits = 0
+        self.predictions_wasted = 0
+        self.predicted = False
         self.restart_attempts = dict.fromkeys(RESTART_CAUSES, 0)  # by cause, since built
         self.restarts = RestartHistory(spec.health)
         self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
@@ -256,6 +264,9 @@ class ServedModel:
             if self.state is not ModelState.UNLOADED:
                 self.set_state(ModelState.UNLOADING, reason)
                 cut = self._retire_workers()
+            if self.predicted:  # loaded ahead of a request that never came
+                self.predicted = False
+                self.predictions_wasted += 1
             cut += self._fail_queued(f"model {self.spec.name!r} was unloaded")
             self.set_state(ModelState.UNLOADED, reason)
             return cut
@@ -282,6 +293,9 @@ class ServedModel:
                 self.set_state(ModelState.UNLOADING, "evicted to make room")
             self._retire_workers()
             self.evictions += 1
+            if self.predicted:  # loaded ahead of a request that never came
+                self.predicted = False
+                self.predictions_wasted += 1
             self.set_state(ModelState.UNLOADED, "evicted to make room")
             if self.pending and self.auto_load and self._on_demand is not None:
                 self._on_demand(self)  # requests arrived while it unloaded: load it again
@@ -435,6 +449,9 @@ class ServedModel:
             if not waits:
                 raise UnavailableError(self._refusal(state))
         self.last_used_s = request.enqueued_s
+        if self.predicted:
+            self.predicted = False
+            self.prediction_hits += 1
         request.on_finished = self._finished
         with self._pending_lock:
             self._pending += 1
@@ -447,6 +464,8 @@ class ServedModel:
             raise
         if self.state is ModelState.UNLOADED and self.auto_load and self._on_demand is not None:
             self._on_demand(self)  # read after queueing: an eviction cannot slip in between
+        if self._on_request is not None:
+            self._on_request(self)
 
     def _finished(self, request: Request, outcome: Outcome) -> None:
         """A request this model queued was answered (after its callback, on whichever thread
@@ -544,6 +563,11 @@ class ServedModel:
             "evictions": self.evictions,
             "reinitializations": self.reinitializations,
             "restart_attempts": dict(self.restart_attempts),
+            "predictive": {
+                "loads": self.predicted_loads,
+                "hits": self.prediction_hits,
+                "wasted": self.predictions_wasted,
+            },
             "abandoned_workers": sum(1 for w in self.abandoned if w.alive),
             "last_error": self.last_error,
             "idle_s": round(now - self.last_used_s, 1) if self.last_used_s else None,
