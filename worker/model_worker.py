@@ -41,7 +41,7 @@ class ModelWorker:
         index: int,
         load: Callable[[], Executor],
         batcher: Batcher,
-        on_batch: Callable[[ModelWorker, int, bool, float], None],
+        on_batch: Callable[[ModelWorker, int, bool], None],
         generation: int = 0,
         activity: Activity | None = None,
     ) -> None:
@@ -50,8 +50,7 @@ class ModelWorker:
         self.generation = generation
         self._load = load
         self._batcher = batcher
-        # (worker, batch size, whether the model failed it, seconds in ``execute``)
-        self._on_batch = on_batch
+        self._on_batch = on_batch  # (worker, batch size, whether the model failed it)
         self._activity = activity or Activity()  # the process's, shared by every instance
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
@@ -151,32 +150,27 @@ class ModelWorker:
             request.timings.preprocess_s = time.perf_counter() - start
         if not live:
             return
-        failed, spent_s = True, 0.0
+        failed = True
         try:
-            failed, spent_s = self._execute(executor, live, prepared)
+            failed = self._execute(executor, live, prepared)
         finally:
-            self._on_batch(self, len(live), failed, spent_s)  # after the answers went out
+            self._on_batch(self, len(live), failed)  # after the answers went out
 
-    def _execute(
-        self, executor: Executor, live: list[Request], prepared: list[Any]
-    ) -> tuple[bool, float]:
-        """Run the batch and answer it; whether the model failed it (what the watchdog counts:
-        an exception other than a request's own error, or output it cannot split), and the
-        seconds ``execute`` took."""
+    def _execute(self, executor: Executor, live: list[Request], prepared: list[Any]) -> bool:
+        """Run the batch and answer it; True when the model failed it (what the watchdog counts:
+        an exception other than a request's own error, or output it cannot split)."""
         timer = StageTimer()
         start = time.perf_counter()
         try:
             results = executor.execute(prepared, timer)
         except DuomoError as err:
-            spent_s = time.perf_counter() - start
-            self._finish(live, timer, spent_s, error=err)
-            return isinstance(err, InternalError), spent_s
+            self._finish(live, timer, time.perf_counter() - start, error=err)
+            return isinstance(err, InternalError)
         except Exception:
-            spent_s = time.perf_counter() - start
             log.exception("batch failed", model=self.model, batch=len(live))
             failure = InternalError(f"model {self.model!r}: inference failed")
-            self._finish(live, timer, spent_s, error=failure)
-            return True, spent_s
+            self._finish(live, timer, time.perf_counter() - start, error=failure)
+            return True
         spent_s = time.perf_counter() - start
         if not isinstance(results, list) or len(results) != len(live):
             log.error(
@@ -187,9 +181,9 @@ class ModelWorker:
             )
             failure = InternalError(f"model {self.model!r}: bad executor output")
             self._finish(live, timer, spent_s, error=failure)
-            return True, spent_s
+            return True
         self._finish(live, timer, spent_s, results=results)
-        return False, spent_s
+        return False
 
     def _finish(
         self,
