@@ -4,7 +4,9 @@ Used by ``duomo infer`` and the benchmark in-process, and by the supervisor proc
 It owns the desired state (the config) and every lifecycle step across models, one at a time
 (``_lifecycle``): ``start`` loads the ``preload`` models; ``load`` / ``unload`` act on one model;
 ``reload`` applies a new config's difference; loads on demand (``preload: false`` or evicted
-models a request is waiting for) run on a short-lived thread. Every load is measured
+models a request is waiting for), and with ``preload_policy: predictive`` loads ahead of the
+request its ``TransitionModel`` expects next (``supervisor.preload``), run on a short-lived
+thread. Every load is measured
 (``supervisor.memory``) and held to the model's ``memory_budget_mb`` and its device's budget,
 evicting least-recently-used idle ``evictable`` models when it does not fit.
 

@@ -253,9 +253,7 @@ class ServedModel:
             if self.state is not ModelState.UNLOADED:
                 self.set_state(ModelState.UNLOADING, reason)
                 cut = self._retire_workers()
-            if self.predicted:  # loaded ahead of a request that never came
-                self.predicted = False
-                self.predictions_wasted += 1
+            self._prediction_unused()
             cut += self._fail_queued(f"model {self.spec.name!r} was unloaded")
             self.set_state(ModelState.UNLOADED, reason)
             return cut
@@ -282,15 +280,19 @@ class ServedModel:
                 self.set_state(ModelState.UNLOADING, "evicted to make room")
             self._retire_workers()
             self.evictions += 1
-            if self.predicted:  # loaded ahead of a request that never came
-                self.predicted = False
-                self.predictions_wasted += 1
+            self._prediction_unused()
             self.set_state(ModelState.UNLOADED, "evicted to make room")
             if self.pending and self.auto_load and self._on_demand is not None:
                 self._on_demand(self)  # requests arrived while it unloaded: load it again
             return True
         finally:
             self.lifecycle.release()
+
+    def _prediction_unused(self) -> None:
+        """Unloaded: a predicted load that no request used was wasted."""
+        if self.predicted:
+            self.predicted = False
+            self.predictions_wasted += 1
 
     def _retire_workers(self) -> int:
         """End this generation of workers: idle ones at once, busy ones after their batch. One
