@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, model_validator
@@ -74,7 +74,8 @@ class ModelConfig(StrictModel):
     files: dict[str, Path] | None = None
     instances: int = Field(default=1, ge=1, le=64)
     max_batch: int = Field(default=1, ge=1, le=1024)
-    max_delay_ms: float = Field(default=0.0, ge=0, le=10_000)
+    # a fixed fill window, or "auto": chosen from the batch costs and health.slo_p99_ms
+    max_delay_ms: Annotated[float, Field(ge=0, le=10_000)] | Literal["auto"] = 0.0
     queue_size: int = Field(default=64, ge=1, le=1_000_000)
     priority: int = Field(default=0, ge=-1000, le=1000)
     priority_aging_per_s: float = Field(default=10.0, ge=0, le=1_000_000)
@@ -91,6 +92,11 @@ class ModelConfig(StrictModel):
     def _one_file_field(self) -> ModelConfig:
         if (self.file is None) == (self.files is None):
             raise ValueError("give exactly one of 'file' (one model file) or 'files' (role: path)")
+        if self.max_delay_ms == "auto" and (self.health.slo_p99_ms is None or self.max_batch < 2):
+            raise ValueError(
+                "max_delay_ms: auto needs health.slo_p99_ms (the latency it keeps under) and "
+                "max_batch of 2 or more"
+            )
         return self
 
     @property

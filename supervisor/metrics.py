@@ -112,6 +112,11 @@ class DuomoCollector(Collector):
             "End-to-end time of successful requests, queue included.", labels=m,
         )  # fmt: skip
         batch = HistogramMetricFamily("duomo_batch_size", "Items per batch run.", labels=m)
+        window = GaugeMetricFamily(
+            "duomo_batch_window_seconds",
+            "The fill window max_delay_ms: auto chose last (models with an auto window).",
+            labels=m,
+        )  # fmt: skip
         pending = GaugeMetricFamily(
             "duomo_inference_pending_request_count",
             "Requests accepted and not yet answered (queued or running).", labels=m,
@@ -160,6 +165,8 @@ class DuomoCollector(Collector):
             _histogram(latency, [name], model.stats.request_seconds.bounds, numbers.request_seconds)
             _histogram(batch, [name], model.stats.batch_size.bounds, numbers.batch_sizes)
             pending.add_metric([name], model.pending)
+            if model.window is not None:
+                window.add_metric([name], model.window.window_s)
             current = model.state
             for each in ModelState:
                 state.add_metric([name, each.value], 1.0 if each is current else 0.0)
@@ -180,6 +187,8 @@ class DuomoCollector(Collector):
         yield from (success, failure, items, executions, *durations.values(), latency, batch)
         yield from (pending, state, memory, budget, loads, load_time, evictions, restarts)
         yield from (predicted, hits, wasted)
+        if window.samples:
+            yield window
 
     def _devices(self) -> Iterator[Metric]:
         d = ["device"]

@@ -5,10 +5,13 @@ model's own idle worker (below).
 
 The rule, as Mosec and Triton do it: a worker blocks for the first request, then fills the batch
 until ``max_batch`` requests are queued or ``max_delay_ms`` has passed since that first request
-was *enqueued* (a backlog therefore never waits). Only one worker fills at a time, so two idle
-instances do not split a forming batch. Higher ``priority`` is taken first, FIFO within a level,
-and every second a request waits raises its effective priority by ``aging_per_s``: a low priority
-is delayed for a bounded time under sustained higher-priority load, never starved.
+was *enqueued* (a backlog therefore never waits). With ``max_delay_ms: auto`` the window is
+chosen anew as the load changes, from the batches' cost curve, the arrival rate and the SLO
+(``worker.batch_window`` states that rule); it is 0 where batching does not pay. Only one
+worker fills at a time, so two idle instances do not split a forming batch. Higher
+``priority`` is taken first, FIFO within a level, and every second a request waits raises its
+effective priority by ``aging_per_s``: a low priority is delayed for a bounded time under
+sustained higher-priority load, never starved.
 Requests whose deadline has passed are handed back as ``expired`` and never run.
 ``next_batch`` always returns at least one request to run or expire, or ``None`` once the batcher
 is closed and empty, or once the calling worker's generation has been retired.
@@ -39,6 +42,7 @@ from dataclasses import dataclass
 import structlog
 
 from ipc.errors import ResourceExhaustedError, UnavailableError
+from worker.batch_window import BatchWindow
 from worker.request import Request
 
 log = structlog.get_logger("duomo.batcher")
@@ -64,10 +68,12 @@ class Batcher:
         clock: Callable[[], float] = time.monotonic,
         aging_per_s: float = 0.0,
         idle_reader: IdleReader | None = None,
+        window: BatchWindow | None = None,
     ) -> None:
         self.model = model
         self.max_batch = max_batch
         self.max_delay_s = max_delay_s
+        self._window = window  # ``max_delay_ms: auto``: it chooses the fill window instead
         self.queue_size = queue_size
         self.aging_per_s = aging_per_s
         self._clock = clock
@@ -102,6 +108,8 @@ class Batcher:
                 level = self._levels[request.priority] = deque()
             level.append(request)
             self._count += 1
+            if self._window is not None:
+                self._window.record_arrival()
             if self._sleepers or self._reader is not None:
                 self._wake_all()
 
@@ -175,12 +183,13 @@ class Batcher:
                     self._sleep(None)
                 if generation != self.generation:
                     return None
-                if self.max_delay_s <= 0 or self._count >= self.max_batch:
+                delay_s = self.max_delay_s if self._window is None else self._window.delay_s()
+                if delay_s <= 0 or self._count >= self.max_batch:
                     return self._take()  # nothing to wait for: the batch is what is queued
                 self._filling = True
                 try:
                     first = self._levels[self._best_level(self._clock())][0]
-                    fill_until = first.enqueued_s + self.max_delay_s
+                    fill_until = first.enqueued_s + delay_s
                     while self._count < self.max_batch and not self._closed:
                         remaining = fill_until - self._clock()
                         if remaining <= 0 or generation != self.generation or not self._count:

@@ -41,7 +41,7 @@ class ModelWorker:
         index: int,
         load: Callable[[], Executor],
         batcher: Batcher,
-        on_batch: Callable[[ModelWorker, int, bool], None],
+        on_batch: Callable[[ModelWorker, int, bool, float], None],
         generation: int = 0,
         activity: Activity | None = None,
     ) -> None:
@@ -50,7 +50,8 @@ class ModelWorker:
         self.generation = generation
         self._load = load
         self._batcher = batcher
-        self._on_batch = on_batch  # (worker, batch size, whether the model failed it)
+        # (worker, batch size, whether the model failed it, seconds in ``execute``)
+        self._on_batch = on_batch
         self._activity = activity or Activity()  # the process's, shared by every instance
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
@@ -150,27 +151,32 @@ class ModelWorker:
             request.timings.preprocess_s = time.perf_counter() - start
         if not live:
             return
-        failed = True
+        failed, spent_s = True, 0.0
         try:
-            failed = self._execute(executor, live, prepared)
+            failed, spent_s = self._execute(executor, live, prepared)
         finally:
-            self._on_batch(self, len(live), failed)  # after the answers went out
+            self._on_batch(self, len(live), failed, spent_s)  # after the answers went out
 
-    def _execute(self, executor: Executor, live: list[Request], prepared: list[Any]) -> bool:
-        """Run the batch and answer it; True when the model failed it (what the watchdog counts:
-        an exception other than a request's own error, or output it cannot split)."""
+    def _execute(
+        self, executor: Executor, live: list[Request], prepared: list[Any]
+    ) -> tuple[bool, float]:
+        """Run the batch and answer it; whether the model failed it (what the watchdog counts:
+        an exception other than a request's own error, or output it cannot split), and the
+        seconds ``execute`` took."""
         timer = StageTimer()
         start = time.perf_counter()
         try:
             results = executor.execute(prepared, timer)
         except DuomoError as err:
-            self._finish(live, timer, time.perf_counter() - start, error=err)
-            return isinstance(err, InternalError)
+            spent_s = time.perf_counter() - start
+            self._finish(live, timer, spent_s, error=err)
+            return isinstance(err, InternalError), spent_s
         except Exception:
+            spent_s = time.perf_counter() - start
             log.exception("batch failed", model=self.model, batch=len(live))
             failure = InternalError(f"model {self.model!r}: inference failed")
-            self._finish(live, timer, time.perf_counter() - start, error=failure)
-            return True
+            self._finish(live, timer, spent_s, error=failure)
+            return True, spent_s
         spent_s = time.perf_counter() - start
         if not isinstance(results, list) or len(results) != len(live):
             log.error(
@@ -181,9 +187,9 @@ class ModelWorker:
             )
             failure = InternalError(f"model {self.model!r}: bad executor output")
             self._finish(live, timer, spent_s, error=failure)
-            return True
+            return True, spent_s
         self._finish(live, timer, spent_s, results=results)
-        return False
+        return False, spent_s
 
     def _finish(
         self,

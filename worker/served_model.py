@@ -38,6 +38,7 @@ import structlog
 
 from ipc.errors import DeadlineExceededError, UnavailableError
 from worker.backends.base import Backend, ModelSession, SessionSettings
+from worker.batch_window import BatchWindow
 from worker.batcher import Batcher, IdleReader
 from worker.config_model import StrictModel
 from worker.executors.base import Executor, SlotSpec
@@ -80,6 +81,7 @@ class ModelSpec:
     instances: int = 1
     max_batch: int = 1
     max_delay_s: float = 0.0
+    adaptive_delay: bool = False  # ``max_delay_ms: auto``: the window follows health.slo_p99_ms
     queue_size: int = 64
     priority: int = 0
     priority_aging_per_s: float = 0.0
@@ -112,6 +114,12 @@ class ServedModel:
         self._on_demand = on_demand  # asks the engine to load this model for a waiting request
         self._on_request = on_request  # tells the engine's predictor (preload_policy)
         self.stats = ModelStats()
+        self.window: BatchWindow | None = None  # ``max_delay_ms: auto``
+        slo_ms = spec.health.slo_p99_ms
+        if spec.adaptive_delay and slo_ms is not None:
+            self.window = BatchWindow(
+                spec.max_batch, spec.instances, slo_ms / 1e3, self._recent_p99_s
+            )
         self.batcher = Batcher(
             spec.name,
             spec.max_batch,
@@ -119,6 +127,7 @@ class ServedModel:
             spec.queue_size,
             aging_per_s=spec.priority_aging_per_s,
             idle_reader=idle_reader,
+            window=self.window,
         )
         self.workers: list[ModelWorker] = []
         self.abandoned: list[ModelWorker] = []  # hung workers let go of; they end on their own
@@ -201,6 +210,8 @@ class ServedModel:
                 raise RuntimeError(f"model {self.spec.name!r} {error}") from worker.load_error
         self.workers = workers
         executor = next(w.executor for w in workers if w.executor is not None)
+        if self.window is not None:
+            self.window.seed(executor.warmup_costs)
         self._slot_spec = executor.slot_spec()
         self._payload_builder = executor.payload_from_slot
         self.consecutive_failures = 0
@@ -335,9 +346,12 @@ class ServedModel:
 
     # -- failures (watchdog) ------------------------------------------------------------------
 
-    def _batch_done(self, worker: ModelWorker, size: int, failed: bool) -> None:
-        """A worker finished a batch (its thread); a retired worker's batches no longer count."""
+    def _batch_done(self, worker: ModelWorker, size: int, failed: bool, seconds: float) -> None:
+        """A worker finished a batch (its thread) in ``seconds`` of ``execute``; a retired
+        worker's batches no longer count."""
         self.stats.record_batch(size)
+        if self.window is not None and not failed:
+            self.window.record_run(size, seconds)
         if worker.generation != self.batcher.generation:
             return
         self.consecutive_failures = self.consecutive_failures + 1 if failed else 0
@@ -398,6 +412,10 @@ class ServedModel:
                     self.gate.rejoin()
                 self.set_state(ModelState.READY, "re-initialized")
                 return
+
+    def _recent_p99_s(self) -> float | None:
+        p99_ms = self.stats.recent_p99_ms()
+        return None if p99_ms is None else p99_ms / 1e3
 
     # -- requests -----------------------------------------------------------------------------
 
@@ -533,6 +551,9 @@ class ServedModel:
             "state": self.state.value,
             "instances": self.spec.instances,
             "max_batch": self.spec.max_batch,
+            "batch_window_ms": (
+                round(self.window.window_s * 1e3, 3) if self.window is not None else None
+            ),
             "intra_op_threads": self.spec.intra_op_threads,
             "queue_depth": depth,
             "in_flight": max(0, self.pending - depth),

@@ -11,7 +11,8 @@ so a test can check every answer and tell models apart by ``offset``. ``fault`` 
 this instance's ``first_call``-th batch on, for ``fault_calls`` batches (0: for good); a
 ``control_file``, when it exists, overrides ``fault`` on every batch with its content ("none",
 "raise", "hang", "garbage"), so a test can switch a running model's behaviour. A hang lasts
-while the control file still says "hang" (or ``hang_s``). ``work_ms`` is time spent per batch,
+while the control file still says "hang" (or ``hang_s``). ``work_ms`` is time spent per batch
+and ``item_ms`` per item of it,
 ``ballast_mb`` memory each loaded instance holds (touched, so it is resident), ``load_s`` how
 long each instance takes to load.
 """
@@ -44,6 +45,7 @@ class FaultyParams(StrictModel):
     work_ms: float = Field(default=0.0, ge=0)
     ballast_mb: int = Field(default=0, ge=0)
     load_s: float = Field(default=0.0, ge=0)
+    item_ms: float = Field(default=0.0, ge=0)
     offset: float = 1.0
 
 
@@ -102,8 +104,8 @@ class FaultyExecutor(Executor):
             until = time.monotonic() + self.p.hang_s
             while time.monotonic() < until and self._fault_now() == "hang":
                 time.sleep(0.02)
-        if self.p.work_ms:
-            time.sleep(self.p.work_ms / 1e3)
+        if self.p.work_ms or self.p.item_ms:  # a batch of n costs work_ms + n × item_ms
+            time.sleep((self.p.work_ms + self.p.item_ms * len(items)) / 1e3)
         if fault == "garbage":  # one result too many: the batch cannot be split back
             return [None] * (len(items) + 1)
         with timer.stage("infer"):

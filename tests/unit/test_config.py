@@ -186,3 +186,14 @@ def test_the_metrics_section_is_off_when_absent_and_needs_host_and_port(tmp_path
     assert found and found[0][0] == "metrics.http" and "HOST:PORT" in found[0][1], found
     found = problems(write_config(tmp_path, [classify()], metrics={"port": 9100}))
     assert found[0][0] == "metrics.port", found
+
+
+def test_max_delay_auto_needs_an_slo_and_batches(tmp_path: Path) -> None:
+    auto = {"max_batch": 8, "max_delay_ms": "auto", "health": {"slo_p99_ms": 50}}
+    loaded = load_config(write_config(tmp_path, [classify(**auto)]))
+    assert loaded.models["classify"].config.max_delay_ms == "auto"
+    for wrong in ({**auto, "health": {}}, {**auto, "max_batch": 1}):
+        found = problems(write_config(tmp_path, [classify(**wrong)]))
+        assert any("max_delay_ms: auto needs health.slo_p99_ms" in why for _, why in found), found
+    found = problems(write_config(tmp_path, [classify(max_delay_ms="soon")]))
+    assert found and found[0][0].startswith("models[0].max_delay_ms"), found

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
@@ -145,6 +145,7 @@ class Executor(ABC):
         self.params = params
         self.sessions = sessions
         self.max_batch = max_batch
+        self.warmup_costs: dict[int, float] = {}  # batch size -> seconds its warm-up run took
 
     @abstractmethod
     def prepare(self, payload: Any) -> Any:
@@ -162,9 +163,14 @@ class Executor(ABC):
         """Run once at every batch size (``warmup_sizes``) at the largest shapes, so every buffer
         is sized and every batch shape has run at load, not under load."""
 
-    def warmup_sizes(self) -> range:
-        """Every batch size this instance will run, largest first (buffers are sized first)."""
-        return range(self.max_batch, 0, -1)
+    def warmup_sizes(self) -> Iterator[int]:
+        """Every batch size this instance will run, largest first (buffers are sized first).
+        The time the caller's loop spends on each size is kept in ``warmup_costs`` (what
+        ``max_delay_ms: auto`` starts from: ``worker.batch_window``)."""
+        for size in range(self.max_batch, 0, -1):
+            started = time.perf_counter()
+            yield size
+            self.warmup_costs[size] = time.perf_counter() - started
 
     def slot_spec(self) -> SlotSpec:
         """The slot layout for this task; vision tasks take one uint8 H×W×C image."""
