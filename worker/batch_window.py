@@ -8,7 +8,8 @@ executor's warm-up seeds the cost of every batch size (``Executor.warmup_costs``
 The rule, recomputed at most every ``UPDATE_S``:
 
 1. **Cost curve.** A batch of *n* costs ``c(n) = a + b·n``, fitted (least squares) to the
-   recent mean run time of each batch size seen. When the fixed part is small
+   recent mean run time of each batch size seen (an executor without a warm-up has its curve
+   only once live batches of two sizes have run; until then the window is 0). When the fixed part is small
    (``a ≤ FIXED_SHARE · c(1)``: on the CPU a batch of *n* costs about *n* single runs), waiting
    buys nothing: the window is 0.
 2. **Load.** With ``λ`` the arrival rate and ``instances`` instances, a window only pays while

@@ -64,6 +64,12 @@ class FaultyExecutor(Executor):
         if params.ballast_mb:
             self._ballast = np.ones(params.ballast_mb << 17, dtype=np.float64)  # 8 B each
 
+    def warmup(self) -> None:
+        """Its batch cost is what its params say: ``warmup_costs`` is that curve, stated
+        rather than slept through (a test's ``work_ms`` may be seconds)."""
+        for size in range(self.max_batch, 0, -1):
+            self.warmup_costs[size] = (self.p.work_ms + self.p.item_ms * size) / 1e3
+
     def slot_spec(self) -> SlotSpec:
         x = SlotInput("x", np.dtype(np.float32), (None, 4), self.max_batch * 16)
         return SlotSpec((x,), "tensors", self.max_batch * 16 + 256, ("y",), self.max_batch)
