@@ -9,9 +9,9 @@ The rule, recomputed at most every ``UPDATE_S``:
 
 1. **Cost curve.** A batch of *n* costs ``c(n) = a + b·n``, fitted (least squares) to the
    recent mean run time of each batch size seen (an executor without a warm-up has its curve
-   only once live batches of two sizes have run; until then the window is 0). When the fixed part is small
-   (``a ≤ FIXED_SHARE · c(1)``: on the CPU a batch of *n* costs about *n* single runs), waiting
-   buys nothing: the window is 0.
+   only once live batches of two sizes have run; until then the window is 0). When the fixed
+   part is small (``a ≤ FIXED_SHARE · c(1)``: on the CPU a batch of *n* costs about *n*
+   single runs), waiting buys nothing: the window is 0.
 2. **Load.** With ``λ`` the arrival rate and ``instances`` instances, a window only pays while
    the model keeps its instances busy: ``λ · c(1) / instances ≥ BUSY``. Below that, requests
    are served one by one at once (waiting would only add latency; throughput is the arrival
@@ -23,6 +23,13 @@ The rule, recomputed at most every ``UPDATE_S``:
    window, then for the batch running before its own, then for its own: ``≤ slo − 2·c(n)``.
 4. **Feedback.** The window is scaled by a factor that halves while the recent end-to-end p99
    is over ``HIGH · slo`` and grows back by ``STEP`` while it is under ``LOW · slo``.
+5. **Fills that gain nothing.** Each fill reports whether it paid (``record_fill``): it reached
+   ``max_batch``, or a request still arrived in the second half of its wait. One that did not
+   halves a second factor, one that did grows it back by ``STEP``. A client that keeps fewer
+   requests outstanding than ``max_batch`` (a closed loop: nothing arrives while they all wait)
+   thus switches the window off within a few fills, instead of every request paying for a
+   batch that cannot fill — and the slower arrivals that waiting causes cannot feed back into
+   a longer window.
 
 The window buys device time: fuller batches cost less per request, which the model's own
 backlog and the other models at its device's compute gate use. It is paid in latency, which
@@ -85,7 +92,8 @@ class BatchWindow:
         self.costs: dict[int, float] = {}  # batch size -> running mean run seconds
         self._gap_s: float | None = None  # running mean seconds between arrivals
         self._last_arrival: float | None = None
-        self._scale = 1.0
+        self._scale = 1.0  # the p99 feedback
+        self._fill_scale = 1.0  # the fills' feedback
         self._window_s = 0.0
         self._updated = -math.inf
 
@@ -112,7 +120,15 @@ class BatchWindow:
         if now - self._updated >= UPDATE_S:
             self._updated = now
             self._window_s = self._choose()
-        return self._window_s
+        return self._window_s * self._fill_scale
+
+    def record_fill(self, paid: bool) -> None:
+        """A fill ended: ``paid`` when it reached ``max_batch`` or a request arrived in the
+        second half of its wait."""
+        if paid:
+            self._fill_scale = min(1.0, self._fill_scale + STEP)
+        else:
+            self._fill_scale *= 0.5
 
     def _choose(self) -> float:
         p99 = self._p99_s()
@@ -140,5 +156,5 @@ class BatchWindow:
 
     @property
     def window_s(self) -> float:
-        """The window last chosen (``status``)."""
-        return self._window_s
+        """The window in force (``status``)."""
+        return self._window_s * self._fill_scale

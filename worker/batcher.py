@@ -190,11 +190,16 @@ class Batcher:
                 try:
                     first = self._levels[self._best_level(self._clock())][0]
                     fill_until = first.enqueued_s + delay_s
+                    late_from, late = fill_until - delay_s / 2, False  # (the second half)
                     while self._count < self.max_batch and not self._closed:
                         remaining = fill_until - self._clock()
                         if remaining <= 0 or generation != self.generation or not self._count:
                             break
+                        before = self._count
                         self._sleep(remaining)
+                        late = late or (self._count > before and self._clock() >= late_from)
+                    if self._window is not None:
+                        self._window.record_fill(late or self._count >= self.max_batch)
                     if generation != self.generation:
                         return None  # retired while filling: the queue stays for the next
                     if self._count:  # (a drain may have emptied it meanwhile)

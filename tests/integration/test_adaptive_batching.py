@@ -1,6 +1,7 @@
-"""``max_delay_ms: auto`` in a real supervisor: under a steady stream, a model whose batches
-cost mostly a fixed part chooses a window and runs fuller batches; one whose cost is linear
-never waits. (The rule's numbers are tested on a fake clock: tests/unit/test_batch_window.py.)"""
+"""``max_delay_ms: auto`` in a real supervisor: under a steady open-loop stream, a model whose
+batches cost mostly a fixed part chooses a window and runs fuller batches; one whose cost is
+linear never waits. (The rule's numbers, and a closed loop that switches the window off, are
+tested on a fake clock: tests/unit/test_batch_window.py.)"""
 
 from __future__ import annotations
 
@@ -21,19 +22,22 @@ X = np.array([[1, 2, 3, 4]], dtype=np.float32)
 AUTO = {"max_batch": 8, "max_delay_ms": "auto", "instances": 1}
 
 
-def stream(client: Client, model: str, seconds: float, in_flight: int) -> int:
-    """Keep ``in_flight`` requests outstanding for ``seconds``; every answer checked."""
-    handle = client.model(model, slots=in_flight)
+def stream(client: Client, model: str, seconds: float, rate: float) -> int:
+    """Requests sent at ``rate`` per second for ``seconds`` (open loop: they keep arriving
+    while a batch fills); every answer checked."""
+    handle = client.model(model, slots=32)
     pending: deque[Future[Any]] = deque()
-    answered = 0
-    until = time.monotonic() + seconds
-    while time.monotonic() < until or pending:
-        while len(pending) < in_flight and time.monotonic() < until:
-            pending.append(handle.infer_async(X))
-        result = pending.popleft().result(30)
-        assert result["y"][0, 0] == 3.0
-        answered += 1
-    return answered
+    started = time.monotonic()
+    for i in range(int(seconds * rate)):
+        delay = started + i / rate - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        pending.append(handle.infer_async(X))
+        while pending and pending[0].done():
+            assert pending.popleft().result()["y"][0, 0] == 3.0
+    while pending:
+        assert pending.popleft().result(30)["y"][0, 0] == 3.0
+    return int(seconds * rate)
 
 
 def test_a_fixed_cost_gets_a_window_and_a_linear_one_does_not(tmp_path: Path) -> None:
@@ -41,8 +45,8 @@ def test_a_fixed_cost_gets_a_window_and_a_linear_one_does_not(tmp_path: Path) ->
     linear = faulty_model("linear", params={"item_ms": 4}, health={"slo_p99_ms": 400}, **AUTO)
     config = write_config(tmp_path, [], extra=[fixed, linear])
     with running_supervisor(config) as sup, Client(sup.socket, timeout_s=60) as client:
-        assert stream(client, "fixed", 3.0, in_flight=6) > 0
-        assert stream(client, "linear", 3.0, in_flight=6) > 0
+        assert stream(client, "fixed", 3.0, rate=150) > 0
+        assert stream(client, "linear", 3.0, rate=150) > 0
         models = client.status()["models"]
     fixed_seen, linear_seen = models["fixed"], models["linear"]
     assert fixed_seen["batch_window_ms"] > 0, fixed_seen

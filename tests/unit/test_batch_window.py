@@ -117,15 +117,19 @@ def serve(
             next_arrival += 1
         delay = window.delay_s() if auto else 0.0
         fill_until = queue[0] + delay
+        late = False
         while len(queue) < MAX_BATCH and next_arrival < count:
             if arrivals[next_arrival] > fill_until:
                 break
             clock.now = max(clock.now, arrivals[next_arrival])
+            late = late or clock.now >= fill_until - delay / 2
             queue.append(arrivals[next_arrival])
             window.record_arrival()
             next_arrival += 1
         if len(queue) < MAX_BATCH and next_arrival < count:
             clock.now = max(clock.now, fill_until)
+        if auto and delay > 0:
+            window.record_fill(late or len(queue) >= MAX_BATCH)
         batch, queue = queue[:MAX_BATCH], queue[MAX_BATCH:]
         run_s = fixed_s + per_item_s * len(batch)
         clock.now += run_s
@@ -150,3 +154,53 @@ def test_under_load_the_window_saves_device_time_and_keeps_the_p99_under_the_slo
 
 def test_with_a_linear_cost_auto_is_the_same_as_no_window() -> None:
     assert serve(0.0, 0.002, gap_s=0.003, auto=True) == serve(0.0, 0.002, gap_s=0.003, auto=False)
+
+
+def serve_closed(
+    clients: int, fixed_s: float, per_item_s: float, auto: bool
+) -> tuple[float, float]:
+    """A closed loop: ``clients`` callers, each sending its next request 0.5 ms after its last
+    answer (fewer than ``max_batch``: a batch can never fill by waiting). The mean latency
+    over the last half of 2000 requests, and the window in force at the end."""
+    clock = FakeClock()
+    latencies: list[float] = []
+    window = BatchWindow(MAX_BATCH, 1, SLO_S, lambda: p99(latencies), clock)
+    window.seed(costs(fixed_s, per_item_s))
+    due = [i * 0.0001 for i in range(clients)]  # when each caller sends next
+    while len(latencies) < 2000:
+        first = min(due)
+        clock.now = max(clock.now, first)
+        queued = [d for d in due if d <= clock.now]
+        for _ in queued:
+            window.record_arrival()
+        delay = window.delay_s() if auto else 0.0
+        fill_until = first + delay
+        waiting = sorted(d for d in due if d > clock.now)
+        late = False
+        for arrival in waiting:  # the callers not queued yet may arrive while it fills
+            if len(queued) >= MAX_BATCH or arrival > fill_until:
+                break
+            late = late or arrival >= fill_until - delay / 2
+            queued.append(arrival)
+            window.record_arrival()
+        if len(queued) < MAX_BATCH:
+            clock.now = max(clock.now, fill_until)
+        if auto and delay > 0:
+            window.record_fill(late or len(queued) >= MAX_BATCH)
+        run_s = fixed_s + per_item_s * len(queued)
+        clock.now += run_s
+        window.record_run(len(queued), run_s)
+        for arrived in queued:
+            latencies.append(clock.now - arrived)
+            due[due.index(arrived)] = clock.now + 0.0005
+    return sum(latencies[1000:]) / 1000, window.window_s
+
+
+def test_a_closed_loop_that_cannot_fill_a_batch_switches_the_window_off() -> None:
+    auto_mean, auto_window = serve_closed(6, 0.010, 0.0001, auto=True)
+    none_mean, _ = serve_closed(6, 0.010, 0.0001, auto=False)
+    assert auto_window < 0.0005  # a few fills that gained nothing: (nearly) off
+    assert auto_mean <= 1.1 * none_mean  # and the callers do not pay for it
+    lone_mean, _ = serve_closed(1, 0.010, 0.0001, auto=True)
+    lone_none, _ = serve_closed(1, 0.010, 0.0001, auto=False)
+    assert lone_mean <= 1.1 * lone_none
