@@ -27,9 +27,10 @@ The rule, recomputed at most every ``UPDATE_S``:
    ``max_batch``, or a request still arrived in the second half of its wait. One that did not
    halves a second factor, one that did grows it back by ``STEP``. A client that keeps fewer
    requests outstanding than ``max_batch`` (a closed loop: nothing arrives while they all wait)
-   thus switches the window off within a few fills, instead of every request paying for a
-   batch that cannot fill — and the slower arrivals that waiting causes cannot feed back into
-   a longer window.
+   thus switches the window off within a few fills (below ``OFF``), instead of every request
+   paying for a batch that cannot fill — and the slower arrivals that waiting causes cannot
+   feed back into a longer window. Every ``PROBE_S`` while off, one fill tries the whole
+   window again, so a change of load turns it back on.
 
 The window buys device time: fuller batches cost less per request, which the model's own
 backlog and the other models at its device's compute gate use. It is paid in latency, which
@@ -49,6 +50,8 @@ FIXED_SHARE = 0.1  # below this share of c(1) fixed cost, batching does not pay
 BUSY = 0.5  # below this utilisation of the instances, no request waits
 EFFICIENCY = 0.1  # the target batch is within this of the best per-item cost
 HIGH, LOW, STEP = 0.8, 0.6, 0.1  # the feedback's bounds on p99 ÷ slo, and its step back up
+OFF = 0.05  # a fill factor below this: the window is off
+PROBE_S = 2.0  # while off, the window is tried again this often
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,7 @@ class BatchWindow:
         self._last_arrival: float | None = None
         self._scale = 1.0  # the p99 feedback
         self._fill_scale = 1.0  # the fills' feedback
+        self._off_since: float | None = None  # when the fills switched the window off
         self._window_s = 0.0
         self._updated = -math.inf
 
@@ -120,15 +124,20 @@ class BatchWindow:
         if now - self._updated >= UPDATE_S:
             self._updated = now
             self._window_s = self._choose()
-        return self._window_s * self._fill_scale
+            if self._off_since is not None and now - self._off_since >= PROBE_S:
+                self._fill_scale, self._off_since = 1.0, None  # try the whole window again
+        return self.window_s
 
     def record_fill(self, paid: bool) -> None:
         """A fill ended: ``paid`` when it reached ``max_batch`` or a request arrived in the
         second half of its wait."""
         if paid:
             self._fill_scale = min(1.0, self._fill_scale + STEP)
+            self._off_since = None
         else:
             self._fill_scale *= 0.5
+            if self._fill_scale < OFF and self._off_since is None:
+                self._off_since = self._clock()
 
     def _choose(self) -> float:
         p99 = self._p99_s()
@@ -156,5 +165,5 @@ class BatchWindow:
 
     @property
     def window_s(self) -> float:
-        """The window in force (``status``)."""
-        return self._window_s * self._fill_scale
+        """The window in force (``status``): 0 while the fills have switched it off."""
+        return 0.0 if self._fill_scale < OFF else self._window_s * self._fill_scale

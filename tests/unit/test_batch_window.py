@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.batch_window import UPDATE_S, BatchWindow, CostCurve, fit_cost
+from worker.batch_window import PROBE_S, UPDATE_S, BatchWindow, CostCurve, fit_cost
 
 pytestmark = pytest.mark.unit
 SLO_S = 0.100
@@ -204,3 +204,27 @@ def test_a_closed_loop_that_cannot_fill_a_batch_switches_the_window_off() -> Non
     lone_mean, _ = serve_closed(1, 0.010, 0.0001, auto=True)
     lone_none, _ = serve_closed(1, 0.010, 0.0001, auto=False)
     assert lone_mean <= 1.1 * lone_none
+
+
+def test_fills_that_gain_nothing_switch_it_off_and_a_probe_turns_it_back_on() -> None:
+    clock = FakeClock()
+    window = BatchWindow(MAX_BATCH, 1, SLO_S, lambda: None, clock)
+    window.seed(costs(0.010, 0.0001))
+    for _ in range(50):
+        clock.now += 0.002
+        window.record_arrival()
+    clock.now += UPDATE_S
+    full = window.delay_s()
+    assert full > 0
+    for _ in range(6):  # a closed loop: nothing arrives while the batch waits
+        window.record_fill(False)
+    assert window.delay_s() == 0.0
+    clock.now += PROBE_S / 2
+    assert window.delay_s() == 0.0  # still off
+    clock.now += PROBE_S
+    assert window.delay_s() == pytest.approx(full)  # the probe: the whole window once
+    window.record_fill(True)  # the load is open loop again: the probe paid
+    for _ in range(10):
+        clock.now += UPDATE_S
+        window.record_fill(True)
+    assert window.delay_s() == pytest.approx(full)
