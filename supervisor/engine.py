@@ -413,9 +413,7 @@ class Engine:
         if self.loaded.config.preload_policy != "predictive":
             self._load(model)
             return
-        threshold = self.loaded.config.predictive_threshold
-        likely = self.predictor.likely_after(name)
-        keep = {n for n, chance in likely.items() if chance >= threshold}
+        keep = set(self._likely_next(name))
         try:
             self._load(model, keep=keep)
         except ResourceExhaustedError:
@@ -430,28 +428,32 @@ class Engine:
         name = model.spec.name
         if self.predictor.observe(name) is None:
             return  # the same model again, or the first request
-        threshold = self.loaded.config.predictive_threshold
-        for other, chance in self.predictor.likely_after(name).items():
+        likely = self._likely_next(name)
+        for other, chance in likely.items():
             candidate = self.models.get(other)
             if (
-                chance >= threshold
-                and candidate is not None
+                candidate is not None
                 and candidate.state is ModelState.UNLOADED
                 and candidate.auto_load
             ):
-                self._preload(candidate, after=name, chance=chance)
+                keep = {after for after, p in likely.items() if p >= chance and after != other}
+                self._preload(candidate, after=name, keep=keep | {name})
 
-    def _preload(self, model: ServedModel, after: str, chance: float) -> None:
+    def _likely_next(self, name: str) -> dict[str, float]:
+        """The models at least ``predictive_threshold`` likely to be asked for next after
+        ``name``, with their probabilities."""
+        threshold = self.loaded.config.predictive_threshold
+        return {n: p for n, p in self.predictor.likely_after(name).items() if p >= threshold}
+
+    def _preload(self, model: ServedModel, after: str, keep: set[str]) -> None:
         """Load ``model`` ahead of its request on a short-lived thread (once at a time, like a
-        load on demand), evicting only idle models less likely than it to come after
-        ``after`` — never ``after`` itself, never a busy one — and never past a budget."""
+        load on demand), evicting no model in ``keep`` (``after`` and those at least as likely
+        to come after it), no busy one, and never past a budget."""
         name = model.spec.name
         with self._demand_lock:
             if name in self._demanded or self._closed:
                 return
             self._demanded.add(name)
-        likely = self.predictor.likely_after(after)
-        keep = {after} | {n for n, p in likely.items() if p >= chance and n != name}
 
         def load() -> None:
             try:

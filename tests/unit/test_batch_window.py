@@ -4,6 +4,8 @@ steady stream under it (no wall-clock sleeps anywhere)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from worker.batch_window import PROBE_S, UPDATE_S, BatchWindow, CostCurve, fit_cost
@@ -25,16 +27,24 @@ def costs(fixed_s: float, per_item_s: float) -> dict[int, float]:
     return {n: fixed_s + per_item_s * n for n in range(1, MAX_BATCH + 1)}
 
 
-def window_for(
-    fixed_s: float, per_item_s: float, gap_s: float, p99_s: float | None = None, polls: int = 1
-) -> float:
-    """The window after a steady stream, one request every ``gap_s``."""
+def streamed(
+    fixed_s: float, per_item_s: float, gap_s: float, p99_s: Callable[[], float | None]
+) -> tuple[FakeClock, BatchWindow]:
+    """A window seeded with ``a + b·n`` after 50 requests, one every ``gap_s``."""
     clock = FakeClock()
-    window = BatchWindow(MAX_BATCH, 1, SLO_S, lambda: p99_s, clock)
+    window = BatchWindow(MAX_BATCH, 1, SLO_S, p99_s, clock)
     window.seed(costs(fixed_s, per_item_s))
     for _ in range(50):
         clock.now += gap_s
         window.record_arrival()
+    return clock, window
+
+
+def window_for(
+    fixed_s: float, per_item_s: float, gap_s: float, p99_s: float | None = None, polls: int = 1
+) -> float:
+    """The window after a steady stream, one request every ``gap_s``."""
+    clock, window = streamed(fixed_s, per_item_s, gap_s, lambda: p99_s)
     chosen = 0.0
     for _ in range(polls):
         clock.now += UPDATE_S
@@ -66,13 +76,8 @@ def test_the_window_grows_with_the_load_and_is_bounded_by_the_slo() -> None:
 
 
 def test_a_p99_over_the_slo_shrinks_the_window_and_it_recovers() -> None:
-    clock = FakeClock()
     p99: list[float | None] = [None]
-    window = BatchWindow(MAX_BATCH, 1, SLO_S, lambda: p99[0], clock)
-    window.seed(costs(0.010, 0.0001))
-    for _ in range(50):
-        clock.now += 0.002
-        window.record_arrival()
+    clock, window = streamed(0.010, 0.0001, 0.002, lambda: p99[0])
     clock.now += UPDATE_S
     full = window.delay_s()
     p99[0] = 0.085  # over 0.8 × the SLO
@@ -207,12 +212,7 @@ def test_a_closed_loop_that_cannot_fill_a_batch_switches_the_window_off() -> Non
 
 
 def test_fills_that_gain_nothing_switch_it_off_and_a_probe_turns_it_back_on() -> None:
-    clock = FakeClock()
-    window = BatchWindow(MAX_BATCH, 1, SLO_S, lambda: None, clock)
-    window.seed(costs(0.010, 0.0001))
-    for _ in range(50):
-        clock.now += 0.002
-        window.record_arrival()
+    clock, window = streamed(0.010, 0.0001, 0.002, lambda: None)
     clock.now += UPDATE_S
     full = window.delay_s()
     assert full > 0

@@ -33,6 +33,7 @@ import yaml
 
 from ipc.client import Client
 from ipc.runtime_dir import pid_path
+from tools.bench.report import per_round
 
 WIDTH, HIDDEN, OUT, MAX_BATCH = 4096, 4096, 16, 8
 
@@ -168,19 +169,14 @@ def main(argv: list[str] | None = None) -> int:
           "answer | window ms (auto) | errors |")  # fmt: skip
     print("|---|--:|--:|--:|--:|--:|--:|--:|")
     for setting, runs in results.items():
-
-        def each(key: str, spec: str, runs: list[dict[str, Any]] = runs) -> str:
-            return " / ".join(format(run[key], spec) for run in runs)
-
         windows = " / ".join(
             "-" if run["window_ms"] is None else f"{run['window_ms']:.2f}" for run in runs
         )
-        print(
-            f"| {setting} | {each('answers_per_s', '.0f')} | {each('p50_ms', '.2f')} | "
-            f"{each('p99_ms', '.2f')} | {each('mean_batch', '.2f')} | "
-            f"{each('cpu_ms_per_answer', '.3f')} | {windows} | "
-            f"{sum(run['errors'] for run in runs)} |"
-        )
+        columns = [("answers_per_s", ".0f"), ("p50_ms", ".2f"), ("p99_ms", ".2f"),
+                   ("mean_batch", ".2f"), ("cpu_ms_per_answer", ".3f")]  # fmt: skip
+        cells = [per_round(runs, key, spec) for key, spec in columns]
+        errors = str(sum(run["errors"] for run in runs))
+        print("| " + " | ".join([setting, *cells, windows, errors]) + " |")
     return 0
 
 

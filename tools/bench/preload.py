@@ -29,6 +29,7 @@ import cv2
 import yaml
 
 from ipc.client import Client
+from tools.bench.report import per_round
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = ("m1", "m2", "m3", "m4")
@@ -139,15 +140,12 @@ def main(argv: list[str] | None = None) -> int:
           "| p50 of the others ms | predicted loads | hits | wasted |")  # fmt: skip
     print("|---|--:|--:|--:|--:|--:|--:|--:|")
     for policy, runs in results.items():
-
-        def each(key: str, spec: str, runs: list[dict[str, Any]] = runs) -> str:
-            return " / ".join(format(run[key], spec) for run in runs)
-
-        print(
-            f"| {policy} | {each('waited', 'd')} | {each('added_mean_ms', '.0f')} | "
-            f"{each('added_total_s', '.1f')} | {each('ready_p50_ms', '.1f')} | "
-            f"{each('loads', 'd')} | {each('hits', 'd')} | {each('wasted', 'd')} |"
-        )
+        columns = [
+            ("waited", "d"), ("added_mean_ms", ".0f"), ("added_total_s", ".1f"),
+            ("ready_p50_ms", ".1f"), ("loads", "d"), ("hits", "d"), ("wasted", "d"),
+        ]  # fmt: skip
+        cells = [per_round(runs, key, spec) for key, spec in columns]
+        print("| " + " | ".join([policy, *cells]) + " |")
     return 0
 
 

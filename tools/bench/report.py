@@ -414,3 +414,9 @@ def write_report(raw: dict[str, Any], out: Path) -> dict[str, Any]:
         json.dumps({**report, "raw_rounds": raw["rounds"]}, indent=1) + "\n", encoding="utf-8"
     )
     return report
+
+
+def per_round(runs: list[dict[str, Any]], key: str, spec: str) -> str:
+    """One figure of each round, ``a / b / …`` (the tables of ``tools.bench.batching`` and
+    ``tools.bench.preload``)."""
+    return " / ".join(format(run[key], spec) for run in runs)
