@@ -384,27 +384,47 @@ class Engine:
     def _on_demand(self, model: ServedModel) -> None:
         """A request waits for an unloaded model: load it on a short-lived thread (once)."""
         name = model.spec.name
+
+        def failed(err: Exception) -> None:  # the waiting requests are answered with the reason
+            log.error("load on demand failed", model=name, error=str(err))
+            if model.state is ModelState.UNLOADED:
+                model._fail_queued(f"model {name!r} could not be loaded: {err}")
+
+        self._in_background(
+            model, "load", lambda: self._load_keeping_what_comes_next(model), failed
+        )
+
+    def _in_background(
+        self,
+        model: ServedModel,
+        label: str,
+        load: Callable[[], None],
+        failed: Callable[[Exception], None],
+    ) -> None:
+        """Run ``load`` under the lifecycle lock on a short-lived thread, one at a time per
+        model (``_demanded``), unless the model was replaced or unloaded by an operator
+        meanwhile; ``failed`` takes what it raised. Afterwards a request still waiting for the
+        model, unloaded, gets a load on demand."""
+        name = model.spec.name
         with self._demand_lock:
             if name in self._demanded or self._closed:
                 return
             self._demanded.add(name)
 
-        def load() -> None:
+        def run() -> None:
             try:
                 with self._lifecycle:
                     if self.models.get(name) is model and not self._closed and model.auto_load:
-                        self._load_keeping_what_comes_next(model)
-            except Exception as err:  # the waiting requests were answered with the reason
-                log.error("load on demand failed", model=name, error=str(err))
-                if model.state is ModelState.UNLOADED:
-                    model._fail_queued(f"model {name!r} could not be loaded: {err}")
+                        load()
+            except Exception as err:
+                failed(err)
             finally:
                 with self._demand_lock:
                     self._demanded.discard(name)
                 if model.pending and model.state is ModelState.UNLOADED and model.auto_load:
-                    self._on_demand(model)  # more arrived after the failure: try again
+                    self._on_demand(model)  # more arrived after a failure: try again
 
-        threading.Thread(target=load, name=f"duomo-load-{name}", daemon=True).start()
+        threading.Thread(target=run, name=f"duomo-{label}-{name}", daemon=True).start()
 
     def _load_keeping_what_comes_next(self, model: ServedModel) -> None:
         """A load on demand. With ``preload_policy: predictive`` it first tries to make room
@@ -449,34 +469,18 @@ class Engine:
         """Load ``model`` ahead of its request on a short-lived thread (once at a time, like a
         load on demand), evicting no model in ``keep`` (``after`` and those at least as likely
         to come after it), no busy one, and never past a budget."""
-        name = model.spec.name
-        with self._demand_lock:
-            if name in self._demanded or self._closed:
-                return
-            self._demanded.add(name)
 
         def load() -> None:
-            try:
-                with self._lifecycle:
-                    if (
-                        self.models.get(name) is model
-                        and not self._closed
-                        and model.state is ModelState.UNLOADED
-                        and model.auto_load
-                    ):
-                        model.predicted = True  # (a request from now on is a hit)
-                        self._load(model, keep=keep)
-                        model.predicted_loads += 1
-            except Exception as err:  # no room (or it failed): the request will load it
-                model.predicted = False
-                log.info("predictive preload skipped", model=name, after=after, why=str(err))
-            finally:
-                with self._demand_lock:
-                    self._demanded.discard(name)
-                if model.pending and model.state is ModelState.UNLOADED and model.auto_load:
-                    self._on_demand(model)  # a request came meanwhile: load it for that one
+            if model.state is ModelState.UNLOADED:
+                model.predicted = True  # (a request from now on is a hit)
+                self._load(model, keep=keep)
+                model.predicted_loads += 1
 
-        threading.Thread(target=load, name=f"duomo-preload-{name}", daemon=True).start()
+        def failed(err: Exception) -> None:  # no room (or it failed): the request will load it
+            model.predicted = False
+            log.info("predictive preload skipped", model=model.spec.name, after=after, why=str(err))
+
+        self._in_background(model, "preload", load, failed)
 
     def _refuse_if_closed(self) -> None:
         if self._closed:
