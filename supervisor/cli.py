@@ -191,12 +191,16 @@ def render_status(status: dict[str, Any]) -> str:
         budget, total = device["budget_bytes"], device.get("total_bytes")
         limit = f" of {budget / 2**20:.0f} MiB budget" if budget else ""
         size = f"; {total / 2**20:.0f} MiB in all" if total else ""
+        cores = device.get("cores")
+        pinned = f", cores {','.join(map(str, cores))}" if cores else ""
+        threads = device.get("thread_budget")
+        budget_note = f", thread budget {threads}" if threads and len(status["devices"]) > 1 else ""
         lines.append(
-            f"device {device['id']} ({device['kind']}): {device['used_bytes'] / 2**20:.0f} MiB "
-            f"charged to loaded models{limit}{size}"
+            f"device {device['id']} ({device['kind']}{pinned}{budget_note}): "
+            f"{device['used_bytes'] / 2**20:.0f} MiB charged to loaded models{limit}{size}"
         )
     lines.append(
-        f"{'model':<12} {'state':<14} {'inst':>4} {'queue':>5} {'busy':>4} {'ok':>7} "
+        f"{'model':<12} {'state':<14} {'dev':<5} {'inst':>4} {'queue':>5} {'busy':>4} {'ok':>7} "
         f"{'errors':>6} {'p50 ms':>8} {'p99 ms':>8} {'MiB':>6} {'rst':>3} {'share':>11}  batches"
     )
     for name, m in status["models"].items():
@@ -207,8 +211,9 @@ def render_status(status: dict[str, Any]) -> str:
         size = f"{charged / 2**20:.0f}" if charged is not None else "-"
         compute = m.get("compute") or {"share": 0.0, "weight": 1.0}
         share = f"{compute['share']:.0%} (w {compute['weight']:g})"
+        devices = ",".join(str(d) for d in m.get("devices") or [0])
         lines.append(
-            f"{name:<12} {m['state']:<14} {m['instances']:>4} {m['queue_depth']:>5} "
+            f"{name:<12} {m['state']:<14} {devices:<5} {m['instances']:>4} {m['queue_depth']:>5} "
             f"{m['in_flight']:>4} {ok:>7} {m['requests'] - ok:>6} "
             f"{total.get('p50_ms', 0):>8.1f} {total.get('p99_ms', 0):>8.1f} {size:>6} "
             f"{m.get('restarts_in_window', 0):>3} {share:>11}  {batches}"

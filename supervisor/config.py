@@ -28,9 +28,10 @@ from worker.backends.ort_backend import OrtOptions
 from worker.config_model import StrictModel
 from worker.executors import resolve_executor
 from worker.health import HealthPolicy
-from worker.thread_budget import available_cores
+from worker.thread_budget import available_cores, usable_cores
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+DeviceId = Annotated[int, Field(ge=0)]
 UNBUILT_OM = "model file not built yet"
 
 
@@ -44,14 +45,24 @@ class DeviceConfig(StrictModel):
     # CPU's come from the thread budget), and how many more an under-served model may start
     runs_at_once: int | None = Field(default=None, ge=1, le=64)
     overdraft: int = Field(default=1, ge=0, le=64)
+    # a cpu device's own cores (ids as os.sched_getaffinity lists them): its models' threads and
+    # their intra-op threads run only there, and its thread budget is their number. Without
+    # it, a cpu device shares the process's cores (backends.onnxruntime.thread_budget)
+    cores: list[int] | None = Field(default=None, min_length=1)
 
     @model_validator(mode="after")
     def _runs_on_accelerators(self) -> DeviceConfig:
         if self.kind == "cpu" and self.runs_at_once is not None:
             raise ValueError(
                 "runs_at_once is for accelerators; on the cpu the thread budget "
-                "(backends.onnxruntime.thread_budget) says how many run at once"
+                "(backends.onnxruntime.thread_budget, or the device's cores) says how many "
+                "run at once"
             )
+        if self.cores is not None:
+            if self.kind != "cpu":
+                raise ValueError("cores is for cpu devices (an accelerator has its own)")
+            if len(set(self.cores)) != len(self.cores) or min(self.cores) < 0:
+                raise ValueError(f"cores must be distinct core ids, got {self.cores}")
         return self
 
 
@@ -69,7 +80,8 @@ class ModelConfig(StrictModel):
     name: str = Field(pattern=NAME_PATTERN)
     task: str
     backend: Literal["onnxruntime", "acl"] = "onnxruntime"
-    device: int = Field(default=0, ge=0)
+    # the device it runs on, or several: its instances are spread over them in turn
+    device: DeviceId | Annotated[list[DeviceId], Field(min_length=1)] = 0
     file: Path | None = None
     files: dict[str, Path] | None = None
     instances: int = Field(default=1, ge=1, le=64)
@@ -92,12 +104,24 @@ class ModelConfig(StrictModel):
     def _one_file_field(self) -> ModelConfig:
         if (self.file is None) == (self.files is None):
             raise ValueError("give exactly one of 'file' (one model file) or 'files' (role: path)")
+        if len(set(self.device_ids)) != len(self.device_ids):
+            raise ValueError(f"device lists a device twice: {self.device}")
         if self.max_delay_ms == "auto" and (self.health.slo_p99_ms is None or self.max_batch < 2):
             raise ValueError(
                 "max_delay_ms: auto needs health.slo_p99_ms (the latency it keeps under) and "
                 "max_batch of 2 or more"
             )
         return self
+
+    @property
+    def device_ids(self) -> tuple[int, ...]:
+        """Its devices, in the order its instances are placed on them."""
+        return tuple(self.device) if isinstance(self.device, list) else (self.device,)
+
+    def instance_device(self, index: int) -> int:
+        """The device instance ``index`` runs on: round-robin over ``device_ids``."""
+        ids = self.device_ids
+        return ids[index % len(ids)]
 
     @property
     def file_roles(self) -> dict[str, Path]:
@@ -196,7 +220,9 @@ def load_config(path: str | Path, unbuilt_om_ok: bool = False) -> LoadedConfig:
         config = DuomoConfig.model_validate(raw)
     except ValidationError as err:
         raise ConfigError(path, _pydantic_problems(err)) from None
-    models, problems = _resolve_models(path, config)
+    problems = _device_problems(config)
+    models, model_problems = _resolve_models(path, config)
+    problems.extend(model_problems)
     problems.extend(_provider_problems(config))
     if config.gateway is not None:
         gateway = config.gateway.resolved(path.parent)
@@ -213,8 +239,6 @@ def _resolve_models(
     path: Path, config: DuomoConfig
 ) -> tuple[dict[str, ResolvedModel], list[tuple[str, str]]]:
     root = (path.parent / config.model_root) if config.model_root else path.parent
-    devices = {d.id: d.kind for d in config.devices}
-    budget = config.backends.onnxruntime.thread_budget or available_cores()
     problems: list[tuple[str, str]] = []
     models: dict[str, ResolvedModel] = {}
     for i, model in enumerate(config.models):
@@ -222,13 +246,7 @@ def _resolve_models(
         if model.name in models:
             problems.append((f"{where}.name", f"duplicate model name {model.name!r}"))
             continue
-        if model.device not in devices:
-            problems.append((f"{where}.device", f"no device with id {model.device} in 'devices'"))
-        elif model.backend == "acl" and devices[model.device] != "ascend":
-            problems.append(
-                (f"{where}.backend", f"the acl backend needs an ascend device, device "
-                 f"{model.device} is {devices[model.device]!r}")
-            )  # fmt: skip
+        problems.extend(_placement_problems(where, model, config))
         try:
             executor = resolve_executor(model.task, path.parent)
         except ValueError as err:
@@ -241,13 +259,6 @@ def _resolve_models(
             continue
         params, missing = _resolve_param_paths(params, path.parent)
         problems.extend((f"{where}.params.{name}", why) for name, why in missing)
-        if model.intra_op_threads is not None and model.intra_op_threads > budget:
-            problems.append(
-                (
-                    f"{where}.intra_op_threads",
-                    f"{model.intra_op_threads} is above the thread budget of {budget} cores",
-                )
-            )
         files: dict[str, Path] = {}
         key = "files" if model.files is not None else "file"
         roles = model.file_roles
@@ -271,6 +282,86 @@ def _resolve_models(
             files[role] = resolved
         models[model.name] = ResolvedModel(model, executor, params, files)
     return models, problems
+
+
+def pool_cores(config: DuomoConfig, device: DeviceConfig | None) -> tuple[int, ...]:
+    """The cores a device's model threads are pinned to: its own (``cores``); for any other
+    device, while some device has cores of its own, the process's cores that none holds;
+    else none (not pinned: the operating system places them)."""
+    if device is not None and device.cores is not None:
+        return tuple(device.cores)
+    pinned = {c for d in config.devices for c in d.cores or ()}
+    if not pinned:
+        return ()
+    usable = usable_cores()
+    return tuple([c for c in usable if c not in pinned] or usable)
+
+
+def thread_budget(config: DuomoConfig, device: DeviceConfig | None) -> int:
+    """The intra-op threads a device's models share: a cpu device's own cores, else
+    ``backends.onnxruntime.thread_budget``, else the cores of the host's pool (the process's,
+    less those devices hold), which unpinned cpu devices and accelerators' ONNX Runtime
+    sessions share."""
+    if device is not None and device.cores is not None:
+        return len(device.cores)
+    if config.backends.onnxruntime.thread_budget is not None:
+        return config.backends.onnxruntime.thread_budget
+    return len(pool_cores(config, None)) or available_cores()
+
+
+def _device_problems(config: DuomoConfig) -> list[tuple[str, str]]:
+    """Device ids used twice, and cores that are not this process's or that two devices hold."""
+    problems: list[tuple[str, str]] = []
+    seen: set[int] = set()
+    owner: dict[int, int] = {}
+    usable = set(usable_cores())
+    for i, device in enumerate(config.devices):
+        where = f"devices[{i}]"
+        if device.id in seen:
+            problems.append((f"{where}.id", f"device id {device.id} is used twice"))
+        seen.add(device.id)
+        for core in device.cores or ():
+            if core not in usable:
+                problems.append(
+                    (f"{where}.cores", f"core {core} is not one this process may run on "
+                     f"(it may use {sorted(usable)})")
+                )  # fmt: skip
+            elif core in owner:
+                problems.append(
+                    (f"{where}.cores", f"core {core} is already device {owner[core]}'s")
+                )
+            else:
+                owner[core] = device.id
+    return problems
+
+
+def _placement_problems(
+    where: str, model: ModelConfig, config: DuomoConfig
+) -> list[tuple[str, str]]:
+    """The model's devices exist, are of one kind, suit its backend, and have the threads it
+    asks for."""
+    devices = {d.id: d for d in config.devices}
+    unknown = [d for d in model.device_ids if d not in devices]
+    if unknown:
+        return [(f"{where}.device", f"no device with id {unknown[0]} in 'devices'")]
+    kinds = {devices[d].kind for d in model.device_ids}
+    if len(kinds) > 1:
+        return [(f"{where}.device", f"its devices are of different kinds {sorted(kinds)}; "
+                 "one model runs on devices of one kind")]  # fmt: skip
+    kind = kinds.pop()
+    if model.backend == "acl" and kind != "ascend":
+        return [
+            (f"{where}.backend", f"the acl backend needs an ascend device, device "
+             f"{model.device_ids[0]} is {kind!r}")
+        ]  # fmt: skip
+    if model.intra_op_threads is not None and model.backend == "onnxruntime":
+        for d in model.device_ids:
+            budget = thread_budget(config, devices[d] if kind == "cpu" else None)
+            if model.intra_op_threads > budget:
+                return [(f"{where}.intra_op_threads",
+                         f"{model.intra_op_threads} is above the thread budget of {budget} cores"
+                         + (f" of device {d}" if devices[d].cores else ""))]  # fmt: skip
+    return []
 
 
 def _provider_problems(config: DuomoConfig) -> list[tuple[str, str]]:

@@ -1,4 +1,4 @@
-"""The engine: one backend init, one thread budget, and the registry of served models.
+"""The engine: one backend init, the thread budgets, and the registry of served models.
 
 Used by ``duomo infer`` and the benchmark in-process, and by the supervisor process as its core.
 It owns the desired state (the config) and every lifecycle step across models, one at a time
@@ -6,9 +6,13 @@ It owns the desired state (the config) and every lifecycle step across models, o
 ``reload`` applies a new config's difference; loads on demand (``preload: false`` or evicted
 models a request is waiting for), and with ``preload_policy: predictive`` loads ahead of the
 request its ``TransitionModel`` expects next (``supervisor.preload``), run on a short-lived
-thread. Every load is measured
-(``supervisor.memory``) and held to the model's ``memory_budget_mb`` and its device's budget,
-evicting least-recently-used idle ``evictable`` models when it does not fit.
+thread. Every load is measured (``supervisor.memory``) and held to the model's
+``memory_budget_mb`` and its devices' budgets, evicting least-recently-used idle ``evictable``
+models on a device when it does not fit there.
+
+Several devices: a model's instances are placed on its devices in turn (``Placement``); each
+pool of CPU cores (the host's, and each cpu device with ``cores`` of its own) has its own thread
+plan and compute gate, each accelerator its own gate; memory is charged and budgeted per device.
 
 Concurrency:
 
@@ -29,7 +33,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,12 +44,20 @@ import structlog
 
 from ipc.errors import (
     DuomoError,
+    InvalidArgumentError,
     NotFoundError,
     ResourceExhaustedError,
     UnavailableError,
     echoed,
 )
-from supervisor.config import LoadedConfig, ResolvedModel
+from supervisor.config import (
+    DeviceConfig,
+    LoadedConfig,
+    ModelConfig,
+    ResolvedModel,
+    pool_cores,
+    thread_budget,
+)
 from supervisor.device_telemetry import DeviceTelemetry
 from supervisor.memory import (
     Footprint,
@@ -60,13 +73,12 @@ from worker.backends import Backend, create_backend
 from worker.backends.base import NotEnoughDeviceMemory
 from worker.executors.image_ops import limit_opencv_threads
 from worker.request import Outcome
-from worker.served_model import SERVING, ModelSpec, ModelState, ServedModel
+from worker.served_model import SERVING, ModelSpec, ModelState, Placement, ServedModel
 from worker.thread_budget import (
     Activity,
     ComputeGate,
     InstanceDemand,
     ThreadPlan,
-    available_cores,
     plan_threads,
 )
 
@@ -74,6 +86,8 @@ from worker.thread_budget import (
 LentReader = Callable[[str, int, float, Callable[[], bool]], bool]
 log = structlog.get_logger("duomo.engine")
 LOAD_TIMEOUT_S = 300.0
+Pool = int | None  # a pool of cores: a cpu device's own (its id), or the host's shared one
+HOST: Pool = None
 
 
 @dataclass
@@ -105,8 +119,10 @@ class Engine:
         self._only = only is not None  # ``duomo infer -c``: these models, loaded at once
         self.models: dict[str, ServedModel] = {}
         self._backends: dict[str, Backend] = {}
-        self.plan = ThreadPlan(budget=1, threads_per_instance={}, instances={})
-        self.gate = ComputeGate(1)  # the CPU's: every ONNX Runtime run holds it
+        # per pool of cores (the host's, and each cpu device with cores of its own): its thread
+        # plan, and its gate, which every ONNX Runtime run on those cores holds
+        self.plans: dict[Pool, ThreadPlan] = {HOST: ThreadPlan(1, {}, {})}
+        self.cpu_gates: dict[Pool, ComputeGate] = {HOST: ComputeGate(1)}
         self._device_gates: dict[int, ComputeGate] = {}  # an accelerator's, for the ACL backend
         self._lifecycle = threading.RLock()
         self._signatures: dict[str, tuple[Any, ...]] = {}  # name -> what its model was built from
@@ -133,8 +149,11 @@ class Engine:
         ResourceExhaustedError for a load that does not fit its memory budget.
         """
         with self._lifecycle:
-            self.plan = plan_for(self.loaded, self._wanted)
-            self.gate = ComputeGate(self.plan.budget, self._cpu_overdraft())
+            self.plans = plan_for(self.loaded, self._wanted)
+            self.cpu_gates = {
+                pool: ComputeGate(plan.budget, self._cpu_overdraft(pool))
+                for pool, plan in self.plans.items()
+            }
             self._device_gates = {
                 d.id: ComputeGate(d.runs_at_once or 1, d.overdraft)
                 for d in self.loaded.config.devices
@@ -154,8 +173,8 @@ class Engine:
         log.info(
             "engine ready",
             models={n: m.state.value for n, m in self.models.items()},
-            thread_budget=self.plan.budget,
-            threads=self.plan.threads_per_instance,
+            thread_budgets={str(p): plan.budget for p, plan in self.plans.items()},
+            threads={str(p): plan.threads_per_instance for p, plan in self.plans.items()},
         )
 
     def load(self, name: str) -> dict[str, Any]:
@@ -193,6 +212,12 @@ class Engine:
         with self._lifecycle:
             self._refuse_if_closed()
             names = list(new.models)
+            if _device_layout(new) != _device_layout(self.loaded):
+                raise InvalidArgumentError(
+                    "the devices changed (ids, kinds, cores, runs_at_once or overdraft): they are "
+                    "set at start; restart the supervisor to change them (a memory_budget_mb "
+                    "change reloads)"
+                )
             if only is not None and only not in new.models and only not in self.models:
                 raise NotFoundError(f"no model named {echoed(only)} in {new.path} or being served")
             added = [n for n in names if n not in self.models]
@@ -207,8 +232,8 @@ class Engine:
                 added, removed, changed = (
                     [n for n in group if n == only] for group in (added, removed, changed)
                 )
-            plan = plan_for(new, names, budget=self.plan.budget)
-            previous_plan, self.plan = self.plan, plan
+            plans = plan_for(new, names, {p: plan.budget for p, plan in self.plans.items()})
+            previous_plans, self.plans = self.plans, plans
             fresh: dict[str, ServedModel] = {}
             try:
                 for name in added + changed:
@@ -224,7 +249,7 @@ class Engine:
                     ):
                         self._load(model, new.models[name])
             except BaseException:
-                self.plan = previous_plan
+                self.plans = previous_plans
                 for model in fresh.values():
                     model.stop(0.0)
                 raise
@@ -257,19 +282,21 @@ class Engine:
         resolved: ResolvedModel | None = None,
         keep: Iterable[str] = (),
     ) -> None:
-        """Load ``model`` measured and within budget, evicting idle models if needed, never
-        those in ``keep`` (``resolved``: its config entry, when it is not the running
-        config's yet)."""
+        """Load ``model`` measured and within budget, evicting idle models if needed (on each
+        of its devices, only there), never those in ``keep`` (``resolved``: its config entry,
+        when it is not the running config's yet)."""
         name = model.spec.name
         exclude = {name, *keep}
         if model.state in SERVING:
             return
         resolved = resolved or self._resolved(name)
-        kind = self._device_kind(resolved.config.device)
+        devices = model.spec.devices
+        kind = self._device_kind(devices[0])  # (one model's devices are of one kind)
         budget = self._model_budget(resolved)
         expected = self.footprints.get(name)
-        need = expected.charged(kind) if expected else (budget or 0)
-        self._make_room(model, need, exclude=exclude)
+        for device in devices:
+            need = expected.charged_on(device, kind) if expected else (budget or 0)
+            self._make_room(model, device, need, exclude=exclude)
         self._release_memory()
         before = resident_bytes()
         try:
@@ -278,71 +305,81 @@ class Engine:
             short = err.__cause__
             if not isinstance(short, NotEnoughDeviceMemory):
                 raise
-            if budget is not None and short.needed > budget:
-                raise ResourceExhaustedError(
-                    f"model {name!r} needs {mb(short.needed)} of device memory (query_size), "
-                    f"above its memory_budget_mb of {mb(budget)}"
-                ) from None
-            self._make_room(model, short.needed, exclude=exclude)  # evict, then once more
-            self._load_within_room(model, kind, budget)
+            try:
+                if budget is not None and short.needed > budget:
+                    raise ResourceExhaustedError(
+                        f"model {name!r} needs {mb(short.needed)} of device memory "
+                        f"(query_size), above its memory_budget_mb of {mb(budget)}"
+                    ) from None
+                # evict on the device that was short, then once more
+                self._make_room(model, short.device, short.needed, exclude=exclude)
+                self._load_within_room(model, kind, budget)
+            except BaseException as final:  # the requests waiting for it had waited for this
+                model.fail_queued(f"model {name!r} could not be loaded: {final}")
+                raise
         host = max(0, resident_bytes() - before)
-        footprint = Footprint(host, sum(s.device_bytes for s in model.sessions()))
-        self._measured[name] = footprint
-        largest = self.footprints.get(name)
-        self.footprints[name] = Footprint(
-            max(host, largest.host_bytes if largest else 0),
-            max(footprint.device_bytes, largest.device_bytes if largest else 0),
+        footprint = Footprint(
+            host,
+            {d: sum(s.device_bytes for s in on) for d, on in model.sessions_by_device().items()},
+            Counter(model.spec.placement(i).device for i in range(model.spec.instances)),
         )
-        charged = footprint.charged(kind)
-        if budget is not None and charged > budget:
-            why = f"uses {mb(charged)} after warm-up, above its memory_budget_mb of {mb(budget)}"
+        self._measured[name] = footprint
+        self.footprints[name] = footprint.largest(self.footprints.get(name))
+        charged = {d: footprint.charged_on(d, kind) for d in devices}
+        worst = max(charged, key=charged.__getitem__)
+        if budget is not None and charged[worst] > budget:
+            on = f" on device {worst}" if len(devices) > 1 else ""
+            why = (
+                f"uses {mb(charged[worst])}{on} after warm-up, above its memory_budget_mb of "
+                f"{mb(budget)}"
+            )
             model.fail(why)  # it would not fit on the next try either: an operator decides
             self._release_memory()
             raise ResourceExhaustedError(f"model {name!r} {why}")
         try:
-            self._make_room(model, charged, exclude=exclude)
+            for device in devices:
+                self._make_room(model, device, charged[device], exclude=exclude)
         except ResourceExhaustedError:
             model.unload("does not fit its device's memory budget", by_operator=False)
             self._release_memory()
             raise
         log.info(
             "model loaded", model=name, host_mb=round(host / 2**20, 1),
-            device_mb=round(footprint.device_bytes / 2**20, 1),
+            device_mb={d: round(b / 2**20, 1) for d, b in footprint.device_bytes.items()},
         )  # fmt: skip
 
     def _load_within_room(self, model: ServedModel, kind: str, budget: int | None) -> None:
         """Load, telling an accelerator's sessions how much device memory the budgets leave
-        (the ACL backend compares it with ``query_size`` before it allocates anything)."""
-        room: int | None = None
-        if kind not in ("cpu", "cuda"):
-            rooms = [budget] if budget is not None else []
-            device_budget = self._device_budget(model.spec.device)
+        them on their device (the ACL backend compares it with ``query_size`` before it
+        allocates anything)."""
+        rooms: dict[int, int | None] = {}
+        for device in model.spec.devices if kind not in ("cpu", "cuda") else ():
+            limits = [budget] if budget is not None else []
+            device_budget = self._device_budget(device)
             if device_budget is not None:
-                rooms.append(device_budget - sum(self._loaded_on(model).values()))
-            room = max(0, min(rooms)) if rooms else None
-        model.device_room_bytes = room
+                limits.append(device_budget - sum(self._loaded_on(model, device).values()))
+            rooms[device] = max(0, min(limits)) if limits else None
+        model.device_room_bytes = rooms
         model.load(LOAD_TIMEOUT_S)
 
-    def _loaded_on(self, model: ServedModel) -> dict[str, int]:
-        """Bytes charged to each other model loaded on ``model``'s device (a model being
-        replaced is still here, under its name)."""
-        kind = self._device_kind(model.spec.device)
+    def _loaded_on(self, model: ServedModel, device: int) -> dict[str, int]:
+        """Bytes charged on ``device`` to each other model loaded there (a model being replaced
+        is still here, under its name)."""
+        kind = self._device_kind(device)
         return {
-            n: self._charged(n, kind)
+            n: self._charged(n, device, kind)
             for n, m in self.models.items()
-            if m.spec.device == model.spec.device and m is not model and m.holds_memory
+            if device in m.spec.devices and m is not model and m.holds_memory
         }
 
-    def _make_room(self, model: ServedModel, need: int, exclude: set[str]) -> None:
-        """Evict idle evictable models on ``model``'s device until its ``need`` bytes fit the
-        device's budget next to the others; ResourceExhaustedError if they cannot."""
-        device = model.spec.device
+    def _make_room(self, model: ServedModel, device: int, need: int, exclude: set[str]) -> None:
+        """Evict idle evictable models on ``device`` until ``model``'s ``need`` bytes there fit
+        the device's budget next to the others; ResourceExhaustedError if they cannot."""
         budget = self._device_budget(device)
         if budget is None:
             return
-        kind = self._device_kind(device)
         for _attempt in range(3):  # a candidate may turn busy between the choice and the evict
-            charged = self._loaded_on(model)
+            charged = self._loaded_on(model, device)
             loaded = {n: self.models[n] for n in charged}
             used = sum(charged.values())
             over = used + need - budget
@@ -351,7 +388,7 @@ class Engine:
             candidates = [
                 Resident(
                     n,
-                    self._charged(n, kind),
+                    charged[n],
                     m.last_used_s,
                     self._resolved(n).config.evictable,
                     m.pending == 0,
@@ -364,7 +401,7 @@ class Engine:
                 break
             evicted = [v.name for v in victims if self.models[v.name].evict()]
             self._release_memory()
-            log.info("evicted to make room", model=model.spec.name, evicted=evicted)
+            log.info("evicted to make room", model=model.spec.name, device=device, evicted=evicted)
             if len(evicted) == len(victims):
                 return
         busy = [c.name for c in candidates if c.evictable and not c.idle]
@@ -374,10 +411,12 @@ class Engine:
             f"cannot free the {mb(over)} missing" + (f" (busy now: {sorted(busy)})" if busy else "")
         )
 
-    def _charged(self, name: str, kind: str) -> int:
+    def _charged(self, name: str, device: int, kind: str) -> int:
+        """What ``name`` is charged on ``device``: its largest measured load there, or before
+        it was ever measured its ``memory_budget_mb``."""
         found = self.footprints.get(name)
         if found is not None:
-            return found.charged(kind)
+            return found.charged_on(device, kind)
         resolved = self.loaded.models.get(name)
         return (self._model_budget(resolved) if resolved else None) or 0
 
@@ -388,7 +427,7 @@ class Engine:
         def failed(err: Exception) -> None:  # the waiting requests are answered with the reason
             log.error("load on demand failed", model=name, error=str(err))
             if model.state is ModelState.UNLOADED:
-                model._fail_queued(f"model {name!r} could not be loaded: {err}")
+                model.fail_queued(f"model {name!r} could not be loaded: {err}")
 
         self._in_background(
             model, "load", lambda: self._load_keeping_what_comes_next(model), failed
@@ -516,9 +555,8 @@ class Engine:
             priority=cfg.priority,
             priority_aging_per_s=cfg.priority_aging_per_s,
             compute_weight=cfg.compute_weight,
-            intra_op_threads=self.plan.threads_per_instance.get(name, 1),
-            device=cfg.device,
             health=cfg.health,
+            placements=tuple(self._placement(name, cfg, i) for i in range(cfg.instances)),
         )
         self._signatures[name] = self._signature(resolved)
         on_demand = None if self._only else self._on_demand
@@ -526,22 +564,42 @@ class Engine:
         return ServedModel(
             spec,
             backend,
-            self._gate_for(cfg.backend, cfg.device),
+            {device: self._gate_for(cfg.backend, device) for device in cfg.device_ids},
             on_demand=on_demand,
             idle_reader=self._read_when_idle,
             activity=self.activity,
             on_request=self._predict_after if predictive else None,
         )
 
+    def _placement(self, name: str, cfg: ModelConfig, index: int) -> Placement:
+        """Instance ``index``'s device (round-robin over the model's), the intra-op threads its
+        pool's plan gives it, and the cores its threads are pinned to (``pool_cores``)."""
+        device = self._device(cfg.instance_device(index))
+        pool = pool_of(device)
+        threads = self.plans.get(pool, self.plans[HOST]).threads_per_instance.get(name, 1)
+        cores = pool_cores(self.loaded.config, device if pool is not HOST else None)
+        return Placement(device.id, threads, cores)
+
     def _gate_for(self, backend: str, device: int) -> ComputeGate:
-        """ONNX Runtime's runs share the CPU's gate (the thread budget); the ACL backend's share
-        their device's."""
+        """ONNX Runtime's runs share their pool of cores' gate (its thread budget); the ACL
+        backend's share their device's."""
         if backend == "acl" and device in self._device_gates:
             return self._device_gates[device]
-        return self.gate
+        return self.cpu_gates.get(pool_of(self._device(device)), self.cpu_gates[HOST])
 
-    def _cpu_overdraft(self) -> int:
-        return next((d.overdraft for d in self.loaded.config.devices if d.kind == "cpu"), 1)
+    def _cpu_overdraft(self, pool: Pool) -> int:
+        devices = self.loaded.config.devices
+        return next((d.overdraft for d in devices if d.kind == "cpu" and pool_of(d) == pool), 1)
+
+    @property
+    def plan(self) -> ThreadPlan:
+        """The thread plan of the process's shared pool of cores."""
+        return self.plans[HOST]
+
+    @property
+    def gate(self) -> ComputeGate:
+        """The gate of the process's shared pool of cores."""
+        return self.cpu_gates[HOST]
 
     def wake_idle(self, name: str) -> None:
         """Wake ``name``'s idle workers: a connection has become theirs to read, or the one
@@ -591,14 +649,16 @@ class Engine:
     def _resolved(self, name: str) -> ResolvedModel:
         return self.loaded.models[name]
 
+    def _device(self, device: int) -> DeviceConfig:
+        found = next((d for d in self.loaded.config.devices if d.id == device), None)
+        return found if found is not None else DeviceConfig(id=device)
+
     def _device_kind(self, device: int) -> str:
-        return next((d.kind for d in self.loaded.config.devices if d.id == device), "cpu")
+        return self._device(device).kind
 
     def _device_budget(self, device: int) -> int | None:
-        found = next((d for d in self.loaded.config.devices if d.id == device), None)
-        if found is None or found.memory_budget_mb is None:
-            return None
-        return found.memory_budget_mb * 2**20
+        budget_mb = self._device(device).memory_budget_mb
+        return None if budget_mb is None else budget_mb * 2**20
 
     @staticmethod
     def _model_budget(resolved: ResolvedModel) -> int | None:
@@ -640,13 +700,16 @@ class Engine:
     def infer(self, name: str, payload: Any, timeout_s: float | None = None) -> Any:
         return self.submit(name, payload).result(timeout_s)
 
-    def model_memory(self, name: str, model: ServedModel) -> MemoryUse:
-        """The bytes charged to ``model`` (its largest measured load, on its device's terms,
-        whether loaded now or not) against its ``memory_budget_mb``."""
+    def model_memory(self, name: str, model: ServedModel) -> dict[int, MemoryUse]:
+        """By device: the bytes charged to ``model`` there (its largest measured load, on the
+        device's terms, whether loaded now or not) against its ``memory_budget_mb``."""
         largest = self.footprints.get(name)
-        charged = largest.charged(self._device_kind(model.spec.device)) if largest else None
         resolved = self.loaded.models.get(name)
-        return MemoryUse(charged, self._model_budget(resolved) if resolved else None)
+        budget = self._model_budget(resolved) if resolved else None
+        return {
+            d: MemoryUse(largest.charged_on(d, self._device_kind(d)) if largest else None, budget)
+            for d in model.spec.devices
+        }
 
     def _model_status(self, name: str, model: ServedModel) -> dict[str, Any]:
         """The model's own status with its memory against its budget and its config flags."""
@@ -654,11 +717,13 @@ class Engine:
         resolved = self.loaded.models.get(name)
         last = self._measured.get(name)
         use = self.model_memory(name, model)
+        charged = [u.used_bytes for u in use.values() if u.used_bytes is not None]
         shown["memory"] = {
             "loaded": model.holds_memory,
             "measured": last.to_dict() if last else None,
-            "charged_bytes": use.used_bytes,
-            "budget_bytes": use.budget_bytes,
+            "charged_bytes": sum(charged) if charged else None,
+            "charged_bytes_by_device": {str(d): u.used_bytes for d, u in use.items()},
+            "budget_bytes": next(iter(use.values())).budget_bytes,
         }
         waits = self._idle_waits.get(name)
         shown["idle_spin"] = (waits or IdleWaits()).to_dict()
@@ -671,9 +736,9 @@ class Engine:
         shown = {}
         for device in self.loaded.config.devices:
             used = sum(
-                self._charged(n, device.kind)
+                self._charged(n, device.id, device.kind)
                 for n, m in list(self.models.items())
-                if m.spec.device == device.id and m.holds_memory
+                if device.id in m.spec.devices and m.holds_memory
             )
             shown[device.id] = MemoryUse(used, self._device_budget(device.id))
         return shown
@@ -684,10 +749,14 @@ class Engine:
         shown = []
         for id_, use in self.device_memory().items():
             reading = self.telemetry.read(id_)
+            device = self._device(id_)
+            pool = self.plans.get(pool_of(device)) if device.kind == "cpu" else None
             shown.append(
                 {
                     "id": id_,
-                    "kind": self._device_kind(id_),
+                    "kind": device.kind,
+                    "cores": device.cores,
+                    "thread_budget": pool.budget if pool is not None else None,
                     "used_bytes": use.used_bytes,
                     "budget_bytes": use.budget_bytes,
                     "total_bytes": reading.total_bytes,
@@ -698,12 +767,21 @@ class Engine:
 
     def status(self) -> dict[str, Any]:
         models = {name: self._model_status(name, m) for name, m in list(self.models.items())}
-        shares: dict[str, dict[str, float]] = {}
-        for gate in (self.gate, *self._device_gates.values()):
-            shares.update(gate.shares())
-        for name, shown in models.items():  # its share of its gate's compute time, and weight
-            shown["compute"] = shares.get(name, {"weight": 1.0, "share": 0.0})
-        return {"thread_budget": self.plan.budget, "devices": self.devices(), "models": models}
+        gates = {id(g): g for g in (*self.cpu_gates.values(), *self._device_gates.values())}
+        shares = {key: gate.shares() for key, gate in gates.items()}
+        for name, shown in models.items():  # its share of each of its gates' compute time
+            model = self.models[name]
+            mine = {
+                d: shares.get(id(member.gate), {}).get(name, {}).get("share", 0.0)
+                for d, member in model.gates.items()
+            }
+            shown["compute"] = {
+                "weight": model.spec.compute_weight,
+                "share": next(iter(mine.values()), 0.0),
+                "share_by_device": {str(d): share for d, share in mine.items()},
+            }
+        budget = sum(plan.budget for plan in self.plans.values())
+        return {"thread_budget": budget, "devices": self.devices(), "models": models}
 
     def close(self, grace_s: float = 30.0) -> int:
         """Stop every model (finishing queued work within ``grace_s`` in all), release the
@@ -730,6 +808,11 @@ class Engine:
         self.close()
 
 
+def _device_layout(loaded: LoadedConfig) -> list[dict[str, Any]]:
+    """What of the devices is fixed at start: all but their memory budgets."""
+    return [d.model_dump(exclude={"memory_budget_mb"}) for d in loaded.config.devices]
+
+
 def _hand_over_queue(old: ServedModel, new: ServedModel) -> None:
     """Requests waiting for an unloaded model that a reload replaced go to its replacement when
     their payloads fit it (same slot layout); otherwise ``stop`` answers them UNAVAILABLE."""
@@ -742,22 +825,38 @@ def _hand_over_queue(old: ServedModel, new: ServedModel) -> None:
             request.complete(error=err)
 
 
-def plan_for(loaded: LoadedConfig, names: list[str], budget: int | None = None) -> ThreadPlan:
-    """The thread plan for ``names`` of ``loaded``: the config's ``thread_budget`` (else the
-    cores this process may use) split over the instances of the models that compute on the CPU.
-    Used by the engine at start and on reload, and by the benchmark's in-process modes."""
+def pool_of(device: DeviceConfig) -> Pool:
+    """The pool of cores a device's ONNX Runtime threads come from: its own if it has cores,
+    else the host's."""
+    return device.id if device.kind == "cpu" and device.cores is not None else HOST
+
+
+def plan_for(
+    loaded: LoadedConfig, names: list[str], budgets: Mapping[Pool, int] | None = None
+) -> dict[Pool, ThreadPlan]:
+    """The thread plan of each pool of cores for ``names`` of ``loaded``: a pool's budget
+    (``budgets``, else ``supervisor.config.thread_budget``) split over the instances placed
+    there of the models that compute on the CPU. Used by the engine at start and on reload,
+    and by the benchmark's in-process modes."""
     for name in names:
         if name not in loaded.models:
             raise NotFoundError(
                 f"no model named {name!r} in {loaded.path} (have: {sorted(loaded.models)})"
             )
-    if budget is None:
-        budget = loaded.config.backends.onnxruntime.thread_budget or available_cores()
-    demands = [  # CPU threads are planned for the models that compute on the CPU's cores
-        InstanceDemand(
-            n, loaded.models[n].config.instances, loaded.models[n].config.intra_op_threads
-        )
-        for n in names
-        if loaded.models[n].config.backend == "onnxruntime"
-    ]
-    return plan_threads(demands, budget)
+    config = loaded.config
+    devices = {d.id: d for d in config.devices}
+    pools: dict[Pool, list[InstanceDemand]] = {HOST: []}
+    pools.update((d.id, []) for d in config.devices if pool_of(d) is not HOST)
+    for name in names:
+        cfg = loaded.models[name].config
+        if cfg.backend != "onnxruntime":  # CPU threads for the models computing on the CPU
+            continue
+        placed = Counter(pool_of(devices[cfg.instance_device(i)]) for i in range(cfg.instances))
+        for pool, instances in placed.items():
+            pools[pool].append(InstanceDemand(name, instances, cfg.intra_op_threads))
+    budgets = budgets or {}
+
+    def budget(pool: Pool) -> int:
+        return budgets.get(pool) or thread_budget(config, None if pool is None else devices[pool])
+
+    return {pool: plan_threads(demands, budget(pool)) for pool, demands in pools.items()}

@@ -3,8 +3,9 @@
 Used by the engine around every load. On the CPU a model's footprint is the growth of this
 process's resident memory across its load and warm-up (sessions, ONNX Runtime's arena, I/O
 buffers); on an accelerator it is the device memory its sessions took (ACL: the ``get_mem_info``
-drop). The engine charges each model the largest footprint measured for it, so a reload that
-happens to reuse freed heap does not make it look free. After an unload the C heap is trimmed
+drop), device by device: a model spread over several devices is charged on each. The engine
+charges each model the largest footprint measured for it, so a reload that happens to reuse
+freed heap does not make it look free. After an unload the C heap is trimmed
 (``malloc_trim``), so freed model memory goes back to the system instead of staying resident.
 ``tune_heap`` (called once by the supervisor process, and by the benchmark's in-process mode,
 before any thread starts) bounds glibc's heap so freed request buffers do not stay resident.
@@ -15,8 +16,9 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import psutil
 
@@ -34,15 +36,38 @@ class MemoryUse:
 
 @dataclass(frozen=True)
 class Footprint:
-    host_bytes: int  # resident-memory growth across load + warm-up
-    device_bytes: int  # accelerator memory the sessions took
+    """What a model took when it loaded, on all its devices."""
 
-    def charged(self, device_kind: str) -> int:
-        """What counts against a budget: device memory on an accelerator, else host memory."""
-        return self.device_bytes if device_kind not in ("cpu", "cuda") else self.host_bytes
+    host_bytes: int  # resident-memory growth across load + warm-up, all instances
+    device_bytes: Mapping[int, int]  # accelerator memory its sessions took, by device
+    instances: Mapping[int, int]  # its instances by device
 
-    def to_dict(self) -> dict[str, int]:
-        return {"host_bytes": self.host_bytes, "device_bytes": self.device_bytes}
+    def charged_on(self, device: int, kind: str) -> int:
+        """What counts against ``device``'s budget: the device memory its sessions took there
+        on an accelerator; on the host, its resident growth in proportion to the instances
+        there (a model on two devices is charged on each)."""
+        if kind not in ("cpu", "cuda"):
+            return self.device_bytes.get(device, 0)
+        total = sum(self.instances.values())
+        return self.host_bytes * self.instances.get(device, 0) // total if total else 0
+
+    def largest(self, other: Footprint | None) -> Footprint:
+        """The larger of the two on every count (the engine charges the largest measured)."""
+        if other is None:
+            return self
+        devices = self.device_bytes.keys() | other.device_bytes.keys()
+        return Footprint(
+            max(self.host_bytes, other.host_bytes),
+            {d: max(self.device_bytes.get(d, 0), other.device_bytes.get(d, 0)) for d in devices},
+            self.instances,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "host_bytes": self.host_bytes,
+            "device_bytes": sum(self.device_bytes.values()),
+            "device_bytes_by_device": {str(d): b for d, b in sorted(self.device_bytes.items())},
+        }
 
 
 @dataclass(frozen=True)

@@ -170,12 +170,12 @@ class DuomoCollector(Collector):
             current = model.state
             for each in ModelState:
                 state.add_metric([name, each.value], 1.0 if each is current else 0.0)
-            use = self.engine.model_memory(name, model)
-            if use.used_bytes is not None:
-                held = use.used_bytes if model.holds_memory else 0
-                memory.add_metric([name, str(model.spec.device)], held)
-            if use.budget_bytes is not None:
-                budget.add_metric([name], use.budget_bytes)
+            for device, use in self.engine.model_memory(name, model).items():
+                if use.used_bytes is not None:
+                    held = use.used_bytes if model.holds_memory else 0
+                    memory.add_metric([name, str(device)], held)
+                if use.budget_bytes is not None and device == model.spec.devices[0]:
+                    budget.add_metric([name], use.budget_bytes)
             loads.add_metric([name], model.loads)
             _histogram(load_time, [name], model.load_seconds.bounds, model.load_seconds.read())
             evictions.add_metric([name], model.evictions)

@@ -55,10 +55,10 @@ STATE_STYLES = {
     "STOPPED": "dim",
 }
 MODEL_COLUMNS = (
-    "model", "state", "req/s", "requests", "errors", "p50 ms", "p99 ms", "queue", "busy", "batch",
-    "restarts", "memory",
+    "model", "state", "device", "req/s", "requests", "errors", "p50 ms", "p99 ms", "queue",
+    "busy", "batch", "restarts", "memory",
 )  # fmt: skip
-NUMBERS = set(MODEL_COLUMNS[2:-1])  # the columns aligned right
+NUMBERS = set(MODEL_COLUMNS[3:-1])  # the columns aligned right
 GATEWAY_STYLES = {"running": "green", "gave up": "red", "restarting": "yellow"}
 
 
@@ -206,6 +206,7 @@ def _models_table(models: dict[str, Any], rates: dict[str, ModelRates], plain: b
         table.add_row(
             Text(name, style="bold"),
             Text(m["state"], style=STATE_STYLES.get(m["state"], "")),
+            ",".join(str(d) for d in m.get("devices") or [0]),
             _number(rate.requests_per_s, ".1f"),
             str(m["requests"]),
             Text(str(errors), style="red" if errors else ""),
@@ -225,13 +226,17 @@ def _devices_table(devices: list[dict[str, Any]], plain: bool) -> Table:
     for d in devices:
         budget, total = d["budget_bytes"], d.get("total_bytes")
         table.add_row(
-            f"{d['id']} ({d['kind']})",
+            f"{d['id']} ({d['kind']}{_cores(d.get('cores'))})",
             _memory(d["used_bytes"], budget or total, plain, show_limit=False),
             _size(budget) if budget else "-",
             _size(total) if total else "-",
             _telemetry(d.get("telemetry") or {}),
         )
     return table
+
+
+def _cores(cores: list[int] | None) -> str:
+    return f", cores {','.join(str(c) for c in cores)}" if cores else ""
 
 
 def _memory(used: int | None, limit: int | None, plain: bool, show_limit: bool = True) -> Text:

@@ -60,6 +60,12 @@ class ModelWorker:
         self.busy_since: float | None = None  # monotonic start of the batch in progress
         self.current: tuple[Request, ...] = ()  # that batch's requests
         self.abandoned = False  # let go of by its model; its batch was answered for it
+        self.batches = 0  # batches served (where work went: ``status``'s placement)
+
+    @property
+    def native_id(self) -> int:
+        """Its thread's id in the operating system (0 before it starts)."""
+        return (self._thread.native_id or 0) if self._thread is not None else 0
 
     @property
     def alive(self) -> bool:
@@ -105,6 +111,7 @@ class ModelWorker:
         try:
             while (taken := self._batcher.next_batch(self.generation, wake_fd)) is not None:
                 activity.enter()
+                self.batches += 1
                 self.busy_since = time.monotonic()
                 self.current = batch = (*taken.run, *taken.expired)
                 try:

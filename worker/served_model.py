@@ -24,6 +24,7 @@ is ever dropped: each is answered by a worker, by expiry, or with UNAVAILABLE wh
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import deque
@@ -37,7 +38,7 @@ import numpy as np
 import structlog
 
 from ipc.errors import DeadlineExceededError, UnavailableError
-from worker.backends.base import Backend, ModelSession, SessionSettings
+from worker.backends.base import Backend, ModelSession, NotEnoughDeviceMemory, SessionSettings
 from worker.batch_window import BatchWindow
 from worker.batcher import Batcher, IdleReader
 from worker.config_model import StrictModel
@@ -46,7 +47,7 @@ from worker.health import HealthPolicy, RestartHistory, Verdict
 from worker.model_worker import ModelWorker
 from worker.request import Outcome, Request
 from worker.stats import Buckets, ModelStats
-from worker.thread_budget import Activity, ComputeGate, GateMember
+from worker.thread_budget import Activity, ComputeGate, GateMember, pin_thread
 
 log = structlog.get_logger("duomo.model")
 HISTORY = 16  # state changes kept for ``status``
@@ -70,6 +71,16 @@ SERVING = (ModelState.READY, ModelState.DEGRADED)
 
 
 @dataclass(frozen=True)
+class Placement:
+    """Where one instance runs: its device, its intra-op threads, and the cores its threads are
+    pinned to (a cpu device's own; none: any of the process's)."""
+
+    device: int = 0
+    intra_op_threads: int = 1
+    cores: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """Everything the worker layer needs to serve one model (resolved from the config)."""
 
@@ -86,9 +97,20 @@ class ModelSpec:
     priority: int = 0
     priority_aging_per_s: float = 0.0
     intra_op_threads: int = 1
-    device: int = 0
     health: HealthPolicy = field(default_factory=HealthPolicy)
     compute_weight: float = 1.0  # its share of the device's compute time, relative to others'
+    # instance i's place (``models[].device``, round-robin); none given: all on device 0
+    placements: tuple[Placement, ...] = ()
+
+    def placement(self, index: int) -> Placement:
+        if self.placements:
+            return self.placements[index]
+        return Placement(0, self.intra_op_threads)
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        """The devices its instances run on, in the order of their first instance."""
+        return tuple(dict.fromkeys(self.placement(i).device for i in range(self.instances)))
 
 
 class ServedModel:
@@ -96,7 +118,7 @@ class ServedModel:
         self,
         spec: ModelSpec,
         backend: Backend,
-        gate: ComputeGate | None,
+        gates: Mapping[int, ComputeGate] | None,
         on_demand: Callable[[ServedModel], None] | None = None,
         idle_reader: IdleReader | None = None,
         activity: Activity | None = None,
@@ -104,12 +126,14 @@ class ServedModel:
     ) -> None:
         self.spec = spec
         self._backend = backend
-        # its place at the device's compute gate (a model built again starts at the average)
-        self.gate: GateMember | None = (
-            gate.member(spec.name, spec.compute_weight, spec.priority, spec.priority_aging_per_s)
-            if gate is not None
-            else None
-        )
+        # its place at each of its devices' compute gates, by device (a model built again
+        # starts at the average)
+        self.gates: dict[int, GateMember] = {
+            device: gate.member(
+                spec.name, spec.compute_weight, spec.priority, spec.priority_aging_per_s
+            )
+            for device, gate in (gates or {}).items()
+        }
         self._activity = activity  # the process's count of instances at work
         self._on_demand = on_demand  # asks the engine to load this model for a waiting request
         self._on_request = on_request  # tells the engine's predictor (preload_policy)
@@ -152,7 +176,8 @@ class ServedModel:
         self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self._pending = 0  # accepted and not yet answered: queued + being processed
         self._pending_lock = threading.Lock()
-        self.device_room_bytes: int | None = None  # set by the engine before a load (budgets)
+        # device memory its budgets leave it on each device, set by the engine before a load
+        self.device_room_bytes: dict[int, int | None] = {}
         self._slot_spec: SlotSpec | None = None  # kept across unloads: attached clients stay
         self._payload_builder: Callable[[dict[str, np.ndarray], memoryview], Any] | None = None
 
@@ -171,14 +196,18 @@ class ServedModel:
 
     # -- loading ----------------------------------------------------------------------------
 
-    def _load_executor(self) -> Executor:
-        settings = SessionSettings(
-            intra_op_threads=self.spec.intra_op_threads,
-            gate=self.gate,
-            device=self.spec.device,
-            device_room_bytes=self.device_room_bytes,
-        )
+    def _load_executor(self, index: int) -> Executor:
+        """Instance ``index``'s executor, opened on its own thread, on its device."""
         spec = self.spec
+        place = spec.placement(index)
+        pin_thread(place.cores)  # its thread, and the intra-op threads its sessions start
+        settings = SessionSettings(
+            intra_op_threads=place.intra_op_threads,
+            gate=self.gates.get(place.device),
+            device=place.device,
+            device_room_bytes=self.device_room_bytes.get(place.device),
+            cores=place.cores,
+        )
         return spec.executor.open(spec.params, spec.files, spec.max_batch, self._backend, settings)
 
     def _start_workers(self, timeout_s: float) -> None:
@@ -188,7 +217,7 @@ class ServedModel:
             ModelWorker(
                 self.spec.name,
                 i,
-                self._load_executor,
+                functools.partial(self._load_executor, i),
                 self.batcher,
                 self._batch_done,
                 generation,
@@ -222,7 +251,8 @@ class ServedModel:
 
         On failure the model returns to UNLOADED (FAILED if it had failed before), requests
         that were waiting for it are answered UNAVAILABLE with the reason, and the error is
-        raised.
+        raised. (Short of device memory for its budgets, they keep waiting: the engine makes
+        room and loads once more, and answers them if that fails too.)
         """
         with self.lifecycle:
             if self.state in SERVING:
@@ -241,7 +271,8 @@ class ServedModel:
                 self.set_state(after, self.last_error)
                 if after is ModelState.FAILED or not self.auto_load:
                     self.batcher.close()  # refused from now on, atomically with ``put``
-                self._fail_queued(f"model {self.spec.name!r} could not be loaded: {err}")
+                if not isinstance(err.__cause__, NotEnoughDeviceMemory) or not self.auto_load:
+                    self.fail_queued(f"model {self.spec.name!r} could not be loaded: {err}")
                 raise
             self.restarts.clear()
             self.auto_load = self._on_demand is not None
@@ -265,7 +296,7 @@ class ServedModel:
                 self.set_state(ModelState.UNLOADING, reason)
                 cut = self._retire_workers()
             self._prediction_unused()
-            cut += self._fail_queued(f"model {self.spec.name!r} was unloaded")
+            cut += self.fail_queued(f"model {self.spec.name!r} was unloaded")
             self.set_state(ModelState.UNLOADED, reason)
             return cut
 
@@ -276,7 +307,7 @@ class ServedModel:
             self.last_error = reason
             self.set_state(ModelState.FAILED, reason)
             self.batcher.close()
-            self._fail_queued(f"model {self.spec.name!r} failed: {reason}")
+            self.fail_queued(f"model {self.spec.name!r} failed: {reason}")
 
     def evict(self) -> bool:
         """Unload to make room, only if nothing is queued or in flight (atomically with
@@ -333,7 +364,7 @@ class ServedModel:
         log.warning("worker abandoned", model=self.spec.name, instance=worker.index, why=why)
         return cut
 
-    def _fail_queued(self, why: str) -> int:
+    def fail_queued(self, why: str) -> int:
         error = UnavailableError(why)
         return sum(1 for request in self.batcher.drain() if request.complete(error=error))
 
@@ -395,7 +426,7 @@ class ServedModel:
                 self.restart_attempts[key] = self.restart_attempts.get(key, 0) + 1
                 self.set_state(ModelState.REINITIALIZING, reason)
                 if policy.while_reinitializing == "fail":
-                    self._fail_queued(f"model {self.spec.name!r} is re-initializing: {reason}")
+                    self.fail_queued(f"model {self.spec.name!r} is re-initializing: {reason}")
             if stop.wait(delay):
                 return  # shutting down: ``stop`` answers the queue
             with self.lifecycle:
@@ -408,8 +439,8 @@ class ServedModel:
                     self.last_error = reason
                     continue
                 self.reinitializations += 1
-                if self.gate is not None:  # its turns start again at the average standing
-                    self.gate.rejoin()
+                for member in self.gates.values():  # its turns start at the average standing
+                    member.rejoin()
                 self.set_state(ModelState.READY, "re-initialized")
                 return
 
@@ -505,7 +536,7 @@ class ServedModel:
             for worker in self.workers:
                 if not worker.join(max(0.0, deadline - time.monotonic())):
                     cut += self._abandon(worker, f"cut by the {timeout_s:.0f}s stop grace period")
-            cut += self._fail_queued(f"model {self.spec.name!r} stopped")
+            cut += self.fail_queued(f"model {self.spec.name!r} stopped")
             self.workers = []
             return cut
 
@@ -539,8 +570,28 @@ class ServedModel:
         return self._payload_builder
 
     def sessions(self) -> list[ModelSession]:
+        return [s for sessions in self.sessions_by_device().values() for s in sessions]
+
+    def sessions_by_device(self) -> dict[int, list[ModelSession]]:
+        """Its instances' sessions, by the device each instance runs on."""
+        found: dict[int, list[ModelSession]] = {d: [] for d in self.spec.devices}
+        for w in self.workers:
+            if w.executor is not None:
+                found[self.spec.placement(w.index).device].extend(w.executor.sessions.values())
+        return found
+
+    def placements(self) -> list[dict[str, Any]]:
+        """Each instance's device, threads, pinned cores and batches served (``status``)."""
+        batches = {w.index: w.batches for w in self.workers}
         return [
-            s for w in self.workers if w.executor is not None for s in w.executor.sessions.values()
+            {
+                "device": place.device,
+                "intra_op_threads": place.intra_op_threads,
+                "cores": list(place.cores),
+                "batches": batches.get(i, 0),
+            }
+            for i in range(self.spec.instances)
+            for place in (self.spec.placement(i),)
         ]
 
     def status(self) -> dict[str, Any]:
@@ -554,7 +605,9 @@ class ServedModel:
             "batch_window_ms": (
                 round(self.window.window_s * 1e3, 3) if self.window is not None else None
             ),
-            "intra_op_threads": self.spec.intra_op_threads,
+            "devices": list(self.spec.devices),
+            "intra_op_threads": self.spec.placement(0).intra_op_threads,
+            "placement": self.placements(),
             "queue_depth": depth,
             "in_flight": max(0, self.pending - depth),
             "io_buffer_bytes": sum(s.buffer_bytes for s in sessions),

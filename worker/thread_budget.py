@@ -1,8 +1,11 @@
-"""The process's one CPU thread budget: how many intra-op threads each model instance gets, the
-gate that keeps the threads computing at once within the cores, and the count of instances at
-work right now.
+"""CPU thread budgets: how many intra-op threads each model instance gets, the gate that keeps
+the threads computing at once within the cores, and the count of instances at work right now.
 
-Called by the engine when it plans its models (``plan_threads``) and makes a gate per device, by
+One budget and one gate per pool of cores: the process's shared pool, and each cpu device that
+has cores of its own (``devices[].cores``; its threads are pinned there with ``pin_thread``).
+
+Called by the engine when it plans its models (``plan_threads``, per pool) and makes a gate per
+device, by
 every backend session around each execution (its model's ``GateMember``), and by every model
 instance around its warm-up and each batch (``Activity``, which the engine's idle spin reads).
 
@@ -25,12 +28,24 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 
-def available_cores() -> int:
-    """Cores this process may run on (its affinity mask, not the machine's count)."""
+def usable_cores() -> list[int]:
+    """The ids of the cores this process may run on (its main thread's affinity mask, not the
+    machine's, nor a pinned thread's)."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        return sorted(os.sched_getaffinity(os.getpid()))
     except AttributeError:  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
+        return list(range(os.cpu_count() or 1))
+
+
+def available_cores() -> int:
+    """How many cores this process may run on."""
+    return max(1, len(usable_cores()))
+
+
+def pin_thread(cores: Sequence[int]) -> None:
+    """Run the calling thread (and the threads it starts from now on) only on ``cores``."""
+    if cores and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cores)  # 0: the calling thread, on Linux
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,11 @@ device→host writes to it. A model is a JSON descriptor standing in for an ``.o
 or, for a dynamic image size (``atc --dynamic_image_size``), ``"dynamic_hw": [[h, w], ...]`` with
 -1 at H and W (never together with ``dynamic_batch``, which ATC refuses too).
 
+It models several devices (``FakeAcl(devices=2)``): each has its own memory (``used``, what
+``get_mem_info`` reports to a context there), every context is bound to one device, and device
+memory of one device used from a context on another (copy, free, a dataset's buffer in an
+execute) is an error (200002), as it is on a card with two chips.
+
 It enforces the rules that break on hardware: a second ``init`` (100002); a call on a thread with
 no current context (107002); a stream or model used from another context (107003 / 107004); the
 same model on two streams at once; a dynamic model executed without a gear set, or with a batch
@@ -55,6 +60,7 @@ CONTEXT_NULL = ERRORS["ACL_ERROR_RT_CONTEXT_NULL"]
 STREAM_CONTEXT = ERRORS["ACL_ERROR_RT_STREAM_CONTEXT"]
 MODEL_CONTEXT = ERRORS["ACL_ERROR_RT_MODEL_CONTEXT"]
 MODEL_EXECUTE = ERRORS["ACL_ERROR_RT_MODEL_EXECUTE"]
+WRONG_DEVICE = ERRORS["ACL_ERROR_INVALID_DEVICE"]
 DTYPE_CODES = {
     np.dtype(name): CONTRACT["enums"]["aclDataType"][f"ACL_{acl}"]
     for name, acl in (
@@ -72,7 +78,7 @@ FORMAT_CODES = {
 DYNAMIC_NAME = CONTRACT["strings"]["ACL_DYNAMIC_TENSOR_NAME"]
 H2D = CONTRACT["enums"]["aclrtMemcpyKind"]["ACL_MEMCPY_HOST_TO_DEVICE"]
 D2H = CONTRACT["enums"]["aclrtMemcpyKind"]["ACL_MEMCPY_DEVICE_TO_HOST"]
-DEVICE_BYTES = 8 << 30
+DEVICE_BYTES = 8 << 30  # each device's
 DEVICE_BASE = 0x7F00_0000_0000  # fake device addresses: never valid host memory
 WEIGHT_BYTES = 1 << 20  # what a loaded fake model "uses" on the device
 
@@ -101,6 +107,7 @@ def _contract(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
             if fmt and not low <= len(args) <= high:
                 raise TypeError(f"acl.{name} takes {low}..{high} arguments ({fmt!r}), got {args}")
             self.fake.calls.append(name)
+            self.fake.trace.append((name, args))
             return fn(self, *args)
 
         call.__name__ = fn.__name__
@@ -154,18 +161,21 @@ class FakeAcl:
         self.device_count = devices
         self.lock = threading.RLock()
         self.calls: list[str] = []
+        self.trace: list[tuple[str, tuple[Any, ...]]] = []  # every call with its arguments
         self.initialized = False
         self.finalized = False
         self.devices: set[int] = set()
         self.contexts: dict[int, int] = {}  # context -> device
+        self.context_devices: dict[int, int] = {}  # every context ever made -> its device
         self.default_contexts: dict[int, int] = {}  # device -> its default context
         self.streams: dict[int, int] = {}  # stream -> context
         self.memory: dict[int, bytearray] = {}  # device pointer -> region
+        self.memory_device: dict[int, int] = {}  # device pointer -> the device it is on
         self.models: dict[int, Model] = {}
         self.descs: dict[int, int] = {}  # desc -> model id (0 before get_desc)
         self.datasets: dict[int, Dataset] = {}
         self.buffers: dict[int, tuple[int, int]] = {}  # data buffer -> (pointer, size)
-        self.used = 0
+        self.used: dict[int, int] = {}  # device -> bytes in use there
         self.fail_next_executes = 0
         self.rebind_default_context = False
         self.last_error = ""
@@ -189,6 +199,23 @@ class FakeAcl:
 
     def set_current(self, context: int) -> None:
         self._current.context = context
+
+    @property
+    def current_device(self) -> int:
+        """The device of this thread's current context (-1: none)."""
+        return self.contexts.get(self.current_context, -1)
+
+    def on_current_device(self, pointer: int, call: str) -> int:
+        """0 when device memory at ``pointer`` is on the current context's device: a pointer of
+        another device used from this context is an error, as on a multi-device card."""
+        base = next((b for b, r in self.memory.items() if b <= pointer < b + len(r)), None)
+        device = self.memory_device.get(base, -1) if base is not None else -1
+        if device != self.current_device:
+            return self.error(
+                WRONG_DEVICE, f"{call}: memory of device {device} used from a context on "
+                f"device {self.current_device}"
+            )  # fmt: skip
+        return OK
 
     def needs_context(self) -> int:
         """0 when this thread has a current context, else the runtime's error."""
@@ -317,7 +344,7 @@ class _Rt(_Namespace):
             if device not in f.devices:
                 return 0, f.error(INVALID_PARAM, f"create_context on device {device} not set")
             context = f.handle()
-            f.contexts[context] = device
+            f.contexts[context] = f.context_devices[context] = device
             f.set_current(context)  # bound to the calling thread
             return context, OK
 
@@ -393,12 +420,14 @@ class _Rt(_Namespace):
                 return 0, ret
             if size <= 0 or policy not in CONTRACT["enums"]["aclrtMemMallocPolicy"].values():
                 return 0, f.error(INVALID_PARAM, f"malloc({size}, {policy})")
-            if f.used + size > DEVICE_BYTES:
+            device = f.current_device
+            if f.used.get(device, 0) + size > DEVICE_BYTES:
                 return 0, f.error(ERRORS["ACL_ERROR_RT_MEMORY_ALLOCATION"], "out of memory")
             pointer = f._next_pointer
             f._next_pointer += (size + 63) // 64 * 64 + 64
             f.memory[pointer] = bytearray(size)
-            f.used += size
+            f.memory_device[pointer] = device
+            f.used[device] = f.used.get(device, 0) + size
             return pointer, OK
 
     @_contract("rt.free")
@@ -409,7 +438,9 @@ class _Rt(_Namespace):
                 return f.error(INVALID_PARAM, f"free of {pointer:#x}, not a device buffer")
             if any(p == pointer for p, _ in f.buffers.values()):
                 return f.error(INVALID_PARAM, "free of a buffer a data buffer still describes")
-            f.used -= len(f.memory.pop(pointer))
+            if (ret := f.on_current_device(pointer, "free")) != OK:
+                return ret
+            f.used[f.memory_device.pop(pointer)] -= len(f.memory.pop(pointer))
             return OK
 
     @_contract("rt.memcpy")
@@ -424,6 +455,8 @@ class _Rt(_Namespace):
                 target = f.region(dst, dst_max)
                 if target is None or f.region(src, 1) is not None:
                     return f.error(INVALID_PARAM, "host-to-device needs a device dst, host src")
+                if (ret := f.on_current_device(dst, "memcpy")) != OK:
+                    return ret
                 region, offset = target
                 region[offset : offset + count] = ctypes.string_at(src, count)
                 return OK
@@ -431,6 +464,8 @@ class _Rt(_Namespace):
                 source = f.region(src, count)
                 if source is None or f.region(dst, 1) is not None:
                     return f.error(INVALID_PARAM, "device-to-host needs a device src, host dst")
+                if (ret := f.on_current_device(src, "memcpy")) != OK:
+                    return ret
                 region, offset = source
                 ctypes.memmove(dst, bytes(region[offset : offset + count]), count)
                 return OK
@@ -442,7 +477,7 @@ class _Rt(_Namespace):
         with f.lock:
             if (ret := f.needs_context()) != OK:
                 return 0, 0, ret
-            return DEVICE_BYTES - f.used, DEVICE_BYTES, OK
+            return DEVICE_BYTES - f.used.get(f.current_device, 0), DEVICE_BYTES, OK
 
 
 class _Mdl(_Namespace):
@@ -493,7 +528,8 @@ class _Mdl(_Namespace):
                 path, f.current_context, inputs, tensors(data["outputs"]), gears,
                 data.get("function", "identity"), hw=bool(sizes),
             )  # fmt: skip
-            f.used += WEIGHT_BYTES
+            device = f.current_device
+            f.used[device] = f.used.get(device, 0) + WEIGHT_BYTES
             return model_id, OK
 
     @_contract("mdl.unload")
@@ -508,7 +544,7 @@ class _Mdl(_Namespace):
             if model.running_on:
                 return f.error(INVALID_PARAM, "unload while executing")
             del f.models[model_id]
-            f.used -= WEIGHT_BYTES
+            f.used[f.contexts[model.context]] -= WEIGHT_BYTES
             return OK
 
     @_contract("mdl.create_desc")
@@ -699,6 +735,9 @@ class _Mdl(_Namespace):
                 return f.error(INVALID_PARAM, "dynamic model executed without a gear set")
             full = max(model.gears, key=math.prod, default=())
             for ds, tensors in ((in_ds, model.inputs), (out_ds, model.outputs)):
+                for b in ds.buffers:
+                    if (ret := f.on_current_device(f.buffers[b][0], "execute_async")) != OK:
+                        return ret
                 sizes = [f.buffers[b][1] for b in ds.buffers]
                 if sizes != [t.size(full) for t in tensors]:
                     return f.error(INPUT_NOT_MATCH, f"dataset sizes {sizes} do not match")

@@ -14,7 +14,9 @@ this instance's ``first_call``-th batch on, for ``fault_calls`` batches (0: for 
 while the control file still says "hang" (or ``hang_s``). ``work_ms`` is time spent per batch
 and ``item_ms`` per item of it,
 ``ballast_mb`` memory each loaded instance holds (touched, so it is resident), ``load_s`` how
-long each instance takes to load.
+long each instance takes to load. ``fault_device``: faults (and the control file) apply only to
+the instances on that device (``models[].device`` with several), so a test can hold one
+device's instance busy while the others serve.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import numpy as np
 from pydantic import Field
 
 from ipc.errors import InvalidArgumentError
-from worker.backends.base import ModelSession
+from worker.backends.base import Backend, ModelSession, SessionSettings
 from worker.config_model import StrictModel
 from worker.executors.base import Executor, SlotInput, SlotSpec, StageTimer
 
@@ -47,6 +49,7 @@ class FaultyParams(StrictModel):
     load_s: float = Field(default=0.0, ge=0)
     item_ms: float = Field(default=0.0, ge=0)
     offset: float = 1.0
+    fault_device: int | None = None
 
 
 class FaultyExecutor(Executor):
@@ -59,10 +62,25 @@ class FaultyExecutor(Executor):
         super().__init__(params, sessions, max_batch)
         self.p = params
         self.calls = 0
+        self.device = 0  # the device its instance runs on (set by ``open``)
         self._ballast: np.ndarray | None = None
         time.sleep(params.load_s)
         if params.ballast_mb:
             self._ballast = np.ones(params.ballast_mb << 17, dtype=np.float64)  # 8 B each
+
+    @classmethod
+    def open(
+        cls,
+        params: StrictModel,
+        files: Mapping[str, Path],
+        max_batch: int,
+        backend: Backend,
+        settings: SessionSettings,
+    ) -> Executor:
+        executor = super().open(params, files, max_batch, backend, settings)
+        assert isinstance(executor, FaultyExecutor)
+        executor.device = settings.device
+        return executor
 
     def warmup(self) -> None:
         """Its batch cost is what its params say: ``warmup_costs`` is that curve, stated
@@ -87,6 +105,8 @@ class FaultyExecutor(Executor):
         return payload
 
     def _fault_now(self) -> str:
+        if self.p.fault_device is not None and self.device != self.p.fault_device:
+            return "none"
         control = self.p.control_file
         if control is not None:
             try:

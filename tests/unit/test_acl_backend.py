@@ -28,7 +28,12 @@ from tests.fakes.fake_acl import CONTRACT, FakeAcl, write_model
 from worker.backends import acl_runtime
 from worker.backends.acl import AclBackend
 from worker.backends.base import SessionSettings
-from worker.backends.ort_backend import CANN_PROVIDER_KEYS, OrtOptions, provider_options_for
+from worker.backends.ort_backend import (
+    CANN_PROVIDER_KEYS,
+    OrtOptions,
+    provider_device_options,
+    provider_options_for,
+)
 
 AFFINE = {
     "inputs": [{"name": "x", "dtype": "float32", "format": "ND", "dims": [-1, 4]}],
@@ -396,6 +401,17 @@ def test_cann_provider_options_accept_only_the_keys_the_provider_does() -> None:
     assert provider_options_for("CUDAExecutionProvider", {"device_id": 0}) == {"device_id": "0"}
 
 
+def test_an_accelerator_provider_runs_on_the_instances_device() -> None:
+    """ONNX Runtime's CUDA and CANN providers get the instance's device as their device_id
+    (``models[].device``), unless the config names one; the CPU provider gets none."""
+    on_1 = SessionSettings(1, device=1)
+    assert provider_device_options("CANNExecutionProvider", {}, on_1) == {"device_id": 1}
+    assert provider_device_options("CUDAExecutionProvider", {"device_id": 0}, on_1) == {
+        "device_id": 0
+    }
+    assert provider_device_options("CPUExecutionProvider", {}, on_1) == {}
+
+
 # -- the command line on this machine -------------------------------------------------------
 
 
@@ -488,3 +504,109 @@ def test_a_run_holds_its_devices_compute_gate(tmp_path: Path, fake: FakeAcl) -> 
     session.close()
     backend.close()
     assert fake.leaks() == {}
+
+
+# -- several devices ------------------------------------------------------------------------
+
+
+def two_devices(tmp_path: Path, models: list[dict[str, Any]], budget_mb: int | None = None) -> Path:
+    devices = [{"id": d, "kind": "ascend", "memory_budget_mb": budget_mb} for d in (0, 1)]
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump({"devices": devices, "models": models}))
+    return path
+
+
+def test_the_fake_refuses_memory_of_another_device(tmp_path: Path) -> None:
+    """A device pointer of device 0 used from a context on device 1 (copy, free, a dataset's
+    buffer in an execute) is an error, and each device reports only its own memory."""
+    acl = FakeAcl(devices=2)
+    assert acl.init() == 0 and acl.rt.set_device(0) == 0 and acl.rt.set_device(1) == 0
+    on_0, _ = acl.rt.create_context(0)
+    pointer, _ = acl.rt.malloc(64, 0)
+    free_0, total, _ = acl.rt.get_mem_info(1)
+    on_1, _ = acl.rt.create_context(1)
+    assert acl.rt.get_mem_info(1)[0] == total > free_0  # device 1 has all of its own
+    host = np.zeros(16, np.float32)
+    wrong = fake_acl.WRONG_DEVICE
+    assert acl.rt.memcpy(pointer, 64, host.ctypes.data, 64, fake_acl.H2D) == wrong
+    assert acl.rt.free(pointer) == wrong
+    assert "device 0" in acl.get_recent_err_msg()
+    assert acl.rt.set_context(on_0) == 0
+    assert acl.rt.memcpy(pointer, 64, host.ctypes.data, 64, fake_acl.H2D) == 0
+    assert acl.rt.free(pointer) == 0
+    for context in (on_0, on_1):
+        assert acl.rt.destroy_context(context) == 0
+    assert acl.rt.reset_device(0) == acl.rt.reset_device(1) == acl.finalize() == 0
+
+
+def test_a_model_on_two_devices_runs_on_both_and_releases_each_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``device: [0, 1]`` with two instances: one context, stream and model per instance, each
+    on its device; memory measured and charged on each device; every context of a device is
+    destroyed before that device is reset, and finalize comes last."""
+    acl = FakeAcl(devices=2)
+    monkeypatch.setitem(sys.modules, "acl", acl)
+    write_model(tmp_path / "affine.om", **AFFINE)
+    models = [
+        raw_model("both", "affine.om", max_batch=4, instances=2, device=[0, 1]),
+        raw_model("second", "affine.om", max_batch=4, device=1),
+    ]
+    with Engine(load_config(two_devices(tmp_path, models))) as engine:
+        assert {acl.contexts[m.context] for m in acl.models.values()} == {0, 1}
+        assert sorted(acl.contexts[m.context] for m in acl.models.values()) == [0, 1, 1]
+        x = np.ones((2, 4), np.float32)
+        model = engine.model("both")
+        for _ in range(200):  # until both instances have served batches
+            futures = [engine.submit("both", x) for _ in range(8)]
+            assert all(f.result(10)["y"][0, 0] == 3.0 for f in futures)
+            if all(p["batches"] for p in model.placements()):
+                break
+        assert [p["device"] for p in model.placements()] == [0, 1]
+        assert all(p["batches"] > 0 for p in model.placements())
+        status = engine.status()
+        charged = status["models"]["both"]["memory"]["charged_bytes_by_device"]
+        assert charged["0"] > 0 and charged["1"] > 0
+        used = {d["id"]: d["used_bytes"] for d in status["devices"]}
+        assert used[1] > used[0] == charged["0"]  # device 1 also holds "second"
+    assert acl.leaks() == {}
+    teardown = [(name, args) for name, args in acl.trace if name in ("rt.destroy_context",
+                "rt.reset_device", "finalize")]  # fmt: skip
+    for device in (0, 1):
+        reset = teardown.index(("rt.reset_device", (device,)))
+        destroyed = [
+            i for i, (name, args) in enumerate(teardown)
+            if name == "rt.destroy_context" and acl.context_devices[args[0]] == device
+        ]  # fmt: skip
+        assert len(destroyed) == (1 if device == 0 else 2)
+        assert max(destroyed) < reset
+    assert teardown[-1][0] == "finalize"
+
+
+def test_a_budget_on_one_device_evicts_only_there(tmp_path: Path) -> None:
+    """Two devices with budgets for two models each: a model loaded on device 0 evicts device
+    0's least recently used idle model, never device 1's (even when it is older)."""
+    acl = FakeAcl(devices=2)
+    sys.modules["acl"] = acl
+    try:
+        write_model(tmp_path / "affine.om", **AFFINE)
+        models = [
+            raw_model(name, "affine.om", max_batch=4, evictable=True, device=device,
+                      preload=name != "d")
+            for name, device in (("c", 1), ("a", 0), ("b", 0), ("d", 0))
+        ]  # fmt: skip
+        x = np.ones((1, 4), np.float32)
+        with Engine(load_config(two_devices(tmp_path, models, budget_mb=3))) as engine:
+            for name in ("c", "a", "b"):  # c (device 1) is the oldest; a is device 0's
+                engine.infer(name, x, timeout_s=10)
+            assert engine.infer("d", x, timeout_s=10)["y"][0, 0] == 3.0
+            deadline = time.monotonic() + 10
+            while "d" not in engine.footprints and time.monotonic() < deadline:
+                time.sleep(0.01)
+            states = {n: engine.model(n).state.value for n in "abcd"}
+            assert states == {"a": "UNLOADED", "b": "READY", "c": "READY", "d": "READY"}
+            used = {d["id"]: d["used_bytes"] for d in engine.status()["devices"]}
+            assert 2 << 20 < used[0] <= 3 << 20 and 1 << 20 < used[1] <= 2 << 20
+        assert acl.leaks() == {}
+    finally:
+        del sys.modules["acl"]

@@ -197,3 +197,54 @@ def test_max_delay_auto_needs_an_slo_and_batches(tmp_path: Path) -> None:
         assert any("max_delay_ms: auto needs health.slo_p99_ms" in why for _, why in found), found
     found = problems(write_config(tmp_path, [classify(max_delay_ms="soon")]))
     assert found and found[0][0].startswith("models[0].max_delay_ms"), found
+
+
+def test_a_model_on_several_devices_places_its_instances_in_turn(tmp_path: Path) -> None:
+    devices = [{"id": 0, "kind": "cpu"}, {"id": 1, "kind": "cpu"}]
+    path = write_config(tmp_path, [classify(device=[1, 0], instances=3)], devices=devices)
+    model = load_config(path).models["classify"].config
+    assert model.device_ids == (1, 0)
+    assert [model.instance_device(i) for i in range(3)] == [1, 0, 1]
+
+
+def test_device_placement_mistakes_name_the_field(tmp_path: Path) -> None:
+    devices = [{"id": 0, "kind": "cpu"}, {"id": 1, "kind": "ascend"}, {"id": 2, "kind": "cpu"}]
+
+    def found(**entry: object) -> list[tuple[str, str]]:
+        return problems(write_config(tmp_path, [classify(**entry)], devices=devices))
+
+    assert found(device=[0, 3]) == [("models[0].device", "no device with id 3 in 'devices'")]
+    (where, why), *_ = found(device=[0, 1])
+    assert where == "models[0].device" and "different kinds ['ascend', 'cpu']" in why
+    (where, why), *_ = found(device=[0, 0])
+    assert where == "models[0]" and "device lists a device twice" in why
+    (where, why), *_ = found(device=[])
+    assert where.startswith("models[0].device")
+
+
+def test_device_cores_mistakes_name_the_field(tmp_path: Path) -> None:
+    from worker.thread_budget import usable_cores
+
+    first = usable_cores()[0]
+
+    def found(*devices: dict[str, object]) -> list[tuple[str, str]]:
+        return problems(write_config(tmp_path, [classify()], devices=list(devices)))
+
+    assert found({"id": 0, "cores": [first]}, {"id": 1, "cores": [first]}) == [
+        ("devices[1].cores", f"core {first} is already device 0's")
+    ]
+    assert found({"id": 0, "cores": [4096]})[0][0] == "devices[0].cores"
+    assert "not one this process may run on" in found({"id": 0, "cores": [4096]})[0][1]
+    (where, why), *_ = found({"id": 0, "kind": "ascend", "cores": [first]})
+    assert where == "devices[0]" and "cores is for cpu devices" in why
+    assert found({"id": 0}, {"id": 0}) == [("devices[1].id", "device id 0 is used twice")]
+
+
+def test_a_pinned_devices_thread_budget_is_its_cores(tmp_path: Path) -> None:
+    from worker.thread_budget import usable_cores
+
+    devices = [{"id": 0, "cores": usable_cores()[:1]}]
+    found = problems(write_config(tmp_path, [classify(intra_op_threads=2)], devices=devices))
+    assert found == [
+        ("models[0].intra_op_threads", "2 is above the thread budget of 1 cores of device 0")
+    ]

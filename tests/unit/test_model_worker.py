@@ -65,7 +65,7 @@ def serve(executor: type[Executor], max_batch: int, instances: int = 1) -> Serve
         max_delay_s=0.0,
         queue_size=100,
     )
-    model = ServedModel(spec, OrtBackend(), gate=None)
+    model = ServedModel(spec, OrtBackend(), gates=None)
     model.load()
     return model
 
@@ -218,7 +218,7 @@ def test_an_operator_unload_answers_requests_waiting_for_a_load(
     answers it, and from then on requests are refused at once (never queued and stranded)."""
     wanted: list[str] = []
     spec = ModelSpec(name="m", task="test", executor=gated, params=NoParams(), files={})
-    model = ServedModel(spec, OrtBackend(), gate=None, on_demand=lambda m: wanted.append("load"))
+    model = ServedModel(spec, OrtBackend(), gates=None, on_demand=lambda m: wanted.append("load"))
     waiting = submit(model, "r1")
     assert wanted == ["load"] and model.pending == 1
     assert model.unload() == 1
@@ -242,7 +242,7 @@ def test_requests_during_a_reinitialization_wait_or_fail_as_configured(
     spec = ModelSpec(
         name="m", task="test", executor=gated, params=NoParams(), files={}, health=health
     )
-    model = ServedModel(spec, OrtBackend(), gate=None)
+    model = ServedModel(spec, OrtBackend(), gates=None)
     model.load()
     restart = threading.Thread(target=model.reinitialize, args=("test", threading.Event()))
     restart.start()

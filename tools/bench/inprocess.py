@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.config import LoadedConfig, load_config
-from supervisor.engine import plan_for
+from supervisor.engine import HOST, plan_for
 from supervisor.image_files import read_image
 from supervisor.memory import tune_heap
 from tools.bench.answers import summary
@@ -119,7 +119,7 @@ def engine(spec: dict[str, Any]) -> dict[str, Any]:
     with the supervisor's thread plan and compute gate."""
     loaded = load_config(spec["config"])
     names = [m["name"] for m in spec["models"]]
-    plan = plan_for(loaded, names)
+    plan = plan_for(loaded, names)[HOST]  # (the demo config has one unpinned cpu device)
     cpu = next((d for d in loaded.config.devices if d.kind == "cpu"), None)
     gate = ComputeGate(plan.budget, cpu.overdraft if cpu is not None else 1)
     workers: list[tuple[str, Executor]] = [

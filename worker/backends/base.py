@@ -37,7 +37,8 @@ class SessionSettings:
 
     intra_op_threads: int
     gate: GateMember | None = None  # its model's place at the device's compute gate
-    device: int = 0  # the accelerator the model runs on (ACL; ORT's provider options decide)
+    device: int = 0  # the device the instance runs on (ACL's device id; ORT's CUDA and CANN)
+    cores: tuple[int, ...] = ()  # a cpu device's own cores, its threads pinned there
     device_room_bytes: int | None = None  # device memory the model may still take (budgets)
     varying_shapes: bool = False  # its input shapes change from request to request
 
@@ -46,13 +47,14 @@ class NotEnoughDeviceMemory(RuntimeError):
     """A model's own size estimate (ACL ``query_size``) does not fit the room its budgets leave;
     raised before anything is allocated, so the engine can make room and try again."""
 
-    def __init__(self, path: Path, needed: int, room: int) -> None:
+    def __init__(self, path: Path, needed: int, room: int, device: int = 0) -> None:
         super().__init__(
             f"{path.name} needs {needed / 2**20:.2f} MB of device memory (query_size: work + "
-            f"weights), and its budgets leave {room / 2**20:.2f} MB"
+            f"weights), and its budgets leave {room / 2**20:.2f} MB on device {device}"
         )
         self.needed = needed
         self.room = room
+        self.device = device
 
 
 class HostBuffers:

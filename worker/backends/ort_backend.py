@@ -55,6 +55,7 @@ _SHRINK_MODEL = bytes.fromhex(
 )
 _shrinker: Any = None
 _CPU = "CPUExecutionProvider"
+DEVICE_PROVIDERS = frozenset({"CUDAExecutionProvider", "CANNExecutionProvider"})
 
 
 # The only keys onnxruntime-cann 1.24 accepts; any other key makes the provider fail to start and
@@ -306,11 +307,20 @@ class OrtBackend(Backend):
             _register_shared_cpu_arena(ort)
             so.add_session_config_entry("session.use_env_allocators", "1")
         so.log_severity_level = 3
+        if settings.cores and settings.intra_op_threads > 1:
+            # every intra-op thread but the caller's (already pinned) on the device's cores;
+            # onnxruntime counts processors from 1
+            cores = ",".join(str(c + 1) for c in settings.cores)
+            affinities = ";".join([cores] * (settings.intra_op_threads - 1))
+            so.add_session_config_entry("session.intra_op_thread_affinities", affinities)
         so.add_session_config_entry(
             "session.intra_op.allow_spinning", "1" if opts.allow_spinning else "0"
         )
         provider_options = [
-            provider_options_for(p, opts.provider_options.get(p, {})) for p in providers
+            provider_options_for(
+                p, provider_device_options(p, opts.provider_options.get(p, {}), settings)
+            )
+            for p in providers
         ]
         session = ort.InferenceSession(
             str(path), sess_options=so, providers=providers, provider_options=provider_options
@@ -321,6 +331,16 @@ class OrtBackend(Backend):
                 f"{path.name}: asked for {providers[0]} but onnxruntime runs it on {in_use}"
             )
         return OrtSession(path, session, settings.intra_op_threads, settings)
+
+
+def provider_device_options(
+    provider: str, given: dict[str, Any], settings: SessionSettings
+) -> dict[str, Any]:
+    """An accelerator provider's options with the instance's device as its ``device_id``
+    (``models[].device``), unless the config names one."""
+    if provider in DEVICE_PROVIDERS and "device_id" not in given:
+        return {**given, "device_id": settings.device}
+    return given
 
 
 def _register_shared_cpu_arena(ort: Any) -> None:
