@@ -1,0 +1,81 @@
+"""Every shell command the documents give is run here, or says why not.
+
+The commands are the lines of the ``bash`` code blocks of ``README.md`` and ``docs/*.md`` (the
+Chinese twins carry the same blocks: ``tests/unit/test_docs.py``). Each must match an entry of
+``RUN`` (it is run from the repository root and must exit 0) or of ``NOT_RUN`` (with the reason:
+it needs a card, or another test or CI itself runs it). A command that matches neither fails
+this test: a new command in the docs is either run here or said why not.
+``docs/adding-a-model.md`` is left out: ``tests/integration/test_adding_a_model.py`` runs every
+block of that guide.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+
+import pytest
+
+from tests.integration.harness import ROOT
+
+pytestmark = pytest.mark.integration
+FENCE = re.compile(r"^(```+)(bash|sh)[^\n]*\n(.*?)^\1[ \t]*$", re.S | re.M)
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+SKIPPED_PAGES = {ROOT / "docs" / "adding-a-model.md"}
+
+# (a regular expression the whole command matches, the seconds it may take)
+RUN: list[tuple[str, float]] = [
+    (r"make models", 600),
+    (r"make demo", 600),
+    (r"\.venv/bin/duomo check", 60),
+    (r"\.venv/bin/duomo check -c configs/ascend-\w+\.yaml", 60),
+]
+# (a regular expression the whole command matches, why it is not run here)
+NOT_RUN: list[tuple[str, str]] = [
+    (r"make test", "it is what CI runs (.ci/run), this test among its tests"),
+    (r"make lint", "make test runs it first, in CI"),
+    (r"\.venv/bin/pytest tests(/unit)?", "make test runs the whole suite, in CI"),
+    (r"\.venv/bin/pytest tests/hardware -v", "needs an Ascend card (skipped without one)"),
+    (r"make bench", "20–25 minutes; test_bench.py runs `duomo bench` on the smoke workload"),
+    (r"\.venv/bin/python tools/atc_convert\.py .*", "needs CANN's ATC, on an Ascend machine"),
+    (r"\.venv/bin/python tools/ascend_smoke\.py .*", "needs .om files and an Ascend card"),
+    (r"\.venv/bin/duomo start -c configs/ascend-\w+\.yaml", "needs an Ascend card"),
+]
+
+
+def doc_commands() -> list[tuple[str, str]]:
+    """(page, command) for every command line of every bash block."""
+    found = []
+    for page in PAGES:
+        if page in SKIPPED_PAGES:
+            continue
+        for block in FENCE.finditer(page.read_text("utf-8")):
+            for line in block.group(3).splitlines():
+                command = line.split(" #", 1)[0].strip()
+                if command and not command.startswith("#"):
+                    found.append((str(page.relative_to(ROOT)), command))
+    return found
+
+
+COMMANDS = doc_commands()
+
+
+def test_the_documents_give_commands() -> None:
+    assert len(COMMANDS) >= 10
+
+
+@pytest.mark.parametrize(("page", "command"), COMMANDS, ids=[c for _, c in COMMANDS])
+def test_every_command_is_run_or_says_why_not(page: str, command: str) -> None:
+    if any(re.fullmatch(pattern, command) for pattern, _why in NOT_RUN):
+        return
+    timeout = next((t for pattern, t in RUN if re.fullmatch(pattern, command)), None)
+    assert timeout is not None, (
+        f"{page}: {command!r} is neither run by this test nor said why not (RUN / NOT_RUN)"
+    )
+    done = subprocess.run(
+        shlex.split(command), cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
+    assert done.returncode == 0, (
+        f"{page}: {command!r} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+    )
