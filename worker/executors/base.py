@@ -133,7 +133,9 @@ class Executor(ABC):
                         f"max_batch {max_batch} is above the {session.max_rows} rows "
                         f"{session.path.name} takes per run; lower max_batch or rebuild the model"
                     )
-            return cls(params, sessions, max_batch)
+            executor = cls(params, sessions, max_batch)
+            executor.device = settings.device
+            return executor
         except BaseException:
             for session in sessions.values():
                 session.close()
@@ -146,6 +148,7 @@ class Executor(ABC):
         self.sessions = sessions
         self.max_batch = max_batch
         self.warmup_costs: dict[int, float] = {}  # batch size -> seconds its warm-up run took
+        self.device = 0  # the device its instance runs on (set by ``open``)
 
     @abstractmethod
     def prepare(self, payload: Any) -> Any:
