@@ -1,0 +1,85 @@
+"""The documents keep in step: every English page has its Chinese twin with the same headings
+and the same fenced code blocks, each links the other, and every relative link (and its
+``#anchor``) resolves.
+
+The pages: ``README.md`` ↔ ``README.zh-CN.md``, and each ``docs/NAME.md`` ↔ ``docs/zh/NAME.md``.
+Anchors follow GitHub's rule: the heading lower-cased, punctuation other than ``-`` and ``_``
+dropped (CJK characters kept), spaces made ``-``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+ENGLISH = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FENCE = re.compile(r"^(```+)[^\n]*\n.*?^\1[ \t]*$", re.S | re.M)
+HEADING = re.compile(r"^(#{1,6}) (.+?)[ \t]*$", re.M)
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def twin(page: Path) -> Path:
+    if page == ROOT / "README.md":
+        return ROOT / "README.zh-CN.md"
+    return page.parent / "zh" / page.name
+
+
+def without_code(text: str) -> str:
+    return FENCE.sub("", text)
+
+
+def headings(text: str) -> list[str]:
+    """Each heading's level (``##``), in order."""
+    return [m.group(1) for m in HEADING.finditer(without_code(text))]
+
+
+def anchors(text: str) -> set[str]:
+    found = set()
+    for m in HEADING.finditer(without_code(text)):
+        title = re.sub(r"`|\*\*?", "", m.group(2)).strip().lower()
+        found.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return found
+
+
+def relative_links(page: Path) -> list[str]:
+    return [
+        link
+        for link in LINK.findall(without_code(page.read_text("utf-8")))
+        if not re.match(r"[a-z]+:", link)
+    ]
+
+
+@pytest.mark.parametrize("page", ENGLISH, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_page_has_a_chinese_twin_in_step(page: Path) -> None:
+    chinese = twin(page)
+    assert chinese.is_file(), f"{chinese.relative_to(ROOT)} is missing"
+    en, zh = page.read_text("utf-8"), chinese.read_text("utf-8")
+    assert headings(zh) == headings(en), "the same headings, level by level"
+    en_blocks = [m.group(0) for m in FENCE.finditer(en)]
+    zh_blocks = [m.group(0) for m in FENCE.finditer(zh)]
+    assert zh_blocks == en_blocks, "the same fenced code blocks, in the same order"
+    back = Path("..") / page.name if page.parent != ROOT else Path(page.name)
+    assert any(Path(link.partition("#")[0]) == back for link in relative_links(chinese)), (
+        f"{chinese.relative_to(ROOT)} links back to {back}"
+    )
+    there = chinese.relative_to(page.parent)
+    assert any(Path(link.partition("#")[0]) == there for link in relative_links(page)), (
+        f"{page.relative_to(ROOT)} links to {there}"
+    )
+
+
+@pytest.mark.parametrize(
+    "page",
+    [p for p in (*ENGLISH, *map(twin, ENGLISH)) if p.is_file()],
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
+def test_every_relative_link_resolves(page: Path) -> None:
+    for link in relative_links(page):
+        path, _, fragment = link.partition("#")
+        target = (page.parent / path).resolve() if path else page
+        assert target.exists(), f"{link}: no such file"
+        if fragment and target.suffix == ".md":
+            assert fragment in anchors(target.read_text("utf-8")), f"{link}: no such heading"
