@@ -3,19 +3,23 @@
 Called by the CLI (``duomo check``, ``duomo infer``, later ``duomo start``) and the engine.
 
 ``load_config(path)`` returns a validated ``DuomoConfig`` or raises ``ConfigError`` whose lines each
-name the file, the field path (``models[1].max_batch``) and the reason. Checked here: unknown keys
-(at every level, executor params included), types and ranges, unique model names, known devices,
-known tasks with the model-file roles they need, and that every model file exists. Relative paths
-are resolved against ``model_root``, itself relative to the config file's folder (default: the
-config file's folder).
+name the file, the field path and the reason. A model's fields are named by its name
+(``models[ocr].max_batch``), or by its index (``models[2].max_batch``) when the entry has no
+name that tells it apart (missing, not a string, not a valid name, all digits, or used twice).
+Checked here: unknown keys (at every level, executor params included), types and ranges, unique
+model names, known devices, known tasks with the model-file roles they need, and that every
+model file exists. Relative paths are resolved against ``model_root``, itself relative to the
+config file's folder (default: the config file's folder).
 """
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeGuard
 
 import yaml
 from pydantic import Field, ValidationError, model_validator
@@ -184,12 +188,39 @@ def field_path(loc: Sequence[int | str]) -> str:
     return out or "(top level)"
 
 
+def _model_labels(names: Sequence[object]) -> list[str]:
+    """How each ``models`` entry is named in a field path, from the entries' ``name`` values:
+    the name when it is a valid name that no other entry has and that cannot be read as an
+    index (all digits), else the entry's index."""
+    counts = Counter(n for n in names if isinstance(n, str))
+
+    def tells_apart(name: object) -> TypeGuard[str]:
+        return (
+            isinstance(name, str) and counts[name] == 1 and not name.isdigit()
+            and re.fullmatch(NAME_PATTERN, name) is not None
+        )  # fmt: skip
+
+    return [n if tells_apart(n) else str(i) for i, n in enumerate(names)]
+
+
+def _raw_labels(raw: dict[str, Any]) -> list[str]:
+    """``_model_labels`` of the file's ``models`` entries, before they are validated."""
+    entries = raw.get("models")
+    if not isinstance(entries, list):
+        return []
+    return _model_labels([e.get("name") if isinstance(e, dict) else None for e in entries])
+
+
 def _pydantic_problems(
-    err: ValidationError, prefix: Sequence[int | str] = ()
+    err: ValidationError, prefix: Sequence[int | str] = (), labels: Sequence[str] = ()
 ) -> list[tuple[str, str]]:
+    """``labels``: the ``models`` entries' (``_model_labels``), for errors located in them."""
     problems = []
     for e in err.errors(include_url=False):
         loc = [p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
+        if loc[:1] == ["models"] and len(loc) > 1 and isinstance(loc[1], int):
+            label = labels[loc[1]] if loc[1] < len(labels) else loc[1]
+            loc = [f"models[{label}]", *loc[2:]]
         message = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             message = "unknown key (check the spelling)"
@@ -219,7 +250,7 @@ def load_config(path: str | Path, unbuilt_om_ok: bool = False) -> LoadedConfig:
     try:
         config = DuomoConfig.model_validate(raw)
     except ValidationError as err:
-        raise ConfigError(path, _pydantic_problems(err)) from None
+        raise ConfigError(path, _pydantic_problems(err, labels=_raw_labels(raw))) from None
     problems = _device_problems(config)
     models, model_problems = _resolve_models(path, config)
     problems.extend(model_problems)
@@ -241,8 +272,9 @@ def _resolve_models(
     root = (path.parent / config.model_root) if config.model_root else path.parent
     problems: list[tuple[str, str]] = []
     models: dict[str, ResolvedModel] = {}
-    for i, model in enumerate(config.models):
-        where = f"models[{i}]"
+    labels = _model_labels([m.name for m in config.models])
+    for label, model in zip(labels, config.models):
+        where = f"models[{label}]"
         if model.name in models:
             problems.append((f"{where}.name", f"duplicate model name {model.name!r}"))
             continue
@@ -255,7 +287,7 @@ def _resolve_models(
         try:
             params = executor.Params.model_validate(model.params)
         except ValidationError as err:
-            problems.extend(_pydantic_problems(err, (*_loc(where), "params")))
+            problems.extend(_pydantic_problems(err, (where, "params")))
             continue
         params, missing = _resolve_param_paths(params, path.parent)
         problems.extend((f"{where}.params.{name}", why) for name, why in missing)
@@ -396,9 +428,3 @@ def _resolve_param_paths(
             if not resolved.is_file():
                 missing.append((name, f"file not found: {resolved}"))
     return params.model_copy(update=updates), missing
-
-
-def _loc(where: str) -> list[int | str]:
-    # "models[3]" -> ["models", 3]
-    name, _, index = where.partition("[")
-    return [name, int(index.rstrip("]"))]

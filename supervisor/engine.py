@@ -634,7 +634,9 @@ class Engine:
 
     @staticmethod
     def _signature(resolved: ResolvedModel) -> tuple[Any, ...]:
-        """What a model was built from: its entry and its files' sizes and times."""
+        """What a model was built from: its entry, its executor class and its files' sizes and
+        times. A user's executor module whose file changed is imported again by the config
+        loader (``resolve_executor``), so its class is a new object and the model a changed one."""
 
         def stamp(path: Path) -> tuple[int, int]:
             try:
@@ -644,7 +646,7 @@ class Engine:
             return (st.st_size, st.st_mtime_ns)
 
         files = tuple(sorted((role, str(p), stamp(p)) for role, p in resolved.files.items()))
-        return (resolved.config, files)
+        return (resolved.config, resolved.executor, files)
 
     def _resolved(self, name: str) -> ResolvedModel:
         return self.loaded.models[name]

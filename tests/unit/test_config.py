@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -53,24 +54,24 @@ def test_valid_config_loads_with_defaults_and_absolute_paths(tmp_path: Path) -> 
 
 def test_typo_is_rejected_with_field_path(tmp_path: Path) -> None:
     found = problems(write_config(tmp_path, [classify(max_bach=4)]))
-    assert found == [("models[0].max_bach", "unknown key (check the spelling)")]
+    assert found == [("models[classify].max_bach", "unknown key (check the spelling)")]
 
 
 def test_wrong_type_is_rejected_with_field_path(tmp_path: Path) -> None:
     found = problems(write_config(tmp_path, [classify(), classify(name="b", max_batch="eight")]))
-    assert [where for where, _ in found] == ["models[1].max_batch"]
+    assert [where for where, _ in found] == ["models[b].max_batch"]
     assert "integer" in found[0][1]
 
 
 def test_missing_model_file_names_the_path(tmp_path: Path) -> None:
     found = problems(write_config(tmp_path, [classify(file="nowhere/missing.onnx")]))
-    assert found[0][0] == "models[0].file"
+    assert found[0][0] == "models[classify].file"
     assert str(tmp_path / "nowhere" / "missing.onnx") in found[0][1]
 
 
 def test_executor_params_are_strict_too(tmp_path: Path) -> None:
     found = problems(write_config(tmp_path, [classify(params={"top_kk": 3})]))
-    assert found == [("models[0].params.top_kk", "unknown key (check the spelling)")]
+    assert found == [("models[classify].params.top_kk", "unknown key (check the spelling)")]
 
 
 def test_backend_options_typo(tmp_path: Path) -> None:
@@ -94,9 +95,28 @@ def test_unknown_task_duplicate_name_and_wrong_roles(tmp_path: Path) -> None:
             )
         )
     )
-    assert "duplicate" in found["models[1].name"]
-    assert "unknown task 'segmentation'" in found["models[2].task"]
-    assert "det" in found["models[3].file"]
+    assert "duplicate" in found["models[1].name"]  # a name used twice tells nothing apart
+    assert "unknown task 'segmentation'" in found["models[x].task"]
+    assert "det" in found["models[o].file"]
+
+
+def test_a_model_is_named_by_its_name_or_by_its_index_without_a_usable_one(
+    tmp_path: Path,
+) -> None:
+    def wheres(*models: Any) -> list[str]:
+        return [where for where, _ in problems(write_config(tmp_path, list(models)))]
+
+    assert wheres(classify(), classify(name="ocr", max_bach=4)) == ["models[ocr].max_bach"]
+    assert wheres(classify(), {"task": "raw", "file": "a.onnx"}) == ["models[1].name"]  # missing
+    assert wheres(classify(name=7)) == ["models[0].name"]  # not a string
+    assert wheres(classify(name="no spaces", max_bach=1)) == [
+        "models[0].name",  # not a valid name: the index says which entry
+        "models[0].max_bach",
+    ]
+    assert wheres(classify(name="7", max_bach=1)) == ["models[0].max_bach"]  # reads as an index
+    assert wheres(classify(), "just a string") == ["models[1]"]  # not even a mapping
+    # the loader's own checks, after the schema's, name the model too
+    assert wheres(classify(name="ocr", device=3)) == ["models[ocr].device"]
 
 
 def test_model_root_is_relative_to_the_config_file(tmp_path: Path) -> None:
@@ -112,6 +132,29 @@ def test_user_executor_class_from_the_config_folder(tmp_path: Path) -> None:
     )
     path = write_config(tmp_path, [{"name": "d", "task": "my_tasks:Doubler", "file": "a.onnx"}])
     assert load_config(path).models["d"].executor.__name__ == "Doubler"
+
+
+def test_a_user_task_that_cannot_be_resolved_says_why(tmp_path: Path) -> None:
+    (tmp_path / "own_tasks.py").write_text(
+        "from worker.executors.raw import RawExecutor\n"
+        "class Doubler(RawExecutor):\n    pass\n"
+        "class NotOne:\n    pass\n"
+    )
+    (tmp_path / "broken_tasks.py").write_text("import no_such_dependency_anywhere\n")
+
+    def why(task: str) -> str:
+        entry = {"name": "d", "task": task, "file": "a.onnx"}
+        ((where, reason),) = problems(write_config(tmp_path, [entry]))
+        assert where == "models[d].task"
+        return reason
+
+    assert why("own_tasks:Doubler2") == "module own_tasks has no class Doubler2"
+    assert why("own_tasks:NotOne") == "'own_tasks:NotOne' is not an Executor subclass"
+    assert why("own_taskz:Doubler").startswith("executor module own_taskz not found")
+    assert why("own_tasks.sub:Doubler").startswith("executor module own_tasks.sub not found")
+    broken = why("broken_tasks:Doubler")  # found, but what it imports is not
+    assert broken.startswith("cannot import executor module broken_tasks:"), broken
+    assert "no_such_dependency_anywhere" in broken
 
 
 def test_invalid_yaml_and_non_mapping(tmp_path: Path) -> None:
@@ -130,7 +173,7 @@ def test_check_command_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[
     bad.write_text(yaml.safe_dump({"models": [classify(max_batch=0)]}))
     assert main(["check", "-c", str(bad)]) == 2
     err = capsys.readouterr().err
-    assert f"{bad}: models[0].max_batch:" in err
+    assert f"{bad}: models[classify].max_batch:" in err
 
 
 def test_path_params_resolve_against_the_config_folder(tmp_path: Path) -> None:
@@ -139,7 +182,7 @@ def test_path_params_resolve_against_the_config_folder(tmp_path: Path) -> None:
     params = load_config(path).models["classify"].params
     assert params.labels == tmp_path / "labels.txt"  # type: ignore[attr-defined]
     found = problems(write_config(tmp_path, [classify(params={"labels": "nope.txt"})]))
-    assert found[0][0] == "models[0].params.labels" and "not found" in found[0][1]
+    assert found[0][0] == "models[classify].params.labels" and "not found" in found[0][1]
 
 
 def test_thread_override_above_the_budget(tmp_path: Path) -> None:
@@ -150,7 +193,9 @@ def test_thread_override_above_the_budget(tmp_path: Path) -> None:
             backends={"onnxruntime": {"thread_budget": 2}},
         )
     )
-    assert found == [("models[0].intra_op_threads", "16 is above the thread budget of 2 cores")]
+    assert found == [
+        ("models[classify].intra_op_threads", "16 is above the thread budget of 2 cores")
+    ]
 
 
 def test_unavailable_provider_is_a_config_error(tmp_path: Path) -> None:
@@ -196,7 +241,7 @@ def test_max_delay_auto_needs_an_slo_and_batches(tmp_path: Path) -> None:
         found = problems(write_config(tmp_path, [classify(**wrong)]))
         assert any("max_delay_ms: auto needs health.slo_p99_ms" in why for _, why in found), found
     found = problems(write_config(tmp_path, [classify(max_delay_ms="soon")]))
-    assert found and found[0][0].startswith("models[0].max_delay_ms"), found
+    assert found and found[0][0].startswith("models[classify].max_delay_ms"), found
 
 
 def test_a_model_on_several_devices_places_its_instances_in_turn(tmp_path: Path) -> None:
@@ -213,13 +258,13 @@ def test_device_placement_mistakes_name_the_field(tmp_path: Path) -> None:
     def found(**entry: object) -> list[tuple[str, str]]:
         return problems(write_config(tmp_path, [classify(**entry)], devices=devices))
 
-    assert found(device=[0, 3]) == [("models[0].device", "no device with id 3 in 'devices'")]
+    assert found(device=[0, 3]) == [("models[classify].device", "no device with id 3 in 'devices'")]
     (where, why), *_ = found(device=[0, 1])
-    assert where == "models[0].device" and "different kinds ['ascend', 'cpu']" in why
+    assert where == "models[classify].device" and "different kinds ['ascend', 'cpu']" in why
     (where, why), *_ = found(device=[0, 0])
-    assert where == "models[0]" and "device lists a device twice" in why
+    assert where == "models[classify]" and "device lists a device twice" in why
     (where, why), *_ = found(device=[])
-    assert where.startswith("models[0].device")
+    assert where.startswith("models[classify].device")
 
 
 def test_device_cores_mistakes_name_the_field(tmp_path: Path) -> None:
@@ -246,5 +291,5 @@ def test_a_pinned_devices_thread_budget_is_its_cores(tmp_path: Path) -> None:
     devices = [{"id": 0, "cores": usable_cores()[:1]}]
     found = problems(write_config(tmp_path, [classify(intra_op_threads=2)], devices=devices))
     assert found == [
-        ("models[0].intra_op_threads", "2 is above the thread budget of 1 cores of device 0")
+        ("models[classify].intra_op_threads", "2 is above the thread budget of 1 cores of device 0")
     ]
