@@ -181,6 +181,38 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# the model table of ``duomo status``: (title, alignment, least width); a column grows to its
+# widest cell (a long model name, a model on many devices), so the table stays aligned
+STATUS_COLUMNS = (
+    ("model", "<", 12), ("state", "<", 14), ("dev", "<", 5), ("inst", ">", 4),
+    ("queue", ">", 5), ("busy", ">", 4), ("ok", ">", 7), ("errors", ">", 6),
+    ("p50 ms", ">", 8), ("p99 ms", ">", 8), ("MiB", ">", 6), ("rst", ">", 3),
+    ("share", ">", 11), ("batches", "<", 0),
+)  # fmt: skip
+
+
+def _aligned(
+    columns: Sequence[tuple[str, str, int]], rows: Sequence[tuple[list[str], str | None]]
+) -> list[str]:
+    """The title line and one line per row, each followed by its note line if it has one;
+    columns one space apart (two before the last), as wide as their widest cell."""
+    widths = [
+        max(least, len(title), *(len(cells[i]) for cells, _ in rows))
+        for i, (title, _, least) in enumerate(columns)
+    ]
+
+    def line(cells: Sequence[str]) -> str:
+        shown = [f"{c:{a}{w}}" for c, (_, a, _), w in zip(cells, columns, widths)]
+        return (" ".join(shown[:-1]) + "  " + shown[-1]).rstrip()
+
+    out = [line([title for title, _, _ in columns])]
+    for cells, note in rows:
+        out.append(line(cells))
+        if note is not None:
+            out.append(note)
+    return out
+
+
 def render_status(status: dict[str, Any]) -> str:
     rss_mb = status["rss_bytes"] / 2**20
     lines = [
@@ -199,10 +231,7 @@ def render_status(status: dict[str, Any]) -> str:
             f"device {device['id']} ({device['kind']}{pinned}{budget_note}): "
             f"{device['used_bytes'] / 2**20:.0f} MiB charged to loaded models{limit}{size}"
         )
-    lines.append(
-        f"{'model':<12} {'state':<14} {'dev':<5} {'inst':>4} {'queue':>5} {'busy':>4} {'ok':>7} "
-        f"{'errors':>6} {'p50 ms':>8} {'p99 ms':>8} {'MiB':>6} {'rst':>3} {'share':>11}  batches"
-    )
+    rows: list[tuple[list[str], str | None]] = []  # a model's cells, and its last error
     for name, m in status["models"].items():
         ok = m["outcomes"].get("ok", 0)
         total = m.get("latency", {}).get("total", {})
@@ -212,14 +241,15 @@ def render_status(status: dict[str, Any]) -> str:
         compute = m.get("compute") or {"share": 0.0, "weight": 1.0}
         share = f"{compute['share']:.0%} (w {compute['weight']:g})"
         devices = ",".join(str(d) for d in m.get("devices") or [0])
-        lines.append(
-            f"{name:<12} {m['state']:<14} {devices:<5} {m['instances']:>4} {m['queue_depth']:>5} "
-            f"{m['in_flight']:>4} {ok:>7} {m['requests'] - ok:>6} "
-            f"{total.get('p50_ms', 0):>8.1f} {total.get('p99_ms', 0):>8.1f} {size:>6} "
-            f"{m.get('restarts_in_window', 0):>3} {share:>11}  {batches}"
-        )
-        if m.get("last_error") and m["state"] != "READY":
-            lines.append(f"  {name}: {m['last_error']}")
+        cells = [
+            name, m["state"], devices, str(m["instances"]), str(m["queue_depth"]),
+            str(m["in_flight"]), str(ok), str(m["requests"] - ok),
+            f"{total.get('p50_ms', 0):.1f}", f"{total.get('p99_ms', 0):.1f}", size,
+            str(m.get("restarts_in_window", 0)), share, batches,
+        ]  # fmt: skip
+        error = m.get("last_error") if m["state"] != "READY" else None
+        rows.append((cells, f"  {name}: {error}" if error else None))
+    lines += _aligned(STATUS_COLUMNS, rows)
     limits = status.get("limits") or {}
     if limits:
         lines.append(

@@ -8,7 +8,9 @@ by ``supervisor/cli.py``'s ``cmd_status``.
   (a new process, its counters back at zero) is picked up again.
 - On a terminal the view is a rich ``Live`` on the alternate screen; stdin is put in cbreak
   mode so ``q`` quits at once. Otherwise each poll prints one plain-text frame (the same
-  layout without colour, its bars and rules in ASCII) for pipes and logs.
+  layout without colour, its bars and rules in ASCII, as wide as its model table) for pipes
+  and logs. On a terminal too narrow for the model table, long model names fold onto more
+  lines first.
 - ``q``, Ctrl-C and SIGTERM all end with exit 0, and every exit path restores the terminal.
 """
 
@@ -31,7 +33,7 @@ from types import FrameType
 from typing import Any
 
 from rich.box import SIMPLE_HEAD, Box
-from rich.console import Console, Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
@@ -40,7 +42,9 @@ from ipc.client import Client
 from ipc.errors import DuomoError
 
 STATUS_TIMEOUT_S = 5.0  # the longest one poll waits for the supervisor's reply
-PLAIN_WIDTH = 140
+PLAIN_WIDTH = 140  # a plain frame's least width
+UNLIMITED_WIDTH = 10_000  # where a table is measured at its natural width
+NAME_CELLS = 12  # the narrowest a long model name folds to when the model table is too wide
 BAR_CELLS = 8
 CLIENTS_LISTED = 8  # the rest are counted, so that the view fits a terminal
 PLAIN_BOX = Box("    \n    \n -- \n    \n    \n    \n    \n    \n")  # SIMPLE_HEAD in ASCII
@@ -148,7 +152,7 @@ def render(frame: Frame, plain: bool = False) -> RenderableType:
             f"{len(clients)} client(s) attached",
         ),
         Text(),
-        _models_table(s["models"], frame.rates, plain),
+        _FittedModelsTable(s["models"], frame.rates, plain),
     ]
     for name, m in s["models"].items():
         if m.get("last_error"):
@@ -175,9 +179,15 @@ def render(frame: Frame, plain: bool = False) -> RenderableType:
 
 
 def plain_frame(frame: Frame, at: datetime.datetime) -> str:
-    """One frame as plain text: a line with the time, then the view without colour."""
+    """One frame as plain text: a line with the time, then the view without colour, at least
+    ``PLAIN_WIDTH`` wide and as wide as the model table needs (nothing in it is cut)."""
     out = io.StringIO()
-    console = Console(file=out, color_system=None, width=PLAIN_WIDTH, highlight=False)
+    width = PLAIN_WIDTH
+    if frame.status is not None:
+        table = _models_table(frame.status["models"], frame.rates, plain=True)
+        measuring = Console(file=io.StringIO(), width=UNLIMITED_WIDTH)
+        width = max(width, measuring.measure(table).maximum)
+    console = Console(file=out, color_system=None, width=width, highlight=False)
     console.print(render(frame, plain=True))
     lines = [f"-- duomo status at {at.isoformat(timespec='seconds')} --"]
     lines += [line.rstrip() for line in out.getvalue().splitlines()]  # cells are padded
@@ -193,6 +203,26 @@ def _table(plain: bool, *titles: str) -> Table:
     for title in titles:
         table.add_column(title, justify="right" if title in NUMBERS else "left", no_wrap=True)
     return table
+
+
+class _FittedModelsTable:
+    """The model table, fitted to the width it is drawn at: when it is too wide, long model
+    names fold onto more lines (down to ``NAME_CELLS`` wide) before rich cuts every column
+    short, so the numbers stay whole and two long names that begin alike stay apart."""
+
+    def __init__(self, models: dict[str, Any], rates: dict[str, ModelRates], plain: bool) -> None:
+        self.models, self.rates, self.plain = models, rates, plain
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        table = _models_table(self.models, self.rates, self.plain)
+        natural = console.measure(table, options=options.update_width(UNLIMITED_WIDTH))
+        excess = natural.maximum - options.max_width
+        longest = max(map(len, self.models), default=0)
+        if excess > 0 and longest > NAME_CELLS:  # (a fixed width: rich never narrows it alone)
+            name = table.columns[0]
+            name.width, name.no_wrap = max(NAME_CELLS, longest - excess), False
+            name.overflow = "fold"
+        yield table
 
 
 def _models_table(models: dict[str, Any], rates: dict[str, ModelRates], plain: bool) -> Table:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import copy
 import datetime
+import io
 from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 
-from supervisor.status_watch import Frame, ModelRates, model_rates, plain_frame
+from supervisor.status_watch import Frame, ModelRates, model_rates, plain_frame, render
 
 MIB = 2**20
 AT = datetime.datetime(2025, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc)
@@ -103,7 +105,7 @@ def test_plain_frame_shows_the_table_without_escape_codes() -> None:
     assert "pid 100" in lines[1] and "up 1h 02m" in lines[1]
     assert "1 client(s) attached" in lines[1]  # the view's own connection is not counted
     classify = next(line for line in lines if line.startswith("classify"))
-    assert " ".join(classify.split()[:9]) == "classify READY 12.5 30 2 18.7 24.8 0 0"
+    assert " ".join(classify.split()[:10]) == "classify READY 0 12.5 30 2 18.7 24.8 0 0"
     assert "38 MiB" in classify
     face = next(line for line in lines if line.startswith("face "))
     assert "FAILED" in face and "#######. 90 / 100 MiB" in face
@@ -122,9 +124,47 @@ def test_plain_frame_copes_with_missing_optional_fields(devices: list[dict[str, 
     shown["devices"] = [{**d, "budget_bytes": None} for d in devices]
     lines = plain_frame(Frame(Path("/s"), shown), AT).splitlines()
     row = next(line for line in lines if line.startswith("classify"))
-    assert " ".join(row.split()) == "classify READY - 0 0 - - 0 0 - 0 -"
+    assert " ".join(row.split()) == "classify READY 0 - 0 0 - - 0 0 - 0 -"  # (device 0)
 
 
 def test_plain_frame_while_reconnecting() -> None:
     text = plain_frame(Frame(Path("/tmp/d.sock"), problem="no supervisor (no key file)"), AT)
     assert text.splitlines()[1] == "reconnecting to /tmp/d.sock … (no supervisor (no key file))"
+
+
+LONG_NAME = "face-detection-retinaface-r50-1080p-fp16"  # 40 characters
+
+
+def test_a_long_model_name_keeps_the_columns_aligned_and_nothing_is_cut() -> None:
+    assert len(LONG_NAME) == 40
+    shown = status(
+        classify=model(30, 28, inferences=30, executions=15),
+        **{LONG_NAME: model(
+            123456, 5, 5, 5, state="REINITIALIZING", devices=[0, 1, 2, 3],
+            memory={"charged_bytes": 900 * MIB, "budget_bytes": 1000 * MIB},
+        )},
+    )  # fmt: skip
+    rates = {"classify": ModelRates(12.5, 2.0), LONG_NAME: ModelRates(1234.5, 3.0)}
+    frame = Frame(Path("/s"), shown, rates)
+
+    lines = plain_frame(frame, AT).splitlines()  # piped: as wide as the table needs
+    title = next(line for line in lines if line.startswith("model "))
+    rows = [next(line for line in lines if line.startswith(n + " ")) for n in rates]
+    assert "…" not in "".join(rows)
+    assert [row.index(state) for row, state in zip(rows, ("READY", "REINITIALIZING"))] == [
+        title.index("state")
+    ] * 2
+    requests_end = title.index("requests") + len("requests")  # right-aligned
+    assert [row[:requests_end].split()[-1] for row in rows] == ["30", "123456"]
+    assert "1234.5" in rows[1] and "123451" in rows[1] and "900 / 1000 MiB" in rows[1]
+
+    # on a terminal too narrow for it, the long name folds: the numbers stay whole
+    out = io.StringIO()
+    Console(file=out, width=140, color_system=None).print(render(frame))
+    shown_lines = out.getvalue().splitlines()
+    assert max(map(len, shown_lines)) <= 140
+    row = next(line for line in shown_lines if "REINITIALIZING" in line)
+    assert "…" not in row and "1234.5" in row and "123451" in row and "900 / 1000 MiB" in row
+    start = shown_lines.index(row)
+    folded = "".join(line.split(" ")[0] for line in shown_lines[start : start + 3])
+    assert folded == LONG_NAME
