@@ -31,7 +31,7 @@ from tests.integration.harness import (
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 WATCH = [sys.executable, "-m", "supervisor.cli", "status", "--watch"]
-MODEL_ROW = re.compile(r"^classify\s+READY\s+\S+\s+(\d+)\s", re.MULTILINE)  # (requests)
+MODEL_ROW = re.compile(r"^classify\s+READY\s+\S+\s+\S+\s+(\d+)\s", re.MULTILINE)  # (requests)
 FRAME_START = re.compile(r"^(?=-- duomo status at )", re.MULTILINE)
 
 
