@@ -27,7 +27,7 @@ from pydantic import Field, ValidationError, model_validator
 from supervisor.gateways import GatewayConfig
 from supervisor.limits import LimitsConfig
 from supervisor.metrics_http import MetricsConfig
-from worker.backends.acl import AclOptions
+from worker.backends.acl_backend import AclOptions
 from worker.backends.ort_backend import OrtOptions
 from worker.config_model import StrictModel
 from worker.executors import resolve_executor

@@ -44,7 +44,7 @@ def _inspect_onnx(path: Path) -> dict[str, Any]:
 
 
 def _inspect_om(path: Path) -> dict[str, Any]:
-    from worker.backends.acl import AclBackend, atc_sidecar
+    from worker.backends.acl_backend import AclBackend, atc_sidecar
 
     backend = AclBackend()
     try:

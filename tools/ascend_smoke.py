@@ -31,7 +31,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from supervisor.environment import probe
-from worker.backends.acl import AclBackend, AclSession, atc_sidecar
+from worker.backends.acl_backend import AclBackend, AclSession, atc_sidecar
 from worker.backends.base import SessionSettings
 
 TOLERANCE = 2e-2  # fp16 on the AI cores against fp32 on the CPU

@@ -26,7 +26,7 @@ def _om_files() -> list[Path]:
 
 
 def test_every_built_om_matches_its_onnx_on_every_gear() -> None:
-    from worker.backends.acl import AclBackend, atc_sidecar
+    from worker.backends.acl_backend import AclBackend, atc_sidecar
     from worker.backends.base import SessionSettings
     from worker.backends.ort_backend import OrtBackend
 

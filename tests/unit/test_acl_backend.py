@@ -26,7 +26,7 @@ from supervisor.engine import Engine
 from tests.fakes import fake_acl
 from tests.fakes.fake_acl import CONTRACT, FakeAcl, write_model
 from worker.backends import acl_runtime
-from worker.backends.acl import AclBackend
+from worker.backends.acl_backend import AclBackend
 from worker.backends.base import SessionSettings
 from worker.backends.ort_backend import (
     CANN_PROVIDER_KEYS,

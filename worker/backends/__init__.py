@@ -20,7 +20,7 @@ def create_backend(name: str, options: Any) -> Backend:
 
         return OrtBackend(options)
     if name == "acl":
-        from worker.backends.acl import AclBackend
+        from worker.backends.acl_backend import AclBackend
 
         return AclBackend(options)
     raise ValueError(f"unknown backend {name!r}")
