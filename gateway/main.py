@@ -87,7 +87,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[GatewayOptions, int | Non
     parser.add_argument("--regions-dir", type=Path, help="shared-memory registrations (default: "
                         "<socket>.gateway/regions)")  # fmt: skip
     parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="uvloop",
-                        help="the event loop (see tools/bench_http_stack.py)")  # fmt: skip
+                        help="the event loop (see tools/bench/experiments/"
+                        "bench_http_stack.py)")  # fmt: skip
     parser.add_argument("--request-timeout-s", type=float, default=60.0)
     parser.add_argument("--header-timeout-s", type=float, default=10.0)
     parser.add_argument("--body-timeout-s", type=float, default=30.0)
@@ -130,8 +131,9 @@ def keep_request_buffers() -> None:
     """Keep request-sized buffers in glibc's heap (a no-op elsewhere). By default a block over
     128 KiB is mapped on its own and the heap's top is trimmed after a free, so a 720 KB image
     body came as 180 fresh pages faulted in on every request: 0.8 ms of a 2.4 ms round trip
-    (``tools/bench_http_stack.py``, classify with a 400×600 image). Blocks up to half of
-    ``HEAP_KEEP_BYTES`` now come from the heap, which keeps up to ``HEAP_KEEP_BYTES`` free."""
+    (``tools/bench/experiments/bench_http_stack.py``, classify with a 400×600 image). Blocks up to
+    half of ``HEAP_KEEP_BYTES`` now come from the heap, which keeps up to ``HEAP_KEEP_BYTES``
+    free."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):

@@ -6,6 +6,8 @@ Modules: ``workload`` (the workload file), ``answers`` (what counts as a correct
 IPC: weights and the ``engine`` mode), ``producer`` (a load-generating client process),
 ``servers`` (starting and stopping each mode's servers), ``peers`` (Triton's and Mosec's own
 environments; their apps are in ``peer_apps``), ``sampler`` (memory and CPU of a process tree),
-``report`` (JSON, Markdown, PNG) and ``run`` (the phases, and the CLI entry). Results of record
-are kept in ``results/<date>/``.
+``report`` (JSON, Markdown, PNG) and ``run`` (the phases, and the CLI entry). ``results/`` keeps
+the run of record and the runs the docs cite, nothing else. ``experiments`` holds one-off
+measurements behind design decisions (its ``README.md`` says what each measured): not part of
+the product.
 """

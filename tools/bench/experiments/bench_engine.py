@@ -17,8 +17,9 @@ flipping every round, so machine drift hits both alike. Overhead is ``1 - engine
 The engine's result for the image must equal the direct one (top-1 label, face count, OCR texts).
 
 Run by whoever changes the request path (batcher, worker, backend) on an otherwise idle machine:
-``python tools/bench_engine.py [-c configs/default.yaml] [--models classify,face,ocr]
-[--seconds S] [--rounds R] [--json OUT]``. Prints a Markdown table; exits 1 on a mismatch.
+``python -m tools.bench.experiments.bench_engine [-c configs/default.yaml]
+[--models classify,face,ocr] [--seconds S] [--rounds R] [--json OUT]``. Prints a Markdown
+table; exits 1 on a mismatch.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from worker.backends.base import ModelSession
 from worker.backends.ort_backend import _spec
 from worker.executors.base import Executor, StageTimer
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 IMAGES = {"classify": "coffee.png", "face": "astronaut.png", "ocr": "page.png"}
 WARMUP_CALLS = 3
 

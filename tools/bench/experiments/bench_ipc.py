@@ -10,7 +10,7 @@ worker copies the input region to the output region (the identity model's copy) 
 
 Run by whoever changes the data path, on an otherwise idle machine::
 
-    python tools/bench_ipc.py [--rounds 3] [--seconds 2] [--json OUT]
+    python -m tools.bench.experiments.bench_ipc [--rounds 3] [--seconds 2] [--json OUT]
 
 Every path is a round trip to another process and back: Duomo through a supervisor serving a
 ``raw`` identity model (ONNX ``Identity``, uint8, dynamic size), the others through an echo
@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from ipc.client import Client
 from supervisor.daemon import start_background, wait_for_exit

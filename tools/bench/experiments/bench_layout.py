@@ -12,7 +12,7 @@ A rate is the calls that ended inside the window over the time from its start to
 end, alone and together alike, so a model at one answer per second is not counted in whole
 answers per window.
 
-    python tools/bench_layout.py --rounds 3 --seconds 20 [--out FILE.json]
+    python -m tools.bench.experiments.bench_layout --rounds 3 --seconds 20 [--out FILE.json]
 
 A research tool of ``duomo bench``'s analysis (README "Benchmarks"); not run by the tests.
 """
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -111,7 +111,7 @@ def _run(
         for models, tokens in processes:
             spec = {"config": str(config), "models": {n: images[n] for n in models},
                     "tokens": tokens, "mode": mode}  # fmt: skip
-            children.append(Child("tools.bench_layout", ["--child"], spec))
+            children.append(Child("tools.bench.experiments.bench_layout", ["--child"], spec))
         start_at, end_at = open_window(children, 1.0, seconds)
         machine: dict[str, float] = {}
         if mode == "together":

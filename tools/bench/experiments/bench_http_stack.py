@@ -3,7 +3,7 @@
 aiohttp's low-level server, each in its own process beside one supervisor, probed in turns
 from one client against the same model called through ``ipc.Client`` (the reference).
 
-    python tools/bench_http_stack.py [--seconds 20] [--model affine|classify]
+    python -m tools.bench.experiments.bench_http_stack [--seconds 20] [--model affine|classify]
 
 For each stack: the p50 round trip of a v2 binary-tensor request and its *overhead* (that p50
 minus the reference's p50: what the HTTP hop costs), from blocks of requests that go round the
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 from gateway.http_front import HttpFront, HttpOptions  # noqa: E402

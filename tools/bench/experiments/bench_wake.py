@@ -23,7 +23,7 @@ does all the time, or sleeps (``gil``: the spinner holds the GIL between its pol
 
 Run on an otherwise idle machine, after ``make models``::
 
-    python tools/bench_wake.py [--rounds 3] [--requests 200] [--json OUT]
+    python -m tools.bench.experiments.bench_wake [--rounds 3] [--requests 200] [--json OUT]
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from pathlib import Path
 import numpy as np
 
 MODES = ("after-inference", "after-sleep", "separate-reader", "spin")
-MODEL = Path(__file__).resolve().parent.parent / "models" / "classify" / "efficientnet_lite0.onnx"
+MODEL = Path(__file__).resolve().parents[3] / "models" / "classify" / "efficientnet_lite0.onnx"
 STAMP = struct.Struct("=d")
 CLIENT_WORK_S = 140e-6
 SPIN_S = 1e-3
