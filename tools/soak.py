@@ -6,9 +6,9 @@ supervisor's memory, shared-memory segments and file descriptors.
 
 A benchmark, not a test (timings vary with the machine). It starts its own supervisor (in the
 background, like ``duomo start``) on a temporary config: the demo's ocr, face and classify plus
-``flaky``, the test-only faulty executor (``tests/fakes``): each instance raises from its 40th
-batch on, so the watchdog re-initializes it again and again. Producer processes (one per model, two
-for classify) check every answer against the fixture's known result. Every ``--reload-every``
+``flaky`` (``tools/soak_executor.py``): each instance raises from its 40th batch on, so the
+watchdog re-initializes it again and again. Producer processes (one per model, two for
+classify) check every answer against the fixture's known result. Every ``--reload-every``
 seconds the config flips classify's ``max_batch`` between 8 and 4 and ``duomo reload`` replaces it
 under load. Reported: requests sent, correct, wrong, typed errors by code, lost (sent and never
 answered: must be 0); resident memory after the warm-up and at the end (growth, must stay under
@@ -96,16 +96,18 @@ def write_config(folder: Path, classify_batch: int) -> Path:
     raw = yaml.safe_load((ROOT / "configs" / "default.yaml").read_text())
     raw["model_root"] = str(ROOT / "models")
     raw["watchdog"] = {"period_ms": 250}
+    raw.pop("gateway", None)  # a client of its own (the soak counts clients), on fixed ports
+    raw.pop("metrics", None)  # (fixed ports too)
     for model in raw["models"]:
         if model["name"] == "classify":
             model["max_batch"] = classify_batch
     raw["models"].append(
         {
             "name": "flaky",
-            "task": "tests.fakes.faulty_executor:FaultyExecutor",
+            "task": "tools.soak_executor:FlakyExecutor",
             "files": {},
             "max_batch": 4,
-            "params": {"fault": "raise", "first_call": 40},  # until re-initialized
+            "params": {"fail_from": 40},  # until re-initialized
             "health": {
                 "max_consecutive_failures": 3,
                 "backoff_ms": 200,
@@ -247,7 +249,7 @@ def main() -> int:
     args = parser.parse_args()
     from supervisor.daemon import start_background, wait_for_exit
 
-    os.chdir(ROOT)  # the supervisor imports the test-only executor from tests/fakes
+    os.chdir(ROOT)  # the supervisor runs as ``python -m``: tools.soak_executor is found from here
     folder = Path(tempfile.mkdtemp(prefix="duomo-soak-"))
     socket = folder / "duomo.sock"
     config = write_config(folder, 8)

@@ -1,13 +1,14 @@
 """A test-only executor that misbehaves on cue: it raises, hangs or returns garbage.
 
-For the lifecycle tests and the soak tool only; no shipped config names it. A config uses it as
+For the lifecycle tests only; no shipped config names it. A config uses it as
 
     task: tests.fakes.faulty_executor:FaultyExecutor
     files: {}                       # it loads no model file
     params: {fault: raise, first_call: 5, fault_calls: 3, control_file: /tmp/x, ...}
 
-Requests are raw float32 ``x`` of shape N×4 (N ≤ max_batch); the answer is ``y = 2x + offset``,
-so a test can check every answer and tell models apart by ``offset``. ``fault`` applies from
+Requests are raw float32 ``x`` of shape N×4 (N ≤ max_batch); the answer is ``y = 2x + offset``
+(the model of ``tools.soak_executor.AffineExecutor``, which this extends), so a test can check
+every answer and tell models apart by ``offset``. ``fault`` applies from
 this instance's ``first_call``-th batch on, for ``fault_calls`` batches (0: for good); a
 ``control_file``, when it exists, overrides ``fault`` on every batch with its content ("none",
 "raise", "hang", "garbage"), so a test can switch a running model's behaviour. A hang lasts
@@ -29,16 +30,15 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from ipc.errors import InvalidArgumentError
-from worker.backends.base import Backend, ModelSession, SessionSettings
-from worker.config_model import StrictModel
-from worker.executors.base import Executor, SlotInput, SlotSpec, StageTimer
+from tools.soak_executor import AffineExecutor, AffineParams
+from worker.backends.base import ModelSession
+from worker.executors.base import StageTimer
 
 Fault = Literal["none", "raise", "hang", "garbage"]
 FAULTS = ("none", "raise", "hang", "garbage")
 
 
-class FaultyParams(StrictModel):
+class FaultyParams(AffineParams):
     fault: Fault = "none"
     first_call: int = Field(default=1, ge=1)
     fault_calls: int = Field(default=0, ge=0)
@@ -48,12 +48,10 @@ class FaultyParams(StrictModel):
     ballast_mb: int = Field(default=0, ge=0)
     load_s: float = Field(default=0.0, ge=0)
     item_ms: float = Field(default=0.0, ge=0)
-    offset: float = 1.0
     fault_device: int | None = None
 
 
-class FaultyExecutor(Executor):
-    roles = ()
+class FaultyExecutor(AffineExecutor):
     Params = FaultyParams
 
     def __init__(
@@ -62,47 +60,16 @@ class FaultyExecutor(Executor):
         super().__init__(params, sessions, max_batch)
         self.p = params
         self.calls = 0
-        self.device = 0  # the device its instance runs on (set by ``open``)
         self._ballast: np.ndarray | None = None
         time.sleep(params.load_s)
         if params.ballast_mb:
             self._ballast = np.ones(params.ballast_mb << 17, dtype=np.float64)  # 8 B each
-
-    @classmethod
-    def open(
-        cls,
-        params: StrictModel,
-        files: Mapping[str, Path],
-        max_batch: int,
-        backend: Backend,
-        settings: SessionSettings,
-    ) -> Executor:
-        executor = super().open(params, files, max_batch, backend, settings)
-        assert isinstance(executor, FaultyExecutor)
-        executor.device = settings.device
-        return executor
 
     def warmup(self) -> None:
         """Its batch cost is what its params say: ``warmup_costs`` is that curve, stated
         rather than slept through (a test's ``work_ms`` may be seconds)."""
         for size in range(self.max_batch, 0, -1):
             self.warmup_costs[size] = (self.p.work_ms + self.p.item_ms * size) / 1e3
-
-    def slot_spec(self) -> SlotSpec:
-        x = SlotInput("x", np.dtype(np.float32), (None, 4), self.max_batch * 16)
-        return SlotSpec((x,), "tensors", self.max_batch * 16 + 256, ("y",), self.max_batch)
-
-    def payload_from_slot(self, tensors: dict[str, np.ndarray], output: memoryview) -> Any:
-        return tensors["x"]
-
-    def prepare(self, payload: Any) -> np.ndarray:
-        if isinstance(payload, dict):
-            payload = payload.get("x")
-        if not isinstance(payload, np.ndarray) or payload.dtype != np.float32:
-            raise InvalidArgumentError("x must be a float32 array")
-        if payload.ndim != 2 or payload.shape[1] != 4 or not 1 <= len(payload) <= self.max_batch:
-            raise InvalidArgumentError(f"x must be N×4 with N in 1..{self.max_batch}")
-        return payload
 
     def _fault_now(self) -> str:
         if self.p.fault_device is not None and self.device != self.p.fault_device:
@@ -134,8 +101,7 @@ class FaultyExecutor(Executor):
             time.sleep((self.p.work_ms + self.p.item_ms * len(items)) / 1e3)
         if fault == "garbage":  # one result too many: the batch cannot be split back
             return [None] * (len(items) + 1)
-        with timer.stage("infer"):
-            return [{"y": 2 * x + np.float32(self.p.offset)} for x in items]
+        return self.answer(items, timer)
 
     def close(self) -> None:
         self._ballast = None
