@@ -1,4 +1,5 @@
-"""Shared fixtures: paths, fixture images, and one engine over the demo config per session.
+"""Shared fixtures: paths, fixture images, one engine over the demo config per session, and
+``poll``, how a test waits for something to happen (never a bare sleep).
 
 Tests under tests/unit are fast and need no model; tests under tests/integration use the real
 demo models from ``python tools/prepare_models.py`` (the README's test command runs it first).
@@ -6,7 +7,8 @@ demo models from ``python tools/prepare_models.py`` (the README's test command r
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +37,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def fixture_image(name: str) -> np.ndarray:
     return read_image(IMAGES / name)
+
+
+def poll(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    """Wait until ``condition()`` holds (checked every 20 ms); AssertionError after
+    ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.02)
 
 
 @pytest.fixture(scope="session")

@@ -15,8 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import yaml
 
 from ipc.readiness import read_ready_line
 from tests.conftest import DEMO_CONFIG, ROOT
+from tests.conftest import poll as poll  # (the integration tests import it from here)
 
 READY_TIMEOUT_S = 180.0
 
@@ -159,13 +159,3 @@ def stop_gracefully(process: subprocess.Popen[bytes], timeout_s: float = 60.0) -
 
 def _limit_fds(count: int) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (count, count))
-
-
-def poll(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    """Wait until ``condition()`` holds (checked every 20 ms); AssertionError after
-    ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.02)

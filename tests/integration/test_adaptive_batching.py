@@ -31,7 +31,7 @@ def stream(client: Client, model: str, seconds: float, rate: float) -> int:
     for i in range(int(seconds * rate)):
         delay = started + i / rate - time.monotonic()
         if delay > 0:
-            time.sleep(delay)
+            time.sleep(delay)  # open loop: each request goes when it is due
         pending.append(handle.infer_async(X))
         while pending and pending[0].done():
             assert pending.popleft().result()["y"][0, 0] == 3.0

@@ -140,7 +140,7 @@ def connected(sup: SupervisorProcess) -> socket.socket:
         except BlockingIOError:
             if time.monotonic() > deadline:
                 raise
-            time.sleep(0.01)
+            time.sleep(0.01)  # the retry's back-off, as the client's
 
 
 def authenticated(sup: SupervisorProcess) -> tuple[socket.socket, FrameReader]:
@@ -190,7 +190,7 @@ def test_two_thousand_pipelined_pings_get_two_thousand_answers(roomy: Supervisor
     sock, reader = authenticated(roomy)
     with sock:
         sock.sendall(b"".join(json_frame({"id": i, "op": "ping"}) for i in range(2000)))
-        time.sleep(0.5)  # the answers outpace the reader for a moment
+        time.sleep(0.5)  # the scenario: nothing read for a moment, the answers pile up
         got = replies(sock, reader, 2000)
     assert [r["id"] for r in got] == list(range(2000))
     assert all(r["ok"] for r in got)

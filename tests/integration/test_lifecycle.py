@@ -44,6 +44,11 @@ def state_of(sup: SupervisorProcess, name: str) -> str:
     return str(models_status(sup)[name]["state"])
 
 
+def requests_of(sup: SupervisorProcess) -> dict[str, int]:
+    """Each model's requests answered so far."""
+    return {name: int(shown["requests"]) for name, shown in models_status(sup).items()}
+
+
 def producer(
     sup: SupervisorProcess, model: str, seconds: float, kind: str | None = None, slots: int = 2
 ) -> subprocess.Popen[str]:
@@ -86,7 +91,8 @@ def test_reload_under_load_loses_nothing(tmp_path: Path, demo_config: object) ->
             "face": producer(sup, "face", 12),
             "affine": producer(sup, "affine", 12, kind="affine"),
         }
-        time.sleep(2.0)
+        # every producer is served: the changes below come under load
+        poll(lambda: min(requests_of(sup).get(m, 0) for m in producers) >= 5, timeout_s=60)
         added = {**affine, "name": "affine2"}
         write_config(
             tmp_path, ["face", "classify"], extra=[affine, added],
@@ -95,7 +101,8 @@ def test_reload_under_load_loses_nothing(tmp_path: Path, demo_config: object) ->
         reloaded = duomo(sup.socket, "reload")
         assert reloaded.returncode == 0, reloaded.stderr
         assert "added: affine2" in reloaded.stdout and "replaced: classify" in reloaded.stdout
-        time.sleep(2.0)
+        reloaded_at = requests_of(sup)  # served on the new config before the next change
+        poll(lambda: all(requests_of(sup)[m] >= reloaded_at[m] + 5 for m in producers))
         write_config(
             tmp_path, ["classify"], extra=[affine, added], overrides={"classify": {"max_batch": 4}}
         )
@@ -179,7 +186,7 @@ def test_eviction_never_takes_a_model_with_work_in_flight(tmp_path: Path) -> Non
     with running_supervisor(config) as sup, Client(sup.socket, timeout_s=60) as client:
         a, b = client.model("a"), client.model("b")
         a_done: Future[Any] = a.infer_async(X)  # a: least recently used, but busy for 1.5 s
-        time.sleep(0.1)
+        poll(lambda: models_status(sup)["a"]["in_flight"] == 1)
         assert b.infer(X)["y"][0, 0] == 4.0
         assert client.model("c").infer(X)["y"][0, 0] == 5.0  # room made by evicting b
         shown = models_status(sup)
@@ -213,7 +220,7 @@ def test_a_failing_model_is_reinitialized_and_the_others_keep_their_p99(
                     handle.infer(X, timeout_s=10)
                 except DuomoError as err:
                     failures.append(err.code.name)
-                time.sleep(0.02)
+                time.sleep(0.02)  # the stream's pace
             shown = models_status(sup)["flaky"]
             assert shown["restarts_in_window"] >= 1, shown
             states = [h["state"] for h in shown["history"]]
@@ -294,7 +301,7 @@ def test_low_priority_is_served_within_the_aging_bound(tmp_path: Path) -> None:
         flooders = [threading.Thread(target=flood) for _ in range(4)]
         for thread in flooders:
             thread.start()
-        time.sleep(0.5)
+        poll(lambda: models_status(sup)["busy"]["queue_depth"] >= 8)  # saturated
         waits = []
         for _ in range(10):
             sent = time.monotonic()
@@ -314,7 +321,7 @@ def test_stop_says_when_its_grace_period_cut_requests(tmp_path: Path) -> None:
     config = write_config(tmp_path, ["classify"], extra=[slow], shutdown_grace_s=0.5)
     with running_supervisor(config) as sup, Client(sup.socket, timeout_s=30) as client:
         future = client.model("slow").infer_async(X)
-        time.sleep(0.2)
+        poll(lambda: models_status(sup)["slow"]["in_flight"] == 1)  # running: the stop cuts it
         stopped = duomo(sup.socket, "stop")
         assert stopped.returncode == 3, (stopped.stdout, stopped.stderr)
         assert "cut 1 request" in stopped.stdout

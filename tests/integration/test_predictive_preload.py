@@ -54,7 +54,7 @@ def run_trace(sup: SupervisorProcess) -> list[bool]:
         handles = {name: client.model(name) for name in "abc"}
         for cycle in range(CYCLES):
             for name in "abc":
-                time.sleep(GAP_S)
+                time.sleep(GAP_S)  # the trace's pace: the gap a prediction has to load in
                 if cycle > 0:
                     ready.append(client.status()["models"][name]["state"] == "READY")
                 assert handles[name].infer(X)["y"][0, 0] == 2.0 + OFFSET[name]
@@ -102,9 +102,10 @@ def test_a_prediction_never_evicts_a_model_with_work_in_flight(tmp_path: Path) -
         # a loads (b, idle, makes room: c is busy), then b is predicted; the one model it could
         # evict is c, which is busy, and a, which it comes after: it stays unloaded
         assert handles["a"].infer(X)["y"][0, 0] == 3.0
+        # room for a wrong preload of b (a 0.3 s load) to show; what is right is that nothing
+        # happens, which no poll can wait for
         time.sleep(1.0)
         shown = states(sup)
-        assert (shown["c"]["state"] == "READY" and shown["c"]["evictions"] == 0) or True
         assert shown["b"]["state"] == "UNLOADED", shown["b"]
         assert shown["c"]["state"] == "READY", shown["c"]
         control.write_text("none")

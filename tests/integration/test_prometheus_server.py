@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import subprocess
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -120,9 +119,14 @@ def test_prometheus_scrapes_it_and_runs_every_dashboard_query(tmp_path: Path) ->
                 result = found.get("data", {}).get("result", [])
                 return bool(result) and float(result[0]["value"][1]) == 5
 
+            def scrapes_in_rate_window() -> int:  # a rate over the window needs two or more
+                found = query(port, 'count_over_time(up{job="duomo"}[10s])')
+                result = found.get("data", {}).get("result", [])
+                return int(float(result[0]["value"][1])) if result else 0
+
             poll(prometheus_ready, timeout_s=60)
             poll(scraped_all, timeout_s=60)
-            time.sleep(1.5)  # a few more scrapes: rates over the window have two points
+            poll(lambda: scrapes_in_rate_window() >= 3, timeout_s=60)
             filled = {"$__rate_interval": "10s", "$__range": "1m"}
             for title, target in targets():
                 expr = target["expr"].replace("$instance", ".*").replace("$model", ".*")

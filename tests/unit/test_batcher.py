@@ -6,11 +6,11 @@ import os
 import select
 import threading
 import time
-from collections.abc import Callable
 
 import pytest
 
 from ipc.errors import ResourceExhaustedError, UnavailableError
+from tests.conftest import poll
 from worker.batcher import Batcher
 from worker.request import Outcome, Request
 
@@ -74,8 +74,7 @@ def test_late_arrivals_within_the_window_join_the_batch() -> None:
     result: list[list[str]] = []
     t = threading.Thread(target=lambda: result.append(names(b.next_batch().run)))  # type: ignore[union-attr]
     t.start()
-    while not b._filling:  # the worker is inside its fill window
-        time.sleep(0.001)
+    poll(lambda: b._filling)  # the worker is inside its fill window
     b.put(request("b"))
     b.put(request("c"))  # fills the batch: the waiting worker returns now, not after 30 s
     t.join(timeout=10)
@@ -167,7 +166,7 @@ def test_retired_workers_stop_and_the_queue_waits_for_the_next_generation() -> N
     returned: list[object] = []
     idle = threading.Thread(target=lambda: returned.append(b.next_batch(old)))
     idle.start()
-    time.sleep(0.05)  # the idle worker waits for work
+    poll(lambda: len(b._sleepers) == 1)  # the idle worker waits for work
     new = b.retire_workers()
     idle.join(5)
     assert returned == [None] and new != old  # woken and told to stop
@@ -256,7 +255,7 @@ def test_a_request_queued_elsewhere_wakes_the_worker_in_the_idle_reader() -> Non
     got: list[list[str]] = []
     worker = threading.Thread(target=lambda: got.append(names(b.next_batch(0, wake).run)))  # type: ignore[union-attr]
     worker.start()
-    poll_until(lambda: b._reader is not None)
+    poll(lambda: b._reader is not None)
     b.put(request("x"))  # the engine's in-process path, or another connection's notice
     worker.join(10)
     assert got == [["x"]]
@@ -265,7 +264,7 @@ def test_a_request_queued_elsewhere_wakes_the_worker_in_the_idle_reader() -> Non
     ended: list[object] = []
     worker = threading.Thread(target=lambda: ended.append(b.next_batch(0, wake)))
     worker.start()
-    poll_until(lambda: b._reader is not None)
+    poll(lambda: b._reader is not None)
     b.close()  # closing (or retiring the workers) ends the wait too
     worker.join(10)
     assert ended == [None]
@@ -279,20 +278,13 @@ def test_with_nothing_to_read_the_worker_sleeps_until_told_to_look_again() -> No
     got: list[list[str]] = []
     worker = threading.Thread(target=lambda: got.append(names(b.next_batch(0, wake).run)))  # type: ignore[union-attr]
     worker.start()
-    poll_until(lambda: len(b._sleepers) == 1)
+    poll(lambda: len(b._sleepers) == 1)
     assert len(reader.threads) == 1
     reader.lendable, reader.script = True, ["y"]
     b.wake_idle()  # a connection became its to read
     worker.join(10)
     assert got == [["y"]] and len(reader.threads) == 2
     os.close(wake)
-
-
-def poll_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.005)
 
 
 def test_a_request_queued_while_the_reader_finds_nothing_is_not_lost() -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import stat
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from supervisor.device_telemetry import (
     reading_from_npu_smi,
     visible_logic_id,
 )
+from tests.conftest import poll
 
 pytestmark = pytest.mark.unit
 
@@ -116,9 +116,7 @@ def test_the_probe_samples_a_real_npu_smi_on_its_own_thread(
     monkeypatch.setenv("ASCEND_RT_VISIBLE_DEVICES", "2,3")
     telemetry = DeviceTelemetry([(1, "ascend")])
     try:
-        deadline = time.monotonic() + 10
-        while telemetry.read(1).total_bytes is None and time.monotonic() < deadline:
-            time.sleep(0.02)
+        poll(lambda: telemetry.read(1).total_bytes is not None, timeout_s=10)  # its first sample
         reading = telemetry.read(1)
         assert reading.total_bytes == 21534 * 2**20 and reading.temperature_c == 46
     finally:

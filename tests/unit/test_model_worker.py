@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 import pytest
 
 from ipc.errors import DuomoError, ErrorCode, InvalidArgumentError
+from tests.conftest import poll
 from worker.backends.ort_backend import OrtBackend
 from worker.executors.base import Executor, NoParams, StageTimer
 from worker.health import HealthPolicy
@@ -246,10 +246,7 @@ def test_requests_during_a_reinitialization_wait_or_fail_as_configured(
     model.load()
     restart = threading.Thread(target=model.reinitialize, args=("test", threading.Event()))
     restart.start()
-    deadline = time.monotonic() + 5
-    while model.state is not ModelState.REINITIALIZING and time.monotonic() < deadline:
-        time.sleep(0.005)
-    assert model.state is ModelState.REINITIALIZING
+    poll(lambda: model.state is ModelState.REINITIALIZING, timeout_s=5)  # (its 300 ms backoff)
     if policy == "wait":
         waiting = submit(model, "during")
         assert waiting.result(10).result == "done:during"  # served by the new instance

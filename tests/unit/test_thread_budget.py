@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from tests.conftest import poll
 from worker.thread_budget import ComputeGate, InstanceDemand, plan_threads
 
 
@@ -48,7 +49,7 @@ def test_gate_never_lets_more_than_its_tokens_run() -> None:
                 with lock:
                     running += n
                     peak = max(peak, running)
-                time.sleep(0.001)
+                time.sleep(0.001)  # the work done holding the tokens
                 with lock:
                     running -= n
 
@@ -82,11 +83,10 @@ def test_a_wide_turn_holds_the_line_once_it_is_next() -> None:
     assert holding.wait(10)
     wide = threading.Thread(target=take, args=("wide", 2))
     wide.start()
-    while not gate.policy.turns:  # wait until "wide" is queued (one token is still free)
-        time.sleep(0.001)
+    poll(lambda: len(gate.policy.turns) == 1)  # "wide" is queued (one token is still free)
     narrow = threading.Thread(target=take, args=("narrow", 1))
     narrow.start()
-    time.sleep(0.05)
+    poll(lambda: len(gate.policy.turns) == 2 or bool(order))  # queued behind it, or run
     assert order == []  # "narrow" could run on the free token, but "wide" came first
     release.set()
     for t in (first, wide, narrow):
