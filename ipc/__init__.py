@@ -1,8 +1,22 @@
 """The wire between producers and the supervisor, and the error vocabulary both sides share.
 
+A producer needs only this package (and numpy)::
+
+    from ipc import Client, ResourceExhaustedError
+
+    with Client() as client:                   # $DUOMO_SOCKET or the standard runtime dir
+        result = client.model("ocr").infer(frame)
+
 Imported by producers and by the supervisor; it must never import ``supervisor`` or ``worker``
-and needs nothing heavier than numpy, so a producer starts in milliseconds.
+and needs nothing heavier than numpy, so a producer starts in milliseconds. ``Client`` (with
+``ModelHandle`` and ``Slot``) is imported from ``ipc.client`` on first use, so a process that
+only needs the errors (``import ipc.errors``) does not load the client library.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from ipc.errors import (
     DeadlineExceededError,
@@ -10,18 +24,34 @@ from ipc.errors import (
     ErrorCode,
     InternalError,
     InvalidArgumentError,
+    ModelChangedError,
     NotFoundError,
     ResourceExhaustedError,
     UnavailableError,
 )
 
+if TYPE_CHECKING:
+    from ipc.client import Client, ModelHandle, Slot
+
+_FROM_CLIENT = ("Client", "ModelHandle", "Slot")
+
 __all__ = [
+    "Client",
     "DeadlineExceededError",
     "DuomoError",
     "ErrorCode",
     "InternalError",
     "InvalidArgumentError",
+    "ModelChangedError",
+    "ModelHandle",
     "NotFoundError",
     "ResourceExhaustedError",
+    "Slot",
     "UnavailableError",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM_CLIENT:
+        return getattr(importlib.import_module("ipc.client"), name)
+    raise AttributeError(f"module 'ipc' has no attribute {name!r}")

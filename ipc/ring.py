@@ -9,10 +9,18 @@ leaves nothing in /dev/shm. Each slot is::
 The output area holds either a JSON result (``result == "json"``) or tensor records
 (``result == "tensors"``: per output a ``TENSOR_RECORD`` then its data at the next 64-byte
 boundary); on an error it holds the UTF-8 message. The header's ``result_len`` says how much.
+An input area's capacity is the model's default unless the client asked for more when it
+attached (``attach``'s ``inputs``: a producer's handle grows its ring for a larger frame).
 
-Python 3.10–3.12 register every mapped segment with the process's resource tracker, which would
-unlink (and warn about) segments this process does not own when it exits; ``_untrack`` takes each
-segment off the tracker as soon as its lifetime is managed here.
+A ring owns its ``mmap`` directly rather than through ``multiprocessing.shared_memory``:
+``SharedMemory.__del__`` closes the mapping when the object is finalised, which raises (and
+prints, at every producer's exit) ``BufferError: cannot close exported pointers exist`` while
+numpy views into the slots are alive. Here the mapping is unmapped by ``close`` once nothing
+views it, or simply outlives its views when a process exits without closing.
+
+Only the creator registers a segment with the resource tracker (which unlinks what a dead
+process left behind); the client maps and unlinks it without the tracker, so a producer starts
+no tracker process at all.
 """
 
 from __future__ import annotations
@@ -20,9 +28,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import mmap
 import os
 import secrets
-import threading
 from dataclasses import dataclass
 from multiprocessing import resource_tracker, shared_memory
 from typing import Any
@@ -58,7 +66,7 @@ class RingLayout:
 
     @property
     def reserves_output(self) -> bool:
-        """Whether creating the ring commits the output areas (``SlotRing._reserve``)."""
+        """Whether creating the ring commits the output areas (``_reserve``)."""
         return self.output_capacity <= RESERVE_OUTPUT_LIMIT
 
     @property
@@ -121,10 +129,23 @@ class RingLayout:
         )
 
 
-# The tracker keeps one entry per name per process, however often the name was mapped, so it is
-# told to forget a name once per process (a second UNREGISTER makes it print a KeyError).
-_tracked: set[str] = set()
-_tracked_lock = threading.Lock()
+# The segments' names, opened and removed the way ``multiprocessing.shared_memory`` does it
+# (POSIX shm_open/shm_unlink; the name the tracker records has the leading slash).
+_posixshmem = shared_memory._posixshmem  # type: ignore[attr-defined]
+
+
+def _reserve(fd: int, layout: RingLayout) -> None:
+    """Commit the pages the supervisor writes (headers, and output areas up to a size).
+
+    A full /dev/shm then fails here, as an error for this attach, instead of killing the
+    supervisor with SIGBUS on its first write into a page the kernel cannot provide.
+    """
+    slot_bytes = layout.slot_bytes
+    for slot in range(layout.slots):
+        start = slot * slot_bytes
+        os.posix_fallocate(fd, start, HEADER_BYTES)
+        if layout.reserves_output:
+            os.posix_fallocate(fd, start + layout.output_offset, layout.output_capacity)
 
 
 def start_tracker() -> None:
@@ -133,81 +154,67 @@ def start_tracker() -> None:
     resource_tracker.ensure_running()
 
 
-def _track(name: str) -> None:
-    with _tracked_lock:
-        _tracked.add(name)
-
-
 def _untrack(name: str) -> None:
-    with _tracked_lock:
-        if name not in _tracked:
-            return
-        _tracked.discard(name)
     with contextlib.suppress(Exception):
-        resource_tracker.unregister(name, "shared_memory")
+        resource_tracker.unregister(f"/{name}", "shared_memory")
 
 
 class SlotRing:
-    def __init__(self, shm: shared_memory.SharedMemory, layout: RingLayout) -> None:
-        self._shm = shm
+    """One mapped segment and its layout. It owns its ``mmap`` directly (no ``SharedMemory``,
+    whose finaliser fails loudly while numpy views are alive): ``close`` unmaps when nothing
+    points into the mapping any more, and a process that never calls it simply exits with the
+    mapping still valid under whatever still views it."""
+
+    def __init__(self, mapping: mmap.mmap, name: str, layout: RingLayout, tracked: bool) -> None:
+        self._mmap = mapping
+        self.name = name
         self.layout = layout
-        self.name = shm.name
+        self._tracked = tracked  # this process created it: the tracker unlinks it if we die
         self._unlinked = False
         self._closed = False
-        assert shm.buf is not None
-        self._view: memoryview = shm.buf  # the hot paths slice this directly
+        self._view = memoryview(mapping)  # the hot paths slice this directly
         self._slot_bytes = layout.slot_bytes
-        _track(shm._name)  # type: ignore[attr-defined]  # SharedMemory registered it
 
     @classmethod
     def create(cls, layout: RingLayout) -> SlotRing:
-        """A new segment (mode 0600, unguessable name) sized for ``layout``."""
+        """A new segment (mode 0600, unguessable name) sized for ``layout``; the resource
+        tracker unlinks it should this process die before ``unlink``."""
         name = f"duomo-{secrets.token_hex(16)}"
-        shm = shared_memory.SharedMemory(
-            name=name, create=True, size=layout.slots * layout.slot_bytes
-        )
-        ring = cls(shm, layout)
+        size = layout.slots * layout.slot_bytes
+        fd = _posixshmem.shm_open(f"/{name}", os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
         try:
-            ring._reserve()
-        except OSError:
-            ring.close()
-            raise
-        ring._close_fd()
-        return ring
-
-    def _reserve(self) -> None:
-        """Commit the pages the supervisor writes (headers, and output areas up to a size).
-
-        A full /dev/shm then fails here, as an error for this attach, instead of killing the
-        supervisor with SIGBUS on its first write into a page the kernel cannot provide.
-        """
-        fd = self._shm._fd  # type: ignore[attr-defined]
-        layout = self.layout
-        for slot in range(layout.slots):
-            start = slot * self._slot_bytes
-            os.posix_fallocate(fd, start, HEADER_BYTES)
-            if layout.reserves_output:
-                os.posix_fallocate(fd, start + layout.output_offset, layout.output_capacity)
+            resource_tracker.register(f"/{name}", "shared_memory")
+            try:
+                os.ftruncate(fd, size)
+                _reserve(fd, layout)
+                mapping = mmap.mmap(fd, size)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    _posixshmem.shm_unlink(f"/{name}")
+                _untrack(name)
+                raise
+        finally:
+            # The mapping stays valid without its file descriptor: a ring costs neither side a
+            # descriptor (a supervisor's connections are what its fd limit is for).
+            os.close(fd)
+        return cls(mapping, name, layout, tracked=True)
 
     @classmethod
     def attach(cls, name: str, layout: RingLayout) -> SlotRing:
         """Map the supervisor's segment and unlink its name right away."""
-        shm = shared_memory.SharedMemory(name=name, create=False)
-        ring = cls(shm, layout)
-        ring.unlink()
-        if shm.size < layout.slots * layout.slot_bytes:
-            ring.close()
-            raise ValueError(f"segment {name} is smaller than its layout")
-        ring._close_fd()
-        return ring
-
-    def _close_fd(self) -> None:
-        """The mapping stays valid without its file descriptor: give it back, so a ring costs
-        neither side a descriptor (a supervisor's connections are what its fd limit is for)."""
-        fd = self._shm._fd  # type: ignore[attr-defined]
-        if fd >= 0:
-            self._shm._fd = -1  # type: ignore[attr-defined]  # (close() skips a closed fd)
+        fd = _posixshmem.shm_open(f"/{name}", os.O_RDWR, mode=0o600)
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                _posixshmem.shm_unlink(f"/{name}")
+            size = os.fstat(fd).st_size
+            if size < layout.slots * layout.slot_bytes:
+                raise ValueError(f"segment {name} is smaller than its layout")
+            mapping = mmap.mmap(fd, size)
+        finally:
             os.close(fd)
+        ring = cls(mapping, name, layout, tracked=False)
+        ring._unlinked = True
+        return ring
 
     def unlink(self) -> None:
         """Remove the name from /dev/shm (the mapping stays valid); safe to call twice."""
@@ -215,16 +222,19 @@ class SlotRing:
             return
         self._unlinked = True
         with contextlib.suppress(FileNotFoundError):
-            shared_memory._posixshmem.shm_unlink(self._shm._name)  # type: ignore[attr-defined]
-        _untrack(self._shm._name)  # type: ignore[attr-defined]
+            _posixshmem.shm_unlink(f"/{self.name}")
+        if self._tracked:
+            _untrack(self.name)
 
     def close(self) -> bool:
-        """Unmap; False while numpy views into the segment are still alive elsewhere."""
+        """Unmap; False while numpy views into the segment are still alive elsewhere (then
+        call it again later: nothing is lost meanwhile, the name is already gone)."""
         self.unlink()
         if self._closed:
             return True
         try:
-            self._shm.close()
+            self._view.release()
+            self._mmap.close()
         except BufferError:
             return False
         self._closed = True
