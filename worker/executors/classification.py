@@ -19,8 +19,8 @@ from pydantic import Field, model_validator
 from ipc.errors import InvalidArgumentError
 from worker.backends.base import ModelSession
 from worker.config_model import StrictModel
-from worker.executors.base import Executor, StageTimer, as_rgb_image
-from worker.executors.image_ops import ResizeScratch, normalize_into
+from worker.executors.base import Executor, StageTimer
+from worker.executors.image_ops import ResizeScratch, as_image, normalize_into
 
 # (scale, offset) applied to 0..255 pixels; imagenet's per-channel mean/std is folded per channel.
 _IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32) * 255
@@ -49,7 +49,7 @@ class CenterCrop:
     """A request's image resized to ``resized_width``×``resized_height`` (its short side the
     input size), then the centre square at (``top``, ``left``) taken."""
 
-    image: np.ndarray  # the request's RGB pixels (a view into its slot, when served)
+    image: np.ndarray  # the request's pixels, H×W×C (a view into its slot, when served)
     resized_width: int
     resized_height: int
     top: int
@@ -80,7 +80,7 @@ class ClassificationExecutor(Executor):
         self._scratch = ResizeScratch()
 
     def prepare(self, payload: Any) -> CenterCrop:
-        image = as_rgb_image(payload)
+        image = as_image(payload)
         h, w = image.shape[:2]
         size = self.p.input_size
         scale = size / min(h, w)

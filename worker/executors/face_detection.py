@@ -19,8 +19,8 @@ from pydantic import Field
 
 from worker.backends.base import ModelSession
 from worker.config_model import StrictModel
-from worker.executors.base import Executor, StageTimer, as_rgb_image
-from worker.executors.image_ops import ResizeScratch, normalize_into, zero_padding
+from worker.executors.base import Executor, StageTimer
+from worker.executors.image_ops import ResizeScratch, as_image, normalize_into, zero_padding
 
 _STRIDE = 4
 
@@ -37,7 +37,7 @@ class Letterbox:
     """Where a request's image goes in the square canvas: resized by ``scale`` to
     ``resized_width``×``resized_height`` in its top-left corner (the rest is zero)."""
 
-    image: np.ndarray  # the request's RGB pixels (a view into its slot, when served)
+    image: np.ndarray  # the request's pixels, H×W×C (a view into its slot, when served)
     scale: float
     width: int
     height: int
@@ -85,7 +85,7 @@ class FaceDetectionExecutor(Executor):
         self._scratch = ResizeScratch()
 
     def prepare(self, payload: Any) -> Letterbox:
-        image = as_rgb_image(payload)
+        image = as_image(payload)
         h, w = image.shape[:2]
         scale = self.p.input_size / max(h, w)
         rw, rh = max(1, round(w * scale)), max(1, round(h * scale))

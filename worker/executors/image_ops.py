@@ -5,12 +5,22 @@ session's reusable input buffers directly; ``ResizeScratch`` is an executor's re
 for the resized image between the request's pixels and that input buffer, so a request
 allocates no image-sized memory (with the supervisor's fixed mmap threshold, a fresh 1.2 MB
 buffer per request costs page faults: 0.3 ms per face request, README "Benchmarks").
+
+A request's frame is never copied at its full size, whatever its size or channels: ``as_image``
+checks it and returns it as it is (a view into its slot), the resize reads it once, and gray or
+RGBA pixels become RGB only after that, on the small image (``rgb``). A 6000×4000 RGBA frame
+would otherwise cost a 72 MB copy before anything else happened.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import cv2
 import numpy as np
+
+from ipc.errors import InvalidArgumentError
+from worker.executors.base import MAX_IMAGE_SIDE
 
 
 def limit_opencv_threads() -> None:
@@ -22,6 +32,36 @@ def _interpolation(image: np.ndarray, width: int, height: int) -> int:
     """Area averaging when shrinking (no aliasing), bilinear when enlarging."""
     h, w = image.shape[:2]
     return cv2.INTER_AREA if width * height < w * h else cv2.INTER_LINEAR
+
+
+def as_image(payload: Any) -> np.ndarray:
+    """The payload as uint8 H×W×C pixels (C: 1 gray, 3 RGB, 4 RGBA), checked but not copied
+    or converted (``rgb`` converts a resized image); InvalidArgumentError otherwise."""
+    if not isinstance(payload, np.ndarray):
+        raise InvalidArgumentError(f"expected an image array, got {type(payload).__name__}")
+    if payload.dtype != np.uint8:
+        raise InvalidArgumentError(f"image must be uint8, got {payload.dtype}")
+    image = payload[:, :, None] if payload.ndim == 2 else payload
+    if image.ndim != 3 or image.shape[2] not in (1, 3, 4):
+        raise InvalidArgumentError(
+            f"image must be H×W, H×W×3 or H×W×4, got shape {tuple(payload.shape)}"
+        )
+    h, w = image.shape[:2]
+    if not (1 <= h <= MAX_IMAGE_SIDE and 1 <= w <= MAX_IMAGE_SIDE):
+        raise InvalidArgumentError(f"image size {w}×{h} is outside 1..{MAX_IMAGE_SIDE} per side")
+    return image
+
+
+def rgb(image: np.ndarray) -> np.ndarray:
+    """An H×W×C image as RGB, as a view: gray read three times, alpha left out."""
+    if image.ndim == 2:
+        image = image[:, :, None]
+    channels = image.shape[2]
+    if channels == 4:
+        return image[:, :, :3]
+    if channels == 1:
+        return np.broadcast_to(image, (*image.shape[:2], 3))
+    return image
 
 
 def resize(image: np.ndarray, width: int, height: int) -> np.ndarray:
@@ -44,11 +84,14 @@ class ResizeScratch:
         return self._buffer.nbytes
 
     def resize(self, image: np.ndarray, width: int, height: int) -> np.ndarray:
-        """``image`` (uint8 H×W×C) resized to ``width``×``height``, as a view of the buffer."""
+        """``image`` (uint8 H×W×C, C 1, 3 or 4: ``as_image``) resized to ``width``×``height``,
+        as an RGB view of the buffer (gray and RGBA are converted after the resize: ``rgb``)."""
+        if image.ndim == 3 and image.shape[2] == 1:
+            image = image[:, :, 0]  # (OpenCV's one-channel image is two-dimensional)
         shape = (height, width, *image.shape[2:])
         size = int(np.prod(shape))
         if size > self.keep_bytes:
-            return resize(image, width, height)
+            return rgb(resize(image, width, height))
         if size > self._buffer.size:
             self._buffer = np.empty(size, dtype=np.uint8)
         out = self._buffer[:size].reshape(shape)
@@ -57,7 +100,7 @@ class ResizeScratch:
         )
         if written is not out and not np.shares_memory(written, out):
             raise RuntimeError("OpenCV did not resize into the scratch buffer")
-        return out
+        return rgb(out)
 
 
 def normalize_into(out_chw: np.ndarray, image_hwc: np.ndarray, scale: float, offset: float) -> None:

@@ -35,8 +35,8 @@ from pydantic import Field
 
 from worker.backends.base import ModelSession
 from worker.config_model import StrictModel
-from worker.executors.base import Executor, StageTimer, as_rgb_image
-from worker.executors.image_ops import ResizeScratch, normalize_into, resize
+from worker.executors.base import Executor, StageTimer
+from worker.executors.image_ops import ResizeScratch, as_image, normalize_into, resize, rgb
 from worker.executors.ocr_geometry import DbParams, crop_text_line, detect_boxes
 
 # PP-OCR normalises every stage with mean 0.5 / std 0.5 on 0..1 pixels: x/127.5 - 1.
@@ -64,21 +64,27 @@ class OcrParams(StrictModel):
 
 @dataclass(frozen=True)
 class OcrInput:
-    """One image as RGB (a view of the payload where it can be), the (H, W) it is resized to
-    for the detector, and the detector input (H, W) that is padded to (the same unless the
-    detector takes only some sizes). PP-OCR was trained on BGR: channels are swapped where the
-    pixels are normalised into a model's input."""
+    """One image as the request gave it (H×W×C, C 1, 3 or 4: a view of the payload), the
+    (H, W) it is resized to for the detector, and the detector input (H, W) that is padded to
+    (the same unless the detector takes only some sizes). The resized image and each text
+    line's crop are made RGB; PP-OCR was trained on BGR: channels are swapped where the pixels
+    are normalised into a model's input."""
 
-    rgb: np.ndarray
+    image: np.ndarray
     size: tuple[int, int]
     canvas: tuple[int, int]
+
+    @property
+    def rgb(self) -> np.ndarray:
+        """The image as RGB, a view of it (``image_ops.rgb``)."""
+        return rgb(self.image)
 
 
 @dataclass
 class TextLine:
     image: int
     box: np.ndarray
-    crop: np.ndarray  # RGB, like the image it was cut from
+    crop: np.ndarray  # RGB, cut from the image
     text: str = ""
     score: float = 0.0
 
@@ -108,6 +114,17 @@ def _fit_gear(rh: int, rw: int, gears: Sequence[tuple[int, int]]) -> tuple[int, 
         gh,
         gw,
     )
+
+
+def _rgb_crop(image: np.ndarray, box: np.ndarray) -> np.ndarray:
+    """The text line at ``box`` as an RGB crop: a gray or RGBA image is converted line by
+    line, never as a whole."""
+    crop = crop_text_line(image[:, :, 0] if image.shape[2] == 1 else image, box)
+    if crop.ndim == 2:
+        return cv2.cvtColor(crop, cv2.COLOR_GRAY2RGB)
+    if crop.shape[2] == 4:
+        return cv2.cvtColor(crop, cv2.COLOR_RGBA2RGB)
+    return crop
 
 
 class OcrExecutor(Executor):
@@ -154,8 +171,8 @@ class OcrExecutor(Executor):
                 )
 
     def prepare(self, payload: Any) -> OcrInput:
-        rgb = as_rgb_image(payload)
-        h, w = rgb.shape[:2]
+        image = as_image(payload)
+        h, w = image.shape[:2]
         ratio = self.p.det_limit_side / min(h, w) if min(h, w) < self.p.det_limit_side else 1.0
         if max(h, w) * ratio > self.p.det_max_side:
             ratio = self.p.det_max_side / max(h, w)
@@ -165,7 +182,7 @@ class OcrExecutor(Executor):
         if self._det_gears:
             rh, rw, *gear = _fit_gear(rh, rw, self._det_gears)
             canvas = (gear[0], gear[1])
-        return OcrInput(rgb=rgb, size=(rh, rw), canvas=canvas)
+        return OcrInput(image=image, size=(rh, rw), canvas=canvas)
 
     def execute(self, items: Sequence[OcrInput], timer: StageTimer) -> list[Any]:
         lines: list[TextLine] = []
@@ -208,16 +225,16 @@ class OcrExecutor(Executor):
             if (ch, cw) != (rh, rw) or rows != len(group):
                 batch.fill(0.0)  # the padding: zero after normalisation
             for row, item in zip(batch, group):
-                resized = self._scratch.resize(item.rgb, rw, rh)
+                resized = self._scratch.resize(item.image, rw, rh)
                 normalize_into(row, resized[:, :, ::-1], _SCALE, _OFFSET)
         with timer.stage("infer"):
             prob = self.det.run({det_in: batch})[self.det.outputs[0].name]
         with timer.stage("postprocess"):
             lines: list[TextLine] = []
             for k, (index, item) in enumerate(zip(indices, group)):
-                h, w = item.rgb.shape[:2]
+                h, w = item.image.shape[:2]
                 boxes, _ = detect_boxes(prob[k, 0, :rh, :rw], w, h, self.db)
-                lines.extend(TextLine(index, b, crop_text_line(item.rgb, b)) for b in boxes)
+                lines.extend(TextLine(index, b, _rgb_crop(item.image, b)) for b in boxes)
             return lines
 
     def _by_aspect(self, lines: list[TextLine], size: int) -> list[list[TextLine]]:
