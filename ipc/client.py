@@ -10,6 +10,11 @@ shared-memory slots.
         s.submit()
         result = s.wait()
 
+``from ipc import Client`` is the same class. A frame larger than the model's default slot
+area grows the handle's ring by itself (``ipc.slots``), within the supervisor's ``/dev/shm``
+limits. A process may exit without ``close()``: the supervisor frees its rings when the
+connection ends, and nothing is printed here (``ipc.ring``).
+
 Threads: no thread of its own for synchronous use. A thread that waits (``wait``, ``infer``,
 a control request) reads the socket itself while nobody else does ("leader"); other waiters
 sleep on a condition and are woken when the leader has dispatched their answer or stepped down
@@ -217,11 +222,19 @@ class Client:
         ring_id, ring = self._attach(name, slots)
         return ModelHandle(self, name, ring_id, ring)
 
-    def _attach(self, name: str, slots: int) -> tuple[int, SlotRing]:
-        """Map a new ring for ``name`` and tell the supervisor (the name is then unlinked)."""
+    def _attach(
+        self, name: str, slots: int, inputs: dict[str, int] | None = None
+    ) -> tuple[int, SlotRing]:
+        """Map a new ring for ``name`` and tell the supervisor (the name is then unlinked);
+        ``inputs``: input -> the bytes its area must hold, past the model's default."""
+        fields: dict[str, Any] = {"inputs": inputs} if inputs else {}
         # attaching a model that is not loaded yet waits for its load
         reply = self.request(
-            "attach", timeout_s=max(self.timeout_s, ATTACH_TIMEOUT_S), model=name, slots=slots
+            "attach",
+            timeout_s=max(self.timeout_s, ATTACH_TIMEOUT_S),
+            model=name,
+            slots=slots,
+            **fields,
         )
         layout = RingLayout.from_dict(reply["layout"])
         ring = SlotRing.attach(reply["shm"], layout)
@@ -239,6 +252,14 @@ class Client:
                 self._handles.pop(old_ring, None)
             self._handles[ring_id] = handle
 
+    def _detach_later(self, ring_id: int) -> None:
+        """Detach ring ``ring_id`` without waiting for the reply (the caller may be the thread
+        that reads the socket, or an event loop): nothing routes to it any more."""
+        with self._lock:
+            self._handles.pop(ring_id, None)
+        with contextlib.suppress(DuomoError):  # gone: the supervisor freed it already
+            self._send(json_frame({"id": next(self._ids), "op": "detach", "ring": ring_id}))
+
     def close(self) -> None:
         """Disconnect; the supervisor frees this client's rings, and they are unmapped here."""
         with contextlib.suppress(OSError):
@@ -248,7 +269,7 @@ class Client:
             self._background.join(5)
         self._sock.close()
         with self._lock:
-            handles = list(self._handles.values())
+            handles = list(dict.fromkeys(self._handles.values()))  # (one per ring it maps)
             self._handles.clear()
         with self._read_cond:
             wake_fds, self._wake_r, self._wake_w = (self._wake_r, self._wake_w), -1, -1
@@ -416,7 +437,7 @@ class Client:
                 return
             self._closed = reason
             pending = list(self._pending.values())
-            handles = list(self._handles.values())
+            handles = list(dict.fromkeys(self._handles.values()))
         lost = UnavailableError(f"lost the supervisor at {self.socket_path}: {reason}")
         for future in pending:
             if not future.done():
@@ -453,8 +474,11 @@ class Client:
     ) -> None:
         """A slot's answer (``seq``, or None with the error the supervisor gave for it)."""
         handle = self._handles.get(ring)
-        if handle is not None and 0 <= slot < len(handle._slots):
-            handle._slots[slot]._done(seq, error)
+        if handle is None:
+            return
+        slots = handle._slots if ring == handle.ring_id else handle._slots_of(ring)
+        if 0 <= slot < len(slots) and slots[slot].ring_id == ring:  # (not one moved on)
+            slots[slot]._done(seq, error)
 
     def _on_frame(self, kind: FrameKind, payload: bytes) -> None:
         if kind is FrameKind.NOTICE:

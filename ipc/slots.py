@@ -3,7 +3,16 @@
 ``ModelHandle`` (what ``Client.model`` returns) hands out free slots, runs ``infer`` and
 ``infer_async``; a ``Slot`` is written in place, submitted, waited for and released. Every wait
 goes through the owning ``Client``'s reading (``Client.wait_until``), so nothing here reads the
-socket or spins. Imported by ``ipc.client``; producers use both through ``ipc.client``.
+socket or spins. Imported by ``ipc.client``; producers use both through ``ipc`` (``from ipc
+import Client``).
+
+A frame larger than the ring's area for it grows the ring, make-before-break: the handle asks
+the supervisor for a new ring whose area holds the frame (``attach`` with ``inputs``: input
+name -> bytes), moves the slot being written (and what it already holds) into it, and hands out
+only the new ring's slots from then on; the old ring is detached once its last slot in flight
+has been answered and released. Nothing waits for other slots, so this works the same under
+``infer_async`` and on an event loop that is the client's reader (the gateway's). The larger
+ring is kept (and charged against the client's ``/dev/shm`` limits) until the handle closes.
 """
 
 from __future__ import annotations
@@ -11,10 +20,12 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import math
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
+from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -50,21 +61,35 @@ NOTICE_GRACE_S = 5.0  # how long past its own deadline a request waits for the s
 log = logging.getLogger("duomo.client")
 
 
+@dataclass
+class _Retiring:
+    """A ring replaced by a larger one, mapped until the last of its slots is back."""
+
+    ring_id: int
+    ring: SlotRing
+    slots: list[Slot]
+    out: int  # its slots still in flight or held
+
+
 class ModelHandle:
     """One attached model: a ring of slots in shared memory.
 
     When a reload changes the model's inputs or outputs, requests answer MODEL_CHANGED
     (``ModelChangedError``); the handle then re-attaches by itself as soon as all its slots are
     back (the next ``slot()`` does it), and ``infer`` retries its request once on the new ring.
+    A frame larger than the ring's area for it grows the ring (see the module docstring);
+    RESOURCE_EXHAUSTED when the supervisor's ``/dev/shm`` limits leave no room for it.
     """
 
     def __init__(self, client: Client, name: str, ring_id: int, ring: SlotRing) -> None:
         self.client = client
         self.name = name
         self._free_lock = threading.Lock()
-        self._reattach_lock = threading.Lock()
+        self._reattach_lock = threading.Lock()  # one ring change (re-attach, growth) at a time
         self._stale = False  # set by a MODEL_CHANGED answer: re-attach once the slots are back
         self._seq = itertools.count(1)
+        self._grown: dict[str, int] = {}  # input -> bytes the ring was last grown to hold
+        self._retiring: dict[int, _Retiring] = {}  # by ring id; read by the client's reader
         client._register(self, ring_id)
         self._bind(ring_id, ring)
 
@@ -79,6 +104,13 @@ class ModelHandle:
         }
         self._slots = [Slot(self, i) for i in range(self.layout.slots)]
         self._free = list(range(self.layout.slots))
+
+    def _slots_of(self, ring_id: int) -> list[Slot]:
+        """The slots of ring ``ring_id`` (the current one or one retiring), for its answers."""
+        if ring_id == self.ring_id:
+            return self._slots
+        retiring = self._retiring.get(ring_id)
+        return retiring.slots if retiring is not None else []
 
     def slot(self, timeout_s: float | None = None) -> Slot:
         """A free slot (blocks until one is free); release it with ``with`` or ``release()``.
@@ -119,7 +151,8 @@ class ModelHandle:
             old_id, old_ring, old_slots = self.ring_id, self.ring, self._slots
             with contextlib.suppress(DuomoError):
                 self.client.request("detach", ring=old_id)
-            ring_id, ring = self.client._attach(self.name, self.layout.slots)
+            ring_id, ring = self.client._attach(self.name, self.layout.slots)  # (not grown)
+            self._grown = {}
             for slot in old_slots:
                 slot._forget_views()
             old_ring.close()
@@ -129,10 +162,88 @@ class ModelHandle:
                 self._stale = False
             log.info("re-attached %r after its layout changed (ring %d)", self.name, ring_id)
 
-    def _release(self, index: int) -> None:
+    def _release(self, slot: Slot) -> None:
+        retired = None
         with self._free_lock:
-            self._free.append(index)
+            if slot.ring_id == self.ring_id:
+                self._free.append(slot.index)
+            else:
+                retired = self._back(slot.ring_id)
+        if retired is not None:
+            self._retire(retired)
         self.client._wake_waiters()
+
+    # -- growth: a larger ring for a larger frame -------------------------------------------
+
+    def _grow(self, slot: Slot, needs: Mapping[str, int]) -> None:
+        """Move ``slot`` (held, not in flight) to a ring whose input areas hold ``needs``
+        (input -> bytes), attaching a larger one first unless the current ring holds them."""
+        with self._reattach_lock:
+            capacity = {a.name: a.capacity for a in self.layout.inputs}
+            larger = {n: b for n, b in needs.items() if b > capacity.get(n, 0)}
+            if larger:
+                grown = {**self._grown, **larger}
+                # INVALID_ARGUMENT (an area of fixed size), RESOURCE_EXHAUSTED (no room)
+                ring_id, ring = self.client._attach(self.name, self.layout.slots, grown)
+                old = _Retiring(self.ring_id, self.ring, self._slots, 0)
+                with self._free_lock:
+                    old.out = len(old.slots) - len(self._free)
+                    self._retiring[old.ring_id] = old  # first: its answers still find its slots
+                    self.client._register(self, ring_id)
+                    self._bind(ring_id, ring)
+                    self._grown = grown
+                    retired = self._back(old.ring_id, count=0)
+                if retired is not None:
+                    self._retire(retired)
+                log.info("grew the ring of %r for %s bytes (ring %d)", self.name, larger, ring_id)
+        if slot.ring_id != self.ring_id:
+            self._move(slot, skip=needs.keys())
+
+    def _move(self, slot: Slot, skip: Iterable[str]) -> None:
+        """Move held ``slot`` to a free slot of the current ring, with the inputs written into
+        it so far (but those in ``skip``, about to be written again)."""
+        client = self.client
+        while True:
+            with self._free_lock:
+                index = self._free.pop() if self._free else None
+            if index is not None:
+                break
+            if client._closed is not None:
+                raise UnavailableError("connection to the supervisor is closed")
+            client.wait_until(lambda: bool(self._free) or client._closed is not None, None)
+        old_ring, skipped = slot.ring_id, set(skip)
+        carried = [(n, *slot._views[n][:2]) for n in slot._inputs if n not in skipped]
+        slot._forget_views()
+        slot._bind_ring(index)
+        for name, shape, data in carried:
+            slot.input(name, shape)[...] = data
+        del carried
+        with self._free_lock:
+            self._slots[index] = slot
+            retired = self._back(old_ring)
+        if retired is not None:
+            self._retire(retired)
+
+    def _back(self, ring_id: int, count: int = 1) -> _Retiring | None:
+        """(Under ``_free_lock``) ``count`` more slots of retiring ring ``ring_id`` are back;
+        the ring, taken off the list, once all are."""
+        retiring = self._retiring.get(ring_id)
+        if retiring is None:
+            return None
+        retiring.out -= count
+        if retiring.out > 0:
+            return None
+        del self._retiring[ring_id]
+        return retiring
+
+    def _retire(self, retiring: _Retiring) -> None:
+        """Detach and unmap a replaced ring whose slots are all back (any thread: nothing
+        waits for the supervisor's reply)."""
+        self.client._detach_later(retiring.ring_id)
+        for slot in retiring.slots:
+            if slot.ring_id == retiring.ring_id:  # (not one moved to a later ring)
+                slot._forget_views()
+        retiring.ring.close()
 
     def infer(self, data: Any, timeout_s: float | None = None, priority: int = 0) -> Any:
         """Run one request; the result dict (tensors are copied out of the slot). A request
@@ -190,20 +301,33 @@ class ModelHandle:
 
     def close(self) -> None:
         """Detach; requests still in flight on this handle fail with UnavailableError."""
-        with contextlib.suppress(DuomoError):
-            self.client.request("detach", ring=self.ring_id)
+        rings = [self.ring_id, *list(self._retiring)]
+        for ring_id in rings:
+            with contextlib.suppress(DuomoError):
+                self.client.request("detach", ring=ring_id)
         with self.client._lock:
-            self.client._handles.pop(self.ring_id, None)
+            for ring_id in rings:
+                self.client._handles.pop(ring_id, None)
         self._fail_all(UnavailableError(f"{self.name!r} was detached"))
         self._unmap()
 
     def _unmap(self) -> None:
+        with self._free_lock:
+            retiring = list(self._retiring.values())
+            self._retiring.clear()
+        for old in retiring:
+            for slot in old.slots:
+                if slot.ring_id == old.ring_id:
+                    slot._forget_views()
+            old.ring.close()
         for slot in self._slots:
             slot._forget_views()
         self.ring.close()
 
     def _fail_all(self, error: DuomoError) -> None:
-        for slot in self._slots:
+        with self._free_lock:
+            slots = [*self._slots, *(s for r in self._retiring.values() for s in r.slots)]
+        for slot in slots:
             slot._done(None, error, force=True)
         self.client._wake_waiters()
 
@@ -229,19 +353,8 @@ class Slot:
 
     def __init__(self, handle: ModelHandle, index: int) -> None:
         self.handle = handle
-        self.index = index
         self._answered = False  # set under _lock by whoever reads the answer
-        self._inputs: dict[str, TensorDesc] = {}  # written since the slot was taken
-        # name -> (shape asked for, view, descriptor) of the last input() call: a producer that
-        # sends the same shapes again gets the same view back, and the same header block
-        self._views: dict[str, tuple[Any, np.ndarray, TensorDesc]] = {}
-        self._descriptors: tuple[int, bytes] | None = None  # packed for the cached views
-        self._header = handle.ring.header(index)
-        self._output = handle.ring.output(index)
-        self._notice = notice_packer(handle.ring_id, index)
-        self._pack_request = request_packer(self._header)
         self._json = handle.layout.result == "json"  # else raw output tensors
-        self._result: TensorPlacement | None = None  # the last answer's records and views
         self._seq = 0
         self._error: DuomoError | None = None
         self._in_flight = False
@@ -251,6 +364,24 @@ class Slot:
         self._lock = threading.Lock()  # in-flight state: the caller's thread vs the reader's
         self._held = False
         self.on_done: Callable[[Slot], None] | None = None
+        self._bind_ring(index)
+
+    def _bind_ring(self, index: int) -> None:
+        """Be slot ``index`` of the handle's current ring (a slot moves when its ring grows)."""
+        ring = self.handle.ring
+        self.index = index
+        self.ring_id = self.handle.ring_id
+        self._ring = ring
+        self._inputs: dict[str, TensorDesc] = {}  # written since the slot was taken
+        # name -> (shape asked for, view, descriptor) of the last input() call: a producer that
+        # sends the same shapes again gets the same view back, and the same header block
+        self._views: dict[str, tuple[Any, np.ndarray, TensorDesc]] = {}
+        self._descriptors: tuple[int, bytes] | None = None  # packed for the cached views
+        self._header = ring.header(index)
+        self._output = ring.output(index)
+        self._notice = notice_packer(self.ring_id, index)
+        self._pack_request = request_packer(self._header)
+        self._result: TensorPlacement | None = None  # the last answer's records and views
 
     def _take(self) -> None:
         self._held = True
@@ -261,7 +392,8 @@ class Slot:
         self._release_when_done = False
 
     def input(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
-        """A writable view of input ``name`` at ``shape``, inside the shared-memory slot."""
+        """A writable view of input ``name`` at ``shape``, inside the shared-memory slot (the
+        ring grows first if the slot's area is too small for it)."""
         cached = self._views.get(name)
         if cached is not None and cached[0] == shape:
             self._inputs[name] = cached[2]
@@ -275,7 +407,11 @@ class Slot:
         gray = len(shape) == 2 and name == "image" and len(area.shape) == 3
         if gray:  # a grayscale frame travels as H×W×1
             shape = (*shape, 1)
-        view = self.handle.ring.input_view(self.index, index, dtype, shape)
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes > self._ring.layout.inputs[index].capacity:
+            self.handle._grow(self, {name: nbytes})
+            index = self.handle._inputs[name][0]
+        view = self._ring.input_view(self.index, index, dtype, shape)
         if gray:
             view = view[:, :, 0]
         desc = TensorDesc(code, shape)
@@ -294,7 +430,8 @@ class Slot:
             self._output.release()
 
     def write(self, data: Any) -> None:
-        """Copy an image (uint8 H×W×C or H×W) or a dict of arrays into the slot's inputs."""
+        """Copy an image (uint8 H×W×C or H×W) or a dict of arrays into the slot's inputs (the
+        ring grows first, once, if they do not fit)."""
         areas = self.handle.layout.inputs
         items: Iterable[tuple[str, Any]]
         if isinstance(data, np.ndarray):
@@ -305,20 +442,25 @@ class Slot:
             items = data.items()
         else:
             raise InvalidArgumentError("expected a numpy array or a dict of arrays")
+        arrays = []
+        needs = {}
+        capacities = self._ring.layout.inputs
         for name, array in items:
             array = np.asarray(array)
             known = self.handle._inputs.get(name)
             if known is None:
                 raise InvalidArgumentError(f"{self.handle.name!r} has no input {name!r}")
-            _, area, dtype, _ = known
+            index, area, dtype, _ = known
             if array.dtype != dtype:
                 raise InvalidArgumentError(
                     f"input {name!r} must be {area.dtype}, got {array.dtype}"
                 )
-            if array.nbytes > area.capacity:
-                raise InvalidArgumentError(
-                    f"input {name!r} of {array.nbytes} bytes exceeds the slot's {area.capacity}"
-                )
+            if array.nbytes > capacities[index].capacity:
+                needs[name] = array.nbytes
+            arrays.append((name, array))
+        if needs:
+            self.handle._grow(self, needs)
+        for name, array in arrays:
             self.input(name, array.shape)[...] = array
 
     def submit(self, timeout_s: float | None = None, priority: int = 0) -> None:
@@ -367,7 +509,7 @@ class Slot:
             except Exception:  # a user's callback must not break the connection for everyone
                 log.exception("slot callback failed")
         if release:  # released while in flight: it comes back now
-            self.handle._release(self.index)
+            self.handle._release(self)
 
     def answered(self) -> bool:
         return self._answered
@@ -423,7 +565,7 @@ class Slot:
             if self._in_flight:
                 self._release_when_done = True
                 return
-        self.handle._release(self.index)
+        self.handle._release(self)
 
     def __enter__(self) -> Slot:
         return self

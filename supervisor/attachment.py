@@ -1,6 +1,8 @@
 """The supervisor's side of one attached ring: one client's slots for one model.
 
-Created by the reactor on ``attach``. ``submit`` runs when a "slot ready" notice arrives, on the
+Created by the reactor on ``attach``, laid out by ``layout_for``: the model's slot spec, with
+the input areas a producer asked to grow for a larger frame (``attach``'s ``inputs``; charged
+in full by ``ring_charge``). ``submit`` runs when a "slot ready" notice arrives, on the
 thread reading the client's connection (the reactor, or the model's idle worker it is lent to:
 one at a time, see ``Reactor``): it copies the slot header out of shared memory once,
 validates every field against the model's slot layout (the client may rewrite the header
@@ -40,6 +42,7 @@ from ipc.errors import (
     NotFoundError,
     ResourceExhaustedError,
     UnavailableError,
+    echoed,
 )
 from ipc.framing import notice_packer
 from ipc.ring import RingLayout, SlotRing, write_tensors
@@ -65,14 +68,47 @@ PRIORITY_LIMIT = 1000  # producers' priorities are clamped to the range a config
 _SUBMITTED = int(SlotState.SUBMITTED)
 
 
-def layout_for(spec: SlotSpec, slots: int) -> RingLayout:
-    return RingLayout.build(
-        slots,
-        [(i.name, i.dtype, i.shape, i.capacity) for i in spec.inputs],
-        spec.result_capacity,
-        spec.result,
-        spec.outputs,
-    )
+GROWTH_STEP = 1 << 20  # a grown input area is rounded up to this (a slightly larger frame fits)
+
+
+def layout_for(spec: SlotSpec, slots: int, grow: Mapping[str, int] | None = None) -> RingLayout:
+    """The ring layout for ``spec`` with ``slots`` slots. ``grow`` (input -> the bytes a
+    producer's frame needs: ``attach``'s ``inputs``) enlarges those areas past the model's
+    default, rounded up to ``GROWTH_STEP``; INVALID_ARGUMENT for an input the model does not
+    have, or more bytes than an input of fixed shape can ever take."""
+    asked = dict(grow or {})
+    inputs = []
+    for i in spec.inputs:
+        capacity = i.capacity
+        need = asked.pop(i.name, 0)
+        if need > capacity:
+            if _fixed_size(i.shape, spec.max_rows):
+                rows = f" at max_batch {spec.max_rows}" if spec.max_rows is not None else ""
+                raise InvalidArgumentError(
+                    f"input {i.name!r} of {need} bytes exceeds the slot's {capacity}, the most "
+                    f"its shape {list(i.shape)} takes{rows}"
+                )
+            capacity = -(-need // GROWTH_STEP) * GROWTH_STEP
+        inputs.append((i.name, i.dtype, i.shape, capacity))
+    if asked:
+        names = [i.name for i in spec.inputs]
+        raise InvalidArgumentError(f"model has no input {echoed(next(iter(asked)))} ({names})")
+    return RingLayout.build(slots, inputs, spec.result_capacity, spec.result, spec.outputs)
+
+
+def _fixed_size(shape: tuple[int | None, ...], max_rows: int | None) -> bool:
+    """Whether an input's default area already holds its largest tensor: every dimension is
+    fixed but the batch (bounded by ``max_rows``)."""
+    return all(d is not None for d in (shape[1:] if max_rows is not None else shape))
+
+
+def ring_charge(spec: SlotSpec, layout: RingLayout) -> int:
+    """The ``/dev/shm`` bytes a ring is charged (``ShmLedger``): what creating it commits, and
+    every input area grown past ``spec``'s default in full, in every slot (a producer asked
+    for that room; the defaults are bounded by the model)."""
+    defaults = {i.name: i.capacity for i in spec.inputs}
+    grown = sum(a.capacity for a in layout.inputs if a.capacity > defaults.get(a.name, 0))
+    return layout.reserved_bytes + layout.slots * grown
 
 
 class Attachment:
@@ -85,8 +121,8 @@ class Attachment:
         send: Callable[[bytes], None],
         on_close: Callable[[], None] | None = None,
     ) -> None:
-        """``layout``: ``layout_for(model.slot_spec(), slots)``; ``on_close`` runs once when
-        the ring is detached (the supervisor gives back what it charged for it)."""
+        """``layout``: ``layout_for(model.slot_spec(), slots, grow)``; ``on_close`` runs once
+        when the ring is detached (the supervisor gives back what it charged for it)."""
         self.ring_id = ring_id
         self.model_name = model.spec.name
         self._models = models  # by name at every request, so a reload's replacement serves it

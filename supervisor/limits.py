@@ -10,7 +10,9 @@ limit with its default.
 
 Shared memory is charged by what the supervisor commits when it creates a ring (its slot
 headers and result areas, ``RingLayout.reserved_bytes``): that is what a client can make the
-supervisor hold. Input pages are committed by the producer's own writes.
+supervisor hold. Input pages are committed by the producer's own writes; an input area a
+producer asked to grow past the model's default (for a larger frame) is charged in full, in
+every slot (``supervisor.attachment.ring_charge``), so these bounds are what bound growth.
 """
 
 from __future__ import annotations

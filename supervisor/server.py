@@ -6,7 +6,10 @@ starts the watchdog and starts listening. Control messages are answered by ``han
 reactor thread; the slow ones (``reload``, ``load``, ``unload``, attaching a model that was never
 loaded) queue for the one control-job thread (``ControlJobs``) and answer when done, so the
 reactor never waits for a model. ``attach`` is charged against the ``limits`` on slots and
-``/dev/shm`` bytes per client and in all (``ShmLedger``); the reactor enforces the others.
+``/dev/shm`` bytes per client and in all (``ShmLedger``; a ring a producer grew for a larger
+frame is charged its grown input areas in full, ``ring_charge``); the reactor enforces the
+others. ``status`` lists every client but the connection asking, unless that one holds rings
+(``duomo status`` is no client of the models).
 ``shutdown`` stops accepting, lets queued and in-flight work finish within ``shutdown_grace_s``,
 answers the rest UNAVAILABLE, releases the models, closes every connection and removes the
 socket and key files; it returns how many requests it had to cut (the exit code says so).
@@ -53,7 +56,7 @@ from ipc.errors import (
 )
 from ipc.ring import start_tracker
 from ipc.runtime_dir import ensure_private_dir, key_path, pid_path, write_key
-from supervisor.attachment import Attachment, layout_for
+from supervisor.attachment import Attachment, layout_for, ring_charge
 from supervisor.config import ConfigError, LoadedConfig, load_config
 from supervisor.connection import Connection
 from supervisor.control_jobs import ControlJob, ControlJobs, error_reply
@@ -292,7 +295,7 @@ class Supervisor:
                 self.reactor.detach(conn, int(message["ring"]))
                 return {"ok": True}
             if op == "status":
-                return {"ok": True, "status": self.status()}
+                return {"ok": True, "status": self.status(asking=conn)}
             if op == "stop":
                 if message.get("wait"):  # answered once the queued work is done or cut
                     self._stop_waiters.append((conn, message))
@@ -360,10 +363,15 @@ class Supervisor:
     ) -> dict[str, Any] | None:
         name = message["model"]
         slots = message.get("slots", 4)
+        grow = message.get("inputs") or {}
         if not isinstance(name, str):
             raise InvalidArgumentError("'model' must be a string")
         if not isinstance(slots, int) or not 1 <= slots <= MAX_SLOTS:
             raise InvalidArgumentError(f"'slots' must be an integer in 1..{MAX_SLOTS}")
+        if not isinstance(grow, dict) or not all(
+            isinstance(n, str) and type(b) is int and b >= 0 for n, b in grow.items()
+        ):
+            raise InvalidArgumentError("'inputs' must map input names to byte counts")
         if len(conn.attachments) >= MAX_RINGS_PER_CLIENT:
             raise ResourceExhaustedError(
                 f"a client may attach at most {MAX_RINGS_PER_CLIENT} rings; close some first"
@@ -396,9 +404,20 @@ class Supervisor:
 
             self._in_background(conn, message, load_then_attach)
             return None
-        layout = layout_for(model.slot_spec(), slots)
-        charge = (conn.id, slots, layout.reserved_bytes)
-        self.shm.charge(*charge)  # ResourceExhaustedError past a bound on slots or /dev/shm
+        spec = model.slot_spec()
+        layout = layout_for(spec, slots, grow)  # InvalidArgumentError: no such or fixed input
+        charge = (conn.id, slots, ring_charge(spec, layout))
+        try:
+            self.shm.charge(*charge)  # ResourceExhaustedError past a bound on slots or /dev/shm
+        except ResourceExhaustedError as err:
+            if not grow:
+                raise
+            needed = ", ".join(f"{n!r} of {b} bytes" for n, b in grow.items())
+            room = ", ".join(f"{a.name!r} {a.capacity}" for a in layout.inputs)
+            raise ResourceExhaustedError(
+                f"no room to grow {name!r}'s ring for an input {needed} ({slots} slot(s) with "
+                f"input areas of {room} bytes): {err.message}"
+            ) from None
         ring_id = conn.next_ring_id()
         try:
             attachment = Attachment(
@@ -426,10 +445,15 @@ class Supervisor:
             raise NotFoundError(f"no attached ring {echoed(ring)}")
         return attachment
 
-    def status(self) -> dict[str, Any]:
+    def status(self, asking: Connection | None = None) -> dict[str, Any]:
+        """The supervisor's state. ``clients`` leaves out the connection ``asking`` when it holds
+        no ring: the ``duomo status`` command (or its ``--watch`` view) is no client of the
+        models; a producer that asks sees its own rings."""
         process = self._process
         clients = []
         for conn in self.reactor.connections if self.reactor else []:
+            if conn is asking and not conn.attachments:
+                continue
             slots, shm_bytes = self.shm.held(conn.id)
             clients.append(
                 {
