@@ -128,7 +128,7 @@ def quiet_snapshot(socket: str) -> dict[str, Any]:
     while True:
         with Client(socket) as client:
             status = client.status()
-        if len(status["clients"]) == 1 and status["mapped_rings"] == 0:
+        if len(status["clients"]) == 0 and status["mapped_rings"] == 0:
             break
         if time.monotonic() > deadline:
             raise RuntimeError("producers did not detach within 60 s")

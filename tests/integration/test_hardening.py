@@ -95,7 +95,7 @@ BASELINES: dict[Path, dict[str, int]] = {}
 
 def record_baseline(sup: SupervisorProcess) -> None:
     served(sup)  # warm: every model has answered once, every lazy thread has started
-    poll(lambda: len(status(sup)["clients"]) == 1)  # type: ignore[arg-type]
+    poll(lambda: len(status(sup)["clients"]) == 0)  # type: ignore[arg-type]
     BASELINES[sup.socket] = usage(sup)
 
 
@@ -111,7 +111,7 @@ def usage(sup: SupervisorProcess) -> dict[str, int]:
 def back_where_it_began(sup: SupervisorProcess) -> None:
     """Once every client has gone: the same threads and descriptors as before the tests, and
     resident memory within 64 MiB of it (printed for the record: ``pytest -s``)."""
-    poll(lambda: len(status(sup)["clients"]) == 1 and status(sup)["mapped_rings"] == 0)  # type: ignore[arg-type]
+    poll(lambda: len(status(sup)["clients"]) == 0 and status(sup)["mapped_rings"] == 0)  # type: ignore[arg-type]
     before, after = BASELINES[sup.socket], usage(sup)
     print(f"\n{sup.socket.parent.name}: before the tests {before}, after {after}")
     assert after["threads"] == before["threads"]
@@ -350,7 +350,7 @@ def test_a_burst_of_connections_past_the_listen_backlog(roomy: SupervisorProcess
 
 
 def test_connections_past_the_cap_are_refused_politely(tight: SupervisorProcess) -> None:
-    poll(lambda: len(status(tight)["clients"]) == 1)  # type: ignore[arg-type]  # (the asker)
+    poll(lambda: len(status(tight)["clients"]) == 0)  # type: ignore[arg-type]
     held = [Client(tight.socket) for _ in range(6)]
     try:
         with pytest.raises(ResourceExhaustedError, match="at most 6 connections"):

@@ -77,7 +77,7 @@ def fds_when_alone(sup: SupervisorProcess) -> int:
 
     def alone() -> bool:
         shown = status(sup)
-        if len(shown["clients"]) == 1 and shown["mapped_rings"] == 0:  # type: ignore[arg-type]
+        if len(shown["clients"]) == 0 and shown["mapped_rings"] == 0:  # type: ignore[arg-type]
             found.append(int(shown["open_fds"]))  # type: ignore[call-overload]
             return True
         return False
