@@ -24,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ipc.client import Client, Slot
+from ipc import Client, Slot
 from supervisor.image_files import read_image
 
 IMAGES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "images"
