@@ -1,5 +1,6 @@
 """The HTTP/REST transport: the v2 endpoints and Triton's extensions as an ASGI application,
-served by uvicorn with the httptools parser (chosen by measurement: README "Gateway").
+served by uvicorn with the httptools parser (chosen by measurement: docs/gateway.md, "The HTTP
+stack").
 
 Routes (``{m}`` a model, ``{v}`` its version, optional wherever Triton makes it so):
 

@@ -3,8 +3,8 @@ images decoded, shared-memory regions read), and the slot's answer turned into v
 
 Called by ``gateway.link`` (through the closures the transports build), on the gateway
 worker's event loop. Everything a caller sends is checked here against the model's wire view
-before it reaches the slot; the supervisor checks the slot header again (DESIGN: every field a
-client writes is hostile), so what passes here and fails there is still a clear error.
+before it reaches the slot; the supervisor checks the slot header again (docs/operations.md: every
+field a client writes is hostile), so what passes here and fails there is still a clear error.
 """
 
 from __future__ import annotations

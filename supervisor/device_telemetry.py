@@ -91,7 +91,7 @@ class NvmlProbe:
         """NVML's handle for CUDA's device ``index``: the ``index``-th entry of
         ``CUDA_VISIBLE_DEVICES`` when it is set (an NVML index or a ``GPU-…`` UUID), else
         NVML's own index. NVML numbers GPUs in PCI bus order; CUDA does too with
-        ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (the README says to set it)."""
+        ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (docs/operations.md says to set it)."""
         visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")]
         visible = [v for v in visible if v]
         if not visible:

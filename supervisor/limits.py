@@ -5,7 +5,7 @@ Read by ``Supervisor`` at start and at every reload (``resolve_limits``), and en
 reactor (connections, the listen backlog, authentication and idle timeouts, each connection's
 unread backlog) and by ``Supervisor`` on ``attach`` (slots and ``/dev/shm`` bytes, through
 ``ShmLedger``) and for slow control messages (``ControlJobs``' queue). Every refusal names the
-limit and the numbers that passed it; the README's "Security and failure handling" states each
+limit and the numbers that passed it; docs/operations.md ("Security and limits") states each
 limit with its default.
 
 Shared memory is charged by what the supervisor commits when it creates a ring (its slot

@@ -115,8 +115,8 @@ def tune_heap() -> None:
     the buffers it freed), and a fixed ``HEAP_MMAP_THRESHOLD``: a block that large is mapped on
     its own and returned to the system when freed (glibc otherwise raises the threshold after
     such a free, and the next large request buffers then stay resident in the heap). Measured on
-    the mixed three-model load: about 30 MiB less resident memory, the same speed (README,
-    "Benchmarks")."""
+    the mixed three-model load: about 30 MiB less resident memory, the same speed
+    (docs/design-notes.md, "Memory")."""
     libc = _libc()
     mallopt = getattr(libc, "mallopt", None)
     if mallopt is not None:

@@ -2,7 +2,7 @@
 
     python tools/ascend_smoke.py models/ascend-ascend310p3/*.om [--seconds 3] [--out report.json]
 
-It writes one JSON report (send it to us: README, "Ascend"):
+It writes one JSON report (send it to us: docs/ascend.md):
 - the environment (``duomo check``'s report: npu-smi, driver, CANN, pyACL, SoC, device memory);
 - per ``.om``: what it takes and returns (dtypes, formats, gears), ``query_size`` and the measured
   device memory, and every gear run once with random input, compared with the same model in ONNX

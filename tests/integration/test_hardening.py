@@ -1,5 +1,5 @@
 """The socket and the data plane under heavy and hostile clients: a client that reads is never
-cut off, and no client can exhaust the supervisor (README "Security and failure handling").
+cut off, and no client can exhaust the supervisor (docs/operations.md, "Security and limits").
 
 Three real supervisors: one with the default limits (the heavy legitimate clients, replies and
 messages that used to be lost, the control queue), one with every limit lowered so a test can

@@ -12,7 +12,7 @@ bookkeeping or protocol. The result travels as JSON encoded as Duomo encodes it 
   no server in another process can avoid.
 - **two threads** (``design floor``, ``--handoff``): the receiving thread hands each request to
   a compute thread through a queue and goes back to the socket; the compute thread runs it and
-  answers. That is the least DESIGN §3 asks for (a reactor thread that reads notices, a model
+  answers. That is the least Duomo's design asks for (a reactor thread that reads notices, a model
   worker thread that runs them), so whatever Duomo adds on top of it is Duomo's own code.
 
 Server side: ``python -m tools.bench.floor CONFIG MODEL SOCKET [--handoff]``, started by

@@ -3,7 +3,7 @@ wrong answer counts as none), p50/p90/p99 latency, errors; the servers' resident
 **work** (Σ over models of answers/s ÷ that model's answers/s alone in-process on one thread);
 the per-request overhead (the p50 through a server minus the in-process p50, and the p50 of the
 round trip minus the server's own time in the executor: *accounted*), with its two floors
-(``tools.bench.floor``: a bare server with one thread, and with the two threads DESIGN §3 asks
+(``tools.bench.floor``: a bare server with one thread, and with the two threads Duomo's design asks
 for) next to Duomo's; the targets.
 Written into one folder as ``report.json`` (figures and every raw round), ``report.md`` and two
 PNG charts (``throughput.png``, ``latency.png``).
@@ -315,7 +315,7 @@ def markdown(report: dict[str, Any]) -> str:
             "(`tools.bench.floor`: one thread, the image in shared memory, 12 bytes in and 8 "
             "out on a Unix socket, nothing else), probed in the same client as every server: "
             "what no server in another process can avoid on this machine. *design floor*: the "
-            "same bare server with DESIGN §3's two threads (one receives and hands the request "
+            "same bare server with the design's two threads (one receives and hands the request "
             "over, the other runs and answers it): what no server of Duomo's design can avoid. "
             "*accounted*: the p50 of each round trip minus the time the server itself says it "
             "spent in the executor for that request (Duomo: the slot's stage timings, which "

@@ -3,7 +3,7 @@
 Created by ``create_backend("acl", AclOptions)``; ``AclBackend.open`` runs on the model worker's
 thread and returns an ``AclSession`` that only that thread uses. Hardware status: built to the
 pyACL call contract (``worker.backends.acl_runtime``) and tested against the strict fake in
-``tests/fakes/fake_acl.py``; not yet verified on a 310P3 or 910B card (README, "Ascend").
+``tests/fakes/fake_acl.py``; not yet verified on a 310P3 or 910B card (docs/ascend.md).
 
 Process-wide (``AclBackend``): the first ``open`` calls ``acl.init`` (100002, "already
 initialised", is fine: ORT's CANN provider may have done it) and ``rt.set_device`` once per device;

@@ -4,7 +4,7 @@ Every function writes into caller-owned memory where it can, because executors f
 session's reusable input buffers directly; ``ResizeScratch`` is an executor's reusable buffer
 for the resized image between the request's pixels and that input buffer, so a request
 allocates no image-sized memory (with the supervisor's fixed mmap threshold, a fresh 1.2 MB
-buffer per request costs page faults: 0.3 ms per face request, README "Benchmarks").
+buffer per request costs page faults: 0.3 ms per face request, docs/design-notes.md, "Memory").
 
 A request's frame is never copied at its full size, whatever its size or channels: ``as_image``
 checks it and returns it as it is (a view into its slot), the resize reads it once, and gray or

@@ -8,8 +8,8 @@ from one client against the same model called through ``ipc.Client`` (the refere
 For each stack: the p50 round trip of a v2 binary-tensor request and its *overhead* (that p50
 minus the reference's p50: what the HTTP hop costs), from blocks of requests that go round the
 reference and every stack in turn, each block past its first requests (the caches hold the
-previous side's state). Prints a table and writes JSON with ``--out``. The README's "Gateway"
-section says what was chosen from it.
+previous side's state). Prints a table and writes JSON with ``--out``. docs/gateway.md ("The
+HTTP stack") says what was chosen from it.
 
 ``--serve-aiohttp PORT SOCKET`` is this tool's own aiohttp server process (not for users).
 """

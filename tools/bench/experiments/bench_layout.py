@@ -14,7 +14,7 @@ answers per window.
 
     python -m tools.bench.experiments.bench_layout --rounds 3 --seconds 20 [--out FILE.json]
 
-A research tool of ``duomo bench``'s analysis (README "Benchmarks"); not run by the tests.
+A research tool of ``duomo bench``'s analysis (docs/benchmarks.md); not run by the tests.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Wake-up benchmark: how soon a thread waiting on a Unix socket runs after a request arrives,
 by what it did before it waited. It is the measurement behind the model workers' idle spin
-(README "Idle spin"); it uses none of Duomo's code.
+(docs/design-notes.md, "Idle spin"); it uses none of Duomo's code.
 
 A client process sends 16 bytes, the server answers after one classification (the demo's
 EfficientNet-Lite0 in ONNX Runtime, one intra-op thread, spinning off), and the client works
@@ -12,7 +12,7 @@ The server's ways to wait:
   without the idle spin);
 - ``after-sleep``: the same, but the "inference" is a sleep of the same length: no CPU used;
 - ``separate-reader``: a thread that never computes waits and hands the request to a second
-  thread that runs it (DESIGN §3's reactor and worker, the bench's *design floor*); only the
+  thread that runs it (Duomo's reactor and worker, the bench's *design floor*); only the
   reader's wake is counted, not the second one, of the thread it hands the request to;
 - ``spin``: as ``after-inference``, but it polls without sleeping for up to 1 ms first,
   yielding the core at every turn, as a model worker's idle spin does.
