@@ -43,15 +43,19 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-# Debian programs the tests drive: a real Prometheus server and promtool (the /metrics tests) and
-# tmux (the live view's test); installed when missing and this is root with apt-get
+# Debian programs the tests drive: a real Prometheus server and promtool (the /metrics tests),
+# tmux (the live view's test), and podman with runc, netavark, iptables and mmdebstrap (the
+# container layout's test, tests/integration/test_containers.py); installed when missing and
+# this is root with apt-get
+TOOLS := prometheus promtool tmux podman runc mmdebstrap
 tools:
-	@command -v prometheus >/dev/null && command -v promtool >/dev/null && command -v tmux >/dev/null \
+	@for tool in $(TOOLS); do command -v $$tool >/dev/null || missing=1; done; [ -z "$$missing" ] \
 	|| if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		export DEBIAN_FRONTEND=noninteractive; \
-		apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus tmux >/dev/null; \
+		apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus tmux \
+			podman runc netavark aardvark-dns iptables mmdebstrap >/dev/null; \
 	else \
-		echo "make test: install prometheus and tmux (Debian packages) or their tests are skipped"; \
+		echo "make test: install prometheus, tmux, podman, runc and mmdebstrap (Debian packages) or their tests are skipped"; \
 	fi
 
 test: models lint tools

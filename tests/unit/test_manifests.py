@@ -1,0 +1,432 @@
+"""The deployment files (deploy/) agree with the Kubernetes schemas, with each other and with the
+code's defaults — offline, with no cluster.
+
+* Every overlay of ``deploy/kubernetes`` and the KServe pair is rendered with ``kubectl
+  kustomize`` (or ``kustomize build``); each Kubernetes object is validated strictly (unknown
+  fields fail) against the schemas of ``kubernetes-validate`` for the oldest and newest
+  Kubernetes versions it ships, and so are the pod-spec parts inside KServe's resources.
+* ServiceMonitor, ServingRuntime and InferenceService are custom resources whose schemas no
+  package ships: their fields are checked against the names in their CRDs (prometheus-operator
+  ``monitoring.coreos.com_servicemonitors.yaml`` at 6adcebc5, KServe
+  ``serving.kserve.io_{servingruntimes,inferenceservices}.yaml`` at aaac4e29; the lists below
+  hold the fields these files may use) and against each other (the ServiceMonitor's port is a
+  Service port, the InferenceService names the runtime and its model format).
+* The ports, the probe paths and the metrics port are the code's: the gateway's and the metrics
+  section's default ports, paths that ``MetricsServer`` and the gateway's HTTP front answer 200
+  without a token; every config that deploy/ carries loads with ``load_config``.
+* The layout's invariants: every container of a pod (and every service of the compose file)
+  mounts the same memory-backed socket directory and ``/dev/shm`` and runs as uid 10001.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shutil
+import subprocess
+from functools import cache
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from kubernetes_validate.utils import all_versions
+
+from supervisor.config import ConfigError, load_config
+from supervisor.gateways import GatewayConfig
+from supervisor.metrics_http import MetricsConfig, MetricsServer
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+KUBE = DEPLOY / "kubernetes"
+OVERLAYS = sorted(p.name for p in (KUBE / "overlays").iterdir() if p.is_dir())
+TARGETS = [f"overlays/{name}" for name in OVERLAYS] + ["kserve"]
+DEVICE_RESOURCE = {
+    "cpu": None,
+    "ascend-310p": "huawei.com/Ascend310P",
+    "ascend-910b": "huawei.com/Ascend910",
+    "nvidia-gpu": "nvidia.com/gpu",
+}
+CUSTOM_KINDS = {"ServiceMonitor", "ServingRuntime", "InferenceService"}
+UID = 10001
+SOCKET_DIR = "/run/duomo"
+SOCKET = "/run/duomo/sock/duomo.sock"
+
+# Field names from the CRDs named in the docstring, for the parts these files fill in.
+SERVICE_MONITOR_SPEC = {
+    "selector", "endpoints", "namespaceSelector", "jobLabel", "targetLabels", "podTargetLabels",
+    "sampleLimit", "scrapeProtocols", "attachMetadata",
+}  # fmt: skip
+SERVICE_MONITOR_ENDPOINT = {
+    "port", "targetPort", "path", "scheme", "interval", "scrapeTimeout", "honorLabels",
+    "honorTimestamps", "params", "relabelings", "metricRelabelings", "bearerTokenSecret",
+    "authorization", "basicAuth", "oauth2", "tlsConfig", "followRedirects", "enableHttp2",
+    "filterRunning", "proxyUrl", "trackTimestampsStaleness",
+}  # fmt: skip
+SERVING_RUNTIME_SPEC = {
+    "affinity", "annotations", "builtInAdapter", "containers", "disabled", "grpcDataEndpoint",
+    "grpcEndpoint", "hostIPC", "httpDataEndpoint", "imagePullSecrets", "labels", "multiModel",
+    "nodeSelector", "protocolVersions", "replicas", "resourceClaims", "schedulerName",
+    "storageHelper", "supportedModelFormats", "tolerations", "volumes", "workerSpec",
+}  # fmt: skip
+MODEL_FORMAT = {"name", "version", "autoSelect", "priority"}
+INFERENCE_SERVICE_PREDICTOR = {
+    "model", "minReplicas", "maxReplicas", "scaleMetric", "scaleMetricType", "scaleTarget",
+    "containerConcurrency", "timeout", "canaryTrafficPercent", "annotations", "labels",
+    "deploymentStrategy", "nodeSelector", "tolerations", "affinity", "serviceAccountName",
+    "resources", "volumes",
+}  # fmt: skip
+INFERENCE_SERVICE_MODEL = {
+    "modelFormat", "runtime", "runtimeVersion", "protocolVersion", "storageUri", "storage",
+    "args", "env", "resources", "ports", "volumeMounts",
+}  # fmt: skip
+
+
+def kustomize_command() -> list[str] | None:
+    if shutil.which("kubectl"):
+        return ["kubectl", "kustomize"]
+    if shutil.which("kustomize"):
+        return ["kustomize", "build"]
+    return None
+
+
+@cache
+def rendered(target: str) -> tuple[dict[str, Any], ...]:
+    command = kustomize_command()
+    if command is None:
+        pytest.skip("neither kubectl (kubectl kustomize) nor kustomize is installed")
+    done = subprocess.run(
+        [*command, str(KUBE / target)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, f"{target}: {done.stderr}"
+    return tuple(doc for doc in yaml.safe_load_all(done.stdout) if doc)
+
+
+def one(target: str, kind: str) -> dict[str, Any]:
+    found = [doc for doc in rendered(target) if doc["kind"] == kind]
+    assert len(found) == 1, f"{target}: {len(found)} {kind}"
+    return found[0]
+
+
+def containers(target: str) -> dict[str, dict[str, Any]]:
+    spec = one(target, "Deployment")["spec"]["template"]["spec"]
+    return {c["name"]: c for c in spec["containers"]}
+
+
+def port_of(endpoint: str) -> int:
+    return int(endpoint.rpartition(":")[2])
+
+
+GATEWAY_HTTP = port_of(GatewayConfig().http or "")
+GATEWAY_GRPC = port_of(GatewayConfig().grpc or "")
+METRICS = port_of(MetricsConfig().http)
+
+
+# --- the Kubernetes schemas --------------------------------------------------------------
+
+
+def test_every_kind_is_one_we_know() -> None:
+    for target in TARGETS:
+        kinds = {doc["kind"] for doc in rendered(target)}
+        assert kinds - CUSTOM_KINDS <= {
+            "Deployment", "Service", "ConfigMap", "PodDisruptionBudget",
+        }, target  # fmt: skip
+    kinds = {doc["kind"] for doc in rendered("overlays/cpu")}
+    assert kinds == {"Deployment", "Service", "ConfigMap", "PodDisruptionBudget", "ServiceMonitor"}
+    assert {doc["kind"] for doc in rendered("kserve")} == {"ServingRuntime", "InferenceService"}
+
+
+@pytest.mark.parametrize("version", [all_versions()[0], all_versions()[-1]])
+@pytest.mark.parametrize("target", TARGETS)
+def test_manifests_validate_against_the_kubernetes_schemas(target: str, version: str) -> None:
+    for doc in rendered(target):
+        if doc["kind"] not in CUSTOM_KINDS:
+            kubernetes_validate.validate(doc, version, strict=True)
+
+
+def core_validator(definition: str, version: str) -> Any:
+    """A strict validator for one core type (``io.k8s.api.core.v1.Container``, ...)."""
+    import jsonschema
+    from kubernetes_validate.utils import schema_contents
+    from referencing import Registry, Resource
+
+    folder = f"kubernetes-json-schema/v{version}-local-strict"
+    definitions = Resource.from_contents(schema_contents(f"{folder}/_definitions.json", version))
+    schema = {"$ref": f"{definitions.id()}#/$defs/{definition}"}
+    registry: Registry[Any] = definitions @ Registry()
+    return jsonschema.Draft202012Validator(schema, registry=registry)
+
+
+@pytest.mark.parametrize("version", [all_versions()[0], all_versions()[-1]])
+def test_kserve_runtime_pod_parts_validate_against_the_core_schemas(version: str) -> None:
+    runtime = one("kserve", "ServingRuntime")["spec"]
+    for container in runtime["containers"]:
+        core_validator("io.k8s.api.core.v1.Container", version).validate(container)
+    for volume in runtime["volumes"]:
+        core_validator("io.k8s.api.core.v1.Volume", version).validate(volume)
+
+
+def test_core_validator_rejects_a_misspelt_field() -> None:
+    container = dict(containers("overlays/cpu")["supervisor"])
+    container["livenesProbe"] = container.pop("livenessProbe")
+    with pytest.raises(Exception, match="livenesProbe"):
+        core_validator("io.k8s.api.core.v1.Container", all_versions()[-1]).validate(container)
+
+
+# --- the custom resources -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", [f"overlays/{name}" for name in OVERLAYS])
+def test_service_monitor_scrapes_the_metrics_port(target: str) -> None:
+    monitor, service = one(target, "ServiceMonitor"), one(target, "Service")
+    assert set(monitor["spec"]) <= SERVICE_MONITOR_SPEC
+    labels = service["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert set(endpoint) <= SERVICE_MONITOR_ENDPOINT
+    assert endpoint["path"] == "/metrics"
+    ports = {p["name"]: p for p in service["spec"]["ports"]}
+    assert ports[endpoint["port"]]["port"] == METRICS
+    supervisor = containers(target)["supervisor"]
+    container_ports = {p["name"]: p["containerPort"] for p in supervisor["ports"]}
+    assert container_ports[ports[endpoint["port"]]["targetPort"]] == METRICS
+    assert metrics_status(endpoint["path"]) == "200 OK"
+
+
+def test_kserve_runtime_and_inference_service_fit_together() -> None:
+    runtime, service = one("kserve", "ServingRuntime"), one("kserve", "InferenceService")
+    spec = runtime["spec"]
+    assert set(spec) <= SERVING_RUNTIME_SPEC
+    assert "v2" in spec["protocolVersions"]
+    assert spec["multiModel"] is False
+    for model_format in spec["supportedModelFormats"]:
+        assert set(model_format) <= MODEL_FORMAT
+    (container,) = spec["containers"]
+    assert container["name"] == "kserve-container"  # the container KServe merges the model into
+    assert [p["containerPort"] for p in container["ports"]] == [GATEWAY_HTTP]
+    for probe in ("readinessProbe", "livenessProbe"):
+        get = container[probe]["httpGet"]
+        assert get["port"] == GATEWAY_HTTP
+        assert gateway_status(get["path"]) == 200, f"{probe}: {get['path']}"
+    predictor = service["spec"]["predictor"]
+    assert set(predictor) <= INFERENCE_SERVICE_PREDICTOR
+    model = predictor["model"]
+    assert set(model) <= INFERENCE_SERVICE_MODEL
+    assert model["runtime"] == runtime["metadata"]["name"]
+    assert model["protocolVersion"] in spec["protocolVersions"]
+    assert model["modelFormat"] in [
+        {k: v for k, v in f.items() if k in ("name", "version")}
+        for f in spec["supportedModelFormats"]
+    ]
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    for path in (SOCKET_DIR, "/dev/shm"):
+        assert volumes[mounts[path]]["emptyDir"]["medium"] == "Memory", path
+    assert container["securityContext"]["runAsUser"] == UID
+
+
+# --- the code's ports and probes ---------------------------------------------------------
+
+
+class NoSeries:
+    def collect(self) -> list[Any]:
+        return []
+
+
+def metrics_status(path: str) -> str:
+    """What the supervisor's metrics port answers on ``path`` when every model serves."""
+    collector = NoSeries()
+    server = MetricsServer(MetricsConfig(), collector, live=lambda: True, not_ready=list)
+    answer: list[str] = []
+    environ = {"PATH_INFO": path, "REQUEST_METHOD": "GET"}
+    server._app(environ, lambda status, _headers: answer.append(status))
+    return answer[0]
+
+
+def gateway_status(path: str) -> int:
+    """What the gateway's HTTP front answers on ``path`` without a token, connected."""
+    from gateway.http_front import HttpFront, HttpOptions
+
+    options = HttpOptions(max_body_bytes=1024, token="secret", extensions=(), version="test")
+    front = HttpFront(SimpleNamespace(ready=True), None, options)
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "GET", "path": path, "headers": []}
+    asyncio.run(front(scope, receive, send))
+    return int(sent[0]["status"])
+
+
+def test_an_unknown_path_is_not_200() -> None:  # so that the two checks above can fail
+    assert metrics_status("/v2/health/readyy") != "200 OK"
+    assert gateway_status("/v2/models/classify") == 401
+
+
+@pytest.mark.parametrize("target", [f"overlays/{name}" for name in OVERLAYS])
+def test_ports_and_probes_are_the_codes(target: str) -> None:
+    supervisor = containers(target)["supervisor"]
+    ports = {p["name"]: p["containerPort"] for p in supervisor["ports"]}
+    assert ports == {"http": GATEWAY_HTTP, "grpc": GATEWAY_GRPC, "metrics": METRICS}
+    for probe, path in (
+        ("startupProbe", "/v2/health/ready"),
+        ("readinessProbe", "/v2/health/ready"),
+        ("livenessProbe", "/v2/health/live"),
+    ):
+        get = supervisor[probe]["httpGet"]
+        assert (get["path"], get["port"]) == (path, "metrics")
+        assert metrics_status(get["path"]) == "200 OK"
+    service = {p["name"]: p for p in one(target, "Service")["spec"]["ports"]}
+    for name, port in ports.items():
+        assert (service[name]["port"], service[name]["targetPort"]) == (port, name)
+    config = pod_config(target)
+    assert port_of(config["gateway"]["http"]) == GATEWAY_HTTP
+    assert port_of(config["gateway"]["grpc"]) == GATEWAY_GRPC
+    assert port_of(config["metrics"]["http"]) == METRICS
+
+
+def pod_config(target: str) -> dict[str, Any]:
+    data = one(target, "ConfigMap")["data"]
+    config: dict[str, Any] = yaml.safe_load(data["duomo.yaml"])
+    return config
+
+
+# --- the pod's layout and resources --------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", [f"overlays/{name}" for name in OVERLAYS])
+def test_every_container_shares_the_socket_directory_and_dev_shm(target: str) -> None:
+    pod = one(target, "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsUser"] == UID
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert len(pod["containers"]) >= 2, "the supervisor and its producers"
+    for container in pod["containers"]:
+        mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+        for path in (SOCKET_DIR, "/dev/shm"):
+            medium = volumes[mounts[path]]["emptyDir"]["medium"]
+            assert medium == "Memory", (container["name"], path)
+        assert {"name": "DUOMO_SOCKET", "value": SOCKET} in container["env"], container["name"]
+        assert "runAsUser" not in container.get("securityContext", {}), "one uid for the pod"
+    config = pod_config(target)
+    assert config["gateway"]["token_file"] in {
+        m["mountPath"] for m in containers(target)["supervisor"]["volumeMounts"]
+    }
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_overlay_asks_for_its_device_and_follows_its_budgets(overlay: str) -> None:
+    target = f"overlays/{overlay}"
+    pod = one(target, "Deployment")["spec"]["template"]["spec"]
+    supervisor = containers(target)["supervisor"]
+    limits = supervisor["resources"]["limits"]
+    extended = {name for name in limits if "/" in name}
+    expected = DEVICE_RESOURCE[overlay]
+    assert extended == ({expected} if expected else set())
+    if expected:
+        assert limits[expected] == "1", "one card (chip) per supervisor"
+    config = pod_config(target)
+    threads = config["backends"]["onnxruntime"]["thread_budget"]
+    assert threads + config["gateway"]["workers"] == int(limits["cpu"])
+    pre_stop = int(supervisor["lifecycle"]["preStop"]["exec"]["command"][1])
+    assert config["shutdown_grace_s"] + pre_stop < pod["terminationGracePeriodSeconds"]
+    requests = supervisor["resources"]["requests"]
+    assert mebibytes(requests["memory"]) >= 768  # measured: 490 + 63 + 11 MiB (docs/deployment.md)
+    assert mebibytes(limits["memory"]) >= mebibytes(requests["memory"])
+
+
+def mebibytes(quantity: str) -> int:
+    match = re.fullmatch(r"(\d+)(Mi|Gi)", quantity)
+    assert match, quantity
+    number, unit = match.groups()
+    return int(number) * (1024 if unit == "Gi" else 1)
+
+
+def test_the_disruption_budget_and_the_service_select_the_pods() -> None:
+    deployment = one("overlays/cpu", "Deployment")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert one("overlays/cpu", "Service")["spec"]["selector"].items() <= labels.items()
+    budget = one("overlays/cpu", "PodDisruptionBudget")["spec"]
+    assert budget["selector"]["matchLabels"].items() <= labels.items()
+    assert budget["maxUnavailable"] == 1
+
+
+# --- the configs deploy/ carries ---------------------------------------------------------
+
+CONFIGS = {
+    "image": DEPLOY / "config" / "duomo.yaml",
+    "base": KUBE / "base" / "duomo.yaml",
+    **{name: KUBE / "overlays" / name / "duomo.yaml" for name in OVERLAYS if name != "cpu"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_every_config_loads(name: str, tmp_path: Path) -> None:
+    """With model_root at empty stand-ins for the model files, and the token file here."""
+    raw = yaml.safe_load(CONFIGS[name].read_text())
+    assert raw["model_root"] == "/opt/duomo/models"  # where the image puts them
+    for model in raw["models"]:
+        for file in [model["file"]] if "file" in model else model["files"].values():
+            if not file.endswith(".om"):
+                (tmp_path / "models" / file).parent.mkdir(parents=True, exist_ok=True)
+                (tmp_path / "models" / file).write_bytes(b"")
+    raw["model_root"] = str(tmp_path / "models")
+    assert raw["gateway"]["token_file"] == "/run/secrets/duomo-gateway-token"
+    raw["gateway"]["token_file"] = str(tmp_path / "token")
+    (tmp_path / "token").write_text("secret\n")
+    (tmp_path / "duomo.yaml").write_text(yaml.safe_dump(raw))
+    try:
+        loaded = load_config(tmp_path / "duomo.yaml", unbuilt_om_ok=True)
+    except ConfigError as err:  # a CUDA build of ONNX Runtime is not installed here
+        assert all("CUDAExecutionProvider is not available" in why for _, why in err.problems)
+        assert name == "nvidia-gpu"
+        return
+    assert set(loaded.models) == {"ocr", "face", "classify"}
+
+
+@pytest.mark.parametrize("soc", ["310p", "910b"])
+def test_ascend_configs_serve_what_configs_ascend_serves(soc: str) -> None:
+    pod = yaml.safe_load((KUBE / "overlays" / f"ascend-{soc}" / "duomo.yaml").read_text())
+    source = yaml.safe_load((ROOT / "configs" / f"ascend-{soc}.yaml").read_text())
+    assert pod["models"] == source["models"]
+    assert pod["devices"] == source["devices"]
+    assert pod["backends"]["acl"] == source["backends"]["acl"]
+
+
+# --- the compose file and the Containerfile ------------------------------------------------
+
+
+def test_compose_layout_shares_memory_volumes_and_one_uid() -> None:
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    services = compose["services"]
+    assert set(services) == {"supervisor", "producer-classify", "producer-face"}
+    for name, service in services.items():
+        assert service["user"] == f"{UID}:{UID}", name
+        assert set(service["volumes"]) == {f"run:{SOCKET_DIR}", "shm:/dev/shm"}, name
+        assert service["environment"]["DUOMO_SOCKET"] == SOCKET, name
+    for volume in compose["volumes"].values():
+        options = volume["driver_opts"]
+        assert (options["type"], options["device"]) == ("tmpfs", "tmpfs")
+        assert f"uid={UID}" in options["o"]
+    published = {p.rpartition(":")[2] for p in services["supervisor"]["ports"]}
+    assert published == {str(GATEWAY_HTTP), str(GATEWAY_GRPC), str(METRICS)}
+    secret = services["supervisor"]["secrets"][0]["target"]
+    image_config = yaml.safe_load(CONFIGS["image"].read_text())
+    assert image_config["gateway"]["token_file"] == f"/run/secrets/{secret}"
+
+
+def test_containerfile_runs_the_supervisor_as_the_shared_uid() -> None:
+    text = (DEPLOY / "Containerfile").read_text()
+    assert f"ARG UID={UID}" in text
+    assert f"DUOMO_SOCKET={SOCKET}" in text
+    assert re.search(r"^EXPOSE 8000 8001 8002$", text, re.M)
+    assert (GATEWAY_HTTP, GATEWAY_GRPC, METRICS) == (8000, 8001, 8002)
+    assert 'ENTRYPOINT ["duomo", "start", "--foreground"]' in text
+    assert "COPY deploy/config/duomo.yaml /etc/duomo/duomo.yaml" in text
