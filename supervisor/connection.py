@@ -1,8 +1,15 @@
-"""One client connection as the supervisor holds it: its socket, framing and lending state, and
+"""One client connection as the supervisor holds it: its socket, its stage, who reads it, and
 what is waiting to be sent to it.
 
 Created by the reactor on ``accept``; written to from any thread (the reactor's replies, the
 model workers' "slot done" notices, control jobs' replies) through ``send``, which never blocks.
+
+**Its state** is two enums, because two different things change it. ``Stage`` is its life,
+which only moves forward (the reactor authenticates it and drops it; any thread that sends may
+cut it off). ``Reading`` is who reads its socket, the reactor or its model's idle worker
+(lending: ``supervisor.lending``, under its ``owner`` lock). Their members are also module
+names (``OPEN``, ``LENT``, …): every request's path reads them, and an enum's attribute costs
+about 0.1 µs on Python 3.11.
 
 **The send rule.** A frame goes straight to the socket while nothing is waiting before it.
 What the socket does not take (its buffer is full: the client has not read yet) waits in the
@@ -33,6 +40,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from enum import Enum, IntEnum
 from typing import Any
 
 import structlog
@@ -46,6 +54,40 @@ from supervisor.limits import Limits
 log = structlog.get_logger("duomo.connection")
 _PEERCRED = struct.Struct("3i")
 FLUSH_CHUNK_BYTES = 256 << 10  # the most one flush joins into one write
+
+
+class Stage(IntEnum):
+    """Where a connection is in its life. It only moves forward, one method a step (a step
+    may be skipped: a peer that fails to authenticate goes from CHALLENGED to CLOSING)::
+
+        CHALLENGED ─authenticate→ OPEN ─close_after_read→ CLOSING ─cut_off→ CUT ─drop→ DROPPED
+    """
+
+    CHALLENGED = 0  # accepted: nothing but the answer to its challenge is read
+    OPEN = 1  # authenticated
+    CLOSING = 2  # it broke the protocol: dropped once the frames of the current read are handled
+    CUT = 3  # nothing more is sent to it (cut off, or its socket failed); dropped at its EOF
+    DROPPED = 4  # the reactor let go of it; its socket closes once no idle worker reads it
+
+
+class Reading(Enum):
+    """Who reads a connection's socket: the reactor, or its model's idle worker (lending).
+    Every change is made by ``supervisor.lending``, under the connection's ``owner`` lock::
+
+        REACTOR ─lend→ LENT ─give back→ REACTOR
+                         └─give back with what only the reactor handles→ LEFT_TO_REACTOR
+        LEFT_TO_REACTOR ─the reactor reads it→ REACTOR
+    """
+
+    REACTOR = "reactor"  # the reactor, in its epoll
+    LENT = "lent"  # its model's idle worker, out of the reactor's epoll
+    # the reactor, which must read it before it is lent again: the worker left it a control
+    # message, several frames or part of one (``carried``), or EOF
+    LEFT_TO_REACTOR = "left to reactor"
+
+
+CHALLENGED, OPEN, CLOSING, CUT, DROPPED = Stage
+REACTOR, LENT, LEFT_TO_REACTOR = Reading
 
 
 class Connection:
@@ -66,22 +108,19 @@ class Connection:
         self.reader = FrameReader(only=FrameKind.RESPONSE)
         assert len(challenge) == CHALLENGE_BYTES
         self.challenge = challenge
-        self.authenticated = False
+        self.stage = CHALLENGED  # (changed under _send_lock: any thread may cut it off)
         now = time.monotonic()
         self.auth_deadline = now + limits.auth_timeout_s
         self.last_received_s = now  # the last frame from the client (the idle timeout)
         self.attachments: dict[int, Attachment] = {}
-        self.closed = False  # nothing more is sent to it
-        self.closing = False  # to be dropped once the frames of the current read are handled
-        # who reads the socket (see ``Reactor``: lending): held while reading it and while
-        # lending it or taking it back; reentrant, since a read may end in ``Reactor._drop``
+        # -- who reads it (``Reading``; lending: ``supervisor.lending``), under ``owner`` --
+        # held while reading the socket and while lending it or giving it back, so one thread
+        # reads it at a time; reentrant, since a read may end in ``Reactor._drop``
         self.owner = threading.RLock()
+        self.reading = REACTOR
         self.model: str | None = None  # the one model its rings attach (lendable), or None
-        self.lent = False  # read by that model's idle worker, out of the reactor's epoll
-        self.needs_reactor = False  # holds what only the reactor reads: not lent until read
         self.carried = b""  # data its idle worker read but only the reactor handles
-        self.dropped = False  # the reactor let go of it; the socket closes once not lent
-        self.refused = False  # an idle worker found it not lendable: tell it once it is
+        self.wanted = False  # an idle worker could not borrow it: told once it can (``settled``)
         self.pid = _peer_pid(sock)
         self._ring_ids = itertools.count(1)
         # -- sending (under _send_lock) --
@@ -97,6 +136,41 @@ class Connection:
         self._waiting_since = 0.0  # when the outbox last made progress (or began)
         self.unread_peak_bytes = 0  # the largest outbox it has had (status)
         self.cut_reason: str | None = None  # why it was cut off, if it was
+
+    # -- its stage ----------------------------------------------------------------------------
+
+    @property
+    def authenticated(self) -> bool:
+        """It answered its challenge and is served (neither closing nor cut off)."""
+        return self.stage is OPEN
+
+    @property
+    def closed(self) -> bool:
+        """Nothing more is sent to it."""
+        return self.stage >= CUT
+
+    @property
+    def lent(self) -> bool:
+        """Its model's idle worker reads it (``status``)."""
+        return self.reading is LENT
+
+    def authenticate(self) -> None:
+        """It answered its challenge (the reactor): every kind of frame is read from now on."""
+        with self._send_lock:
+            if self.stage is CHALLENGED:
+                self.stage = OPEN
+                self.reader.only = None
+
+    def close_after_read(self) -> None:
+        """It broke the protocol (the reactor): drop it once this read's frames are handled."""
+        with self._send_lock:
+            self.stage = max(self.stage, CLOSING)
+
+    def drop(self) -> None:
+        """The reactor lets go of it: nothing more is sent to it, and it is DROPPED."""
+        with self._send_lock:
+            self._cut(None)
+            self.stage = DROPPED
 
     def next_ring_id(self) -> int:
         """Ring ids are per connection: 16 bits on the wire, never reused while attached."""
@@ -114,7 +188,7 @@ class Connection:
     def send(self, data: bytes) -> None:
         """Send one whole frame, or queue it behind what waits (any thread; never blocks)."""
         with self._send_lock:
-            if self.closed:
+            if self.stage >= CUT:
                 return
             if not self._outbox and not self._corked:
                 try:
@@ -248,9 +322,9 @@ class Connection:
     def _cut(self, reason: str | None) -> None:
         """With the send lock held: close for writing and let the reactor see EOF and drop the
         connection (``reason``: why it was cut off; None: the socket itself failed)."""
-        if self.closed:
+        if self.stage >= CUT:
             return
-        self.closed = True
+        self.stage = CUT
         self.cut_reason = reason
         dropped_bytes = self._outbox_bytes
         self._outbox.clear()

@@ -36,7 +36,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +58,7 @@ from supervisor.config import (
     thread_budget,
 )
 from supervisor.device_telemetry import DeviceTelemetry
+from supervisor.lending import IdleSpin, LentReader
 from supervisor.memory import (
     Footprint,
     MemoryUse,
@@ -72,44 +72,15 @@ from supervisor.preload import TransitionModel
 from worker.backends import Backend, create_backend
 from worker.backends.base import NotEnoughDeviceMemory
 from worker.executors.image_ops import limit_opencv_threads
+from worker.model_worker import Activity
 from worker.request import Outcome
 from worker.served_model import SERVING, ModelSpec, ModelState, Placement, ServedModel
-from worker.thread_budget import (
-    Activity,
-    ComputeGate,
-    InstanceDemand,
-    ThreadPlan,
-    plan_threads,
-)
+from worker.thread_budget import ComputeGate, InstanceDemand, ThreadPlan, plan_threads
 
-# the reactor's ``read_when_idle``: (model, wake fd, spin seconds, keep spinning) -> read
-LentReader = Callable[[str, int, float, Callable[[], bool]], bool]
 log = structlog.get_logger("duomo.engine")
 LOAD_TIMEOUT_S = 300.0
 Pool = int | None  # a pool of cores: a cpu device's own (its id), or the host's shared one
 HOST: Pool = None
-
-
-@dataclass
-class IdleWaits:
-    """One model's waits in the reactor while idle (``status``: ``idle_spin``)."""
-
-    waits: int = 0
-    spun: int = 0  # began with a spin
-    caught: int = 0  # of those, ended within the spin's time
-    pays: bool = False  # the last wait ended within ``idle_spin_us``: the next one spins
-
-    def record(self, spun: bool, within: bool) -> None:
-        """A wait that began with a spin or not and ended ``within`` ``idle_spin_us``."""
-        self.waits += 1
-        self.pays = within
-        if spun:
-            self.spun += 1
-            if within:
-                self.caught += 1
-
-    def to_dict(self) -> dict[str, int]:
-        return {"waits": self.waits, "spun": self.spun, "caught": self.caught}
 
 
 class Engine:
@@ -132,11 +103,9 @@ class Engine:
         self._demanded: set[str] = set()  # loading for a waiting request, or ahead of one
         self.predictor = TransitionModel()  # preload_policy: predictive
         self._closed = False
-        # the supervisor's reactor, once it runs: idle workers read their lent connections
-        self.idle_reader: LentReader | None = None
         self.activity = Activity()  # instances at work: an idle worker spins only while none is
-        self._idle_waits: dict[str, IdleWaits] = {}  # by model, since start
-        self._clock = time.perf_counter
+        # every batcher's idle reader: the reactor's lending once it runs (``idle_reader``)
+        self.idle_spin = IdleSpin(self.activity.idle, lambda: self.loaded.config.idle_spin_us)
         self.telemetry = DeviceTelemetry(())  # the devices' self-reports, once started
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -566,7 +535,7 @@ class Engine:
             backend,
             {device: self._gate_for(cfg.backend, device) for device in cfg.device_ids},
             on_demand=on_demand,
-            idle_reader=self._read_when_idle,
+            idle_reader=self.idle_spin,
             activity=self.activity,
             on_request=self._predict_after if predictive else None,
         )
@@ -608,29 +577,15 @@ class Engine:
         if model is not None:
             model.batcher.wake_idle()
 
-    def _read_when_idle(self, model: str, wake_fd: int) -> bool:
-        """A model's idle worker waits in the supervisor's reactor, if there is one (see
-        ``Reactor.read_when_idle``); False: it sleeps in its batcher.
+    @property
+    def idle_reader(self) -> LentReader | None:
+        """The reactor's lending (``Lending.read_when_idle``), set by the supervisor while its
+        reactor runs: the models' idle workers then read their producers themselves."""
+        return self.idle_spin.lending
 
-        **Idle spin** (README "Idle spin"). The wait polls without sleeping for up to
-        ``idle_spin_us`` before it sleeps, only if the model's last wait ended within that
-        time, and only while no instance of the process is at work (``Activity``): a thread
-        that has just run an inference wakes from sleep 50–70 µs later than one that has not
-        (``tools/bench_wake.py`` on the 2-vCPU host), and a producer that sends its next
-        request at once does so within about half a millisecond."""
-        reader = self.idle_reader
-        if reader is None:
-            return False
-        waits = self._idle_waits.get(model)
-        if waits is None:
-            waits = self._idle_waits[model] = IdleWaits()
-        window_s = self.loaded.config.idle_spin_us / 1e6  # (read here: a reload may change it)
-        spin_s = window_s if waits.pays else 0.0
-        start = self._clock()
-        read = reader(model, wake_fd, spin_s, self.activity.idle)
-        if read:  # it waited: did (or would) a spin see the wait's end?
-            waits.record(spun=spin_s > 0, within=self._clock() - start <= window_s)
-        return read
+    @idle_reader.setter
+    def idle_reader(self, lending: LentReader | None) -> None:
+        self.idle_spin.lending = lending
 
     @staticmethod
     def _signature(resolved: ResolvedModel) -> tuple[Any, ...]:
@@ -727,8 +682,7 @@ class Engine:
             "charged_bytes_by_device": {str(d): u.used_bytes for d, u in use.items()},
             "budget_bytes": next(iter(use.values())).budget_bytes,
         }
-        waits = self._idle_waits.get(name)
-        shown["idle_spin"] = (waits or IdleWaits()).to_dict()
+        shown["idle_spin"] = self.idle_spin.counts(name)
         shown["preload"] = resolved.config.preload if resolved else None
         shown["evictable"] = resolved.config.evictable if resolved else None
         return shown

@@ -8,19 +8,10 @@ the only slow thing it does is create a shared-memory segment on ``attach``. It 
 is every request's path, and each Python call on it costs about a microsecond when it runs cold
 after an inference.
 
-**Lending.** A connection whose rings all attach one model (the usual producer) is *lent* to
-that model's idle worker while it is idle (``read_when_idle``, called by the model's batcher on
-the worker's thread): the worker disarms the socket in the reactor's epoll, waits on it itself
-(first polling without sleeping for a while: ``Engine``'s idle spin), queues the notice that
-arrives (so no thread hands the request to another, which on this kind of machine costs a
-wake-up and a cold start more per request) and gives the socket back before it runs the batch.
-The worker handles only a lone notice; anything else it read (a control message, several
-frames, a partial one) it leaves to the reactor (``carried``), EOF it leaves
-in the socket, and the connection is not lent again until the reactor has read it. A
-connection's ``owner`` lock is held by whichever thread reads it or changes whether it is lent,
-so exactly one thread reads a socket at a time (also held to attach and detach its rings).
-A connection with answers waiting in its outbox is not lent: the reactor watches it for room
-(``EPOLLOUT``), and wakes the worker that holds it to give it back.
+**Lending.** A connection whose rings all attach one model (the usual producer) is lent to
+that model's idle worker, which reads it itself (``supervisor.lending``; ``read_when_idle`` is
+its entry, handed to the engine by the supervisor). The reactor holds a connection's ``owner``
+lock while it reads it, and reads none that is lent (``Connection.reading``).
 
 Workers send "slot done" notices from their own threads through ``Connection.send``, which
 never blocks (its send rule: ``supervisor.connection``). A connection that breaks the protocol
@@ -58,7 +49,16 @@ from ipc.errors import DuomoError, ErrorCode, NotFoundError
 from ipc.framing import ProtocolError, parse_json, verify
 from ipc.wire import CHALLENGE_BYTES, FRAME, NOTICE, FrameKind, frame
 from supervisor.attachment import Attachment
-from supervisor.connection import Connection, fitted_json
+from supervisor.connection import (
+    CHALLENGED,
+    CLOSING,
+    DROPPED,
+    LENT,
+    OPEN,
+    Connection,
+    fitted_json,
+)
+from supervisor.lending import Lending
 from supervisor.limits import Limits
 
 log = structlog.get_logger("duomo.reactor")
@@ -89,9 +89,9 @@ class Reactor:
         self._wake_r, self._wake_w = socket.socketpair()
         self._connections: dict[int, Connection] = {}
         self._by_fd: dict[int, Connection] = {}  # the registered client sockets
-        # model -> the connections whose rings all attach it (replaced whole, never changed in
-        # place: an idle worker reads it from its own thread)
-        self._lendable: dict[str, tuple[Connection, ...]] = {}
+        self.lending = Lending(self._epoll, self._receive, self.call_soon, self._readable)
+        # (the supervisor hands this to the engine: models' idle workers read through it)
+        self.read_when_idle = self.lending.read_when_idle
         self._ids = itertools.count(1)
         self._lingering: list[Attachment] = []
         self._thread: threading.Thread | None = None
@@ -108,9 +108,15 @@ class Reactor:
         self._refusals_logged_s = 0.0
         self.refused_total = 0
         self.cut_off_total = 0
-        # wakes a model's idle workers, to borrow a connection that has become lendable (or
-        # to give back one that has answers waiting)
-        self.on_lendable: Callable[[str], None] | None = None
+
+    @property
+    def on_lendable(self) -> Callable[[str], None] | None:
+        """Wakes a model's idle workers (``Lending.call_workers``): set by the supervisor."""
+        return self.lending.wake
+
+    @on_lendable.setter
+    def on_lendable(self, wake: Callable[[str], None] | None) -> None:
+        self.lending.wake = wake
 
     def call_soon(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the reactor thread (from any thread): what touches the connections'
@@ -312,16 +318,9 @@ class Reactor:
 
     def _readable(self, conn: Connection) -> None:
         with conn.owner:
-            if not conn.lent and not conn.dropped:  # (lent: its idle worker reads it)
-                conn.needs_reactor = False
+            if self.lending.reactor_reads(conn):  # (not while its idle worker reads it)
                 self._read(conn)
-                if conn.refused and conn.reader.empty and not conn.closed and not conn.wants_write:
-                    conn.refused = False
-                    self._lendable_again(conn)
-
-    def _lendable_again(self, conn: Connection) -> None:
-        if conn.model is not None and self.on_lendable is not None:
-            self.on_lendable(conn.model)
+                self.lending.settled(conn)
 
     def _receive(self, conn: Connection) -> bytes | None:
         """One read of ``conn`` (the reactor's, or a lent connection's worker's); a lone notice,
@@ -336,7 +335,7 @@ class Reactor:
         if (
             len(data) == NOTICE_FRAME_BYTES
             and data.startswith(NOTICE_PREFIX)
-            and conn.authenticated
+            and conn.stage is OPEN
             and conn.reader.empty
         ):
             self._notice(conn, *NOTICE.unpack_from(data, FRAME.size))
@@ -359,26 +358,25 @@ class Reactor:
         try:
             for kind, payload in conn.reader.feed(data):
                 self._dispatch(conn, kind, payload)
-                if conn.closing or conn.closed:
+                if conn.stage >= CLOSING:
                     break
         except ProtocolError as err:
-            what = "protocol error" if conn.authenticated else "authentication failed"
+            what = "authentication failed" if conn.stage is CHALLENGED else "protocol error"
             conn.send_error(ErrorCode.INVALID_ARGUMENT, f"{what}: {err}")
-            conn.closing = True
+            conn.close_after_read()
         finally:
             conn.uncork()
-        if conn.closing or conn.closed:
+        if conn.stage >= CLOSING:
             self._drop(conn)
 
     def _dispatch(self, conn: Connection, kind: FrameKind, payload: bytes) -> None:
-        if not conn.authenticated:  # (the reader accepts nothing but the response yet)
+        if conn.stage is CHALLENGED:  # (the reader accepts nothing but the response yet)
             if verify(self._key, conn.challenge, payload):
-                conn.authenticated = True
-                conn.reader.only = None
+                conn.authenticate()
                 conn.send(fitted_json({"event": "hello", "version": 1, "pid": os.getpid()}))
                 return
             conn.send_error(ErrorCode.INVALID_ARGUMENT, "authentication failed")
-            conn.closing = True
+            conn.close_after_read()
             return
         if kind is FrameKind.NOTICE:
             self._notice(conn, *NOTICE.unpack(payload))
@@ -409,10 +407,10 @@ class Reactor:
 
     def _want_write(self, conn: Connection) -> None:
         with conn.owner:
-            if conn.dropped or not conn.wants_write:
+            if conn.stage is DROPPED or not conn.wants_write:
                 return
-            if conn.lent:  # its worker gives it back, armed for room (``_take_back``)
-                self._lendable_again(conn)
+            if conn.reading is LENT:  # its worker gives it back, armed for room
+                self.lending.call_workers(conn)
                 return
             with contextlib.suppress(OSError, ValueError):
                 self._epoll.modify(conn.fd, select.EPOLLIN | select.EPOLLOUT)
@@ -421,13 +419,11 @@ class Reactor:
         if not conn.flush():
             return
         with conn.owner:  # the outbox is empty: stop watching for room
-            if conn.lent or conn.dropped:
+            if conn.reading is LENT or conn.stage is DROPPED:
                 return
             with contextlib.suppress(OSError, ValueError):
                 self._epoll.modify(conn.fd, select.EPOLLIN)
-            if conn.refused and conn.reader.empty and not conn.closed:
-                conn.refused = False
-                self._lendable_again(conn)
+            self.lending.settled(conn)
 
     def _notice(self, conn: Connection, ring: int, slot: int, seq: int) -> None:
         attachment = conn.attachments.get(ring)
@@ -442,7 +438,7 @@ class Reactor:
         """Record a ring attached by ``conn`` (on the reactor thread)."""
         with conn.owner:
             conn.attachments[ring] = attachment
-            self._rededicate(conn)
+            self.lending.dedicate(conn)
 
     def detach(self, conn: Connection, ring: int) -> None:
         with conn.owner:
@@ -451,24 +447,7 @@ class Reactor:
                 attachment.close()
                 if not attachment.closed:
                     self._lingering.append(attachment)
-            self._rededicate(conn)
-
-    def _rededicate(self, conn: Connection) -> None:
-        """Keep ``_lendable`` in step with the models ``conn`` attaches (reactor thread)."""
-        models = {a.model_name for a in conn.attachments.values()}
-        model = models.pop() if len(models) == 1 and not conn.closed else None
-        if model == conn.model:
-            return
-        if conn.model is not None:
-            rest = tuple(c for c in self._lendable.get(conn.model, ()) if c is not conn)
-            if rest:
-                self._lendable[conn.model] = rest
-            else:
-                self._lendable.pop(conn.model, None)
-        if model is not None:
-            self._lendable[model] = (*self._lendable.get(model, ()), conn)
-        conn.model = model
-        self._lendable_again(conn)
+            self.lending.dedicate(conn)
 
     def _drop(self, conn: Connection) -> None:
         with conn.owner:  # not while an idle worker queues one of its notices
@@ -478,90 +457,16 @@ class Reactor:
                     self._epoll.unregister(conn.fd)
             if self._connections.pop(conn.id, None) is not None and conn.cut_reason is not None:
                 self.cut_off_total += 1
-            conn.cut_off(None)  # (a lent one's worker wakes up and closes it as it gives it back)
-            conn.dropped = True
+            conn.drop()  # (a lent one's worker wakes up and closes it as it gives it back)
             for ring in list(conn.attachments):
                 self.detach(conn, ring)
-            if not conn.lent:
+            if conn.reading is not LENT:
                 conn.sock.close()
-
-    def read_when_idle(
-        self,
-        model: str,
-        wake_fd: int,
-        spin_s: float,
-        keep_spinning: Callable[[], bool],
-    ) -> bool:
-        """As ``model``'s idle worker, on its thread: borrow the connections lent to it, wait
-        until one of them or ``wake_fd`` is readable, queue the notices that arrived, and give
-        the connections back. False (at once) when there is none to borrow.
-
-        The wait polls without sleeping for up to ``spin_s`` first, for as long as
-        ``keep_spinning()`` is true, and only then sleeps (see ``Engine``: idle spin)."""
-        lent: list[Connection] = []
-        try:
-            lent.extend(conn for conn in self._lendable.get(model, ()) if self._lend(conn))
-            if not lent:
-                return False
-            poller = select.poll()
-            poller.register(wake_fd, select.POLLIN)
-            for conn in lent:
-                poller.register(conn.fd, select.POLLIN)
-            ready = {fd for fd, _ in _poll_spinning_first(poller, spin_s, keep_spinning)}
-            for conn in lent:
-                if conn.fd in ready:
-                    self._read_lent(conn)
-        finally:
-            for conn in lent:
-                self._take_back(conn)
-        return True
-
-    def _lend(self, conn: Connection) -> bool:
-        with conn.owner:  # (waits while the reactor reads it: this worker is idle anyway)
-            if conn.closed:
-                return False
-            if conn.lent or conn.needs_reactor or conn.wants_write or not conn.reader.empty:
-                conn.refused = True  # another worker or the reactor has it: told when done
-                return False
-            try:  # (one-shot: a hang-up meanwhile is reported once, not until it is read)
-                self._epoll.modify(conn.fd, select.EPOLLONESHOT)
-            except (OSError, ValueError):  # (ValueError: the reactor has stopped)
-                return False
-            conn.lent = True
-            return True
-
-    def _read_lent(self, conn: Connection) -> None:
-        """Queue the notice that arrived on a lent connection (its worker's thread); anything
-        else is the reactor's to read (EOF stays in the socket, data is carried over)."""
-        with conn.owner:
-            if conn.dropped:
-                return
-            data = self._receive(conn)
-            if data is not None:  # a control message, several frames, a part, or EOF
-                conn.needs_reactor = True
-                conn.carried = data  # (EOF stays in the socket for the reactor to read)
-
-    def _take_back(self, conn: Connection) -> None:
-        with conn.owner:
-            conn.lent = False
-            try:
-                if conn.dropped:
-                    conn.sock.close()
-                else:  # (one the supervisor stopped writing to: the reactor now reads its EOF)
-                    out = select.EPOLLOUT if conn.wants_write else 0  # (answers wait for room)
-                    self._epoll.modify(conn.fd, select.EPOLLIN | out)
-                    if conn.carried:  # no event may come for it: the reactor reads it anyway
-                        self.call_soon(functools.partial(self._readable, conn))
-                    elif conn.refused:  # another model's worker wanted it meanwhile
-                        conn.refused = False
-                        self._lendable_again(conn)
-            except (OSError, ValueError):
-                pass
 
     def _housekeeping(self, now: float) -> None:
         limits = self.limits
         for conn in list(self._connections.values()):
-            if not conn.authenticated:
+            if conn.stage is CHALLENGED:
                 if now > conn.auth_deadline:
                     conn.send_error(ErrorCode.DEADLINE_EXCEEDED, "authentication timed out")
                     self._drop(conn)
@@ -609,17 +514,3 @@ def _valid_id(value: object) -> bool:
     if isinstance(value, int):
         return -(1 << 63) <= value < (1 << 63)
     return isinstance(value, str) and len(value) <= MAX_ID_CHARS
-
-
-def _poll_spinning_first(
-    poller: select.poll, spin_s: float, keep_spinning: Callable[[], bool]
-) -> list[tuple[int, int]]:
-    """``poller``'s events: polled without sleeping for up to ``spin_s`` while
-    ``keep_spinning()``, then in one poll that sleeps until there are some. Each turn of the
-    spin yields the core (and the GIL) to whatever else is ready to run."""
-    events: list[tuple[int, int]] = []
-    if spin_s > 0:  # (no spin: straight to the poll that sleeps, one call as before)
-        end = time.perf_counter() + spin_s
-        while not (events := poller.poll(0)) and time.perf_counter() < end and keep_spinning():
-            os.sched_yield()
-    return events or poller.poll()

@@ -23,10 +23,11 @@ how an unload, a re-initialization or a reload lets go of workers without losing
 A worker sleeps on a lock of its own, which whoever changes the queue releases (``_sleep``,
 ``_wake_all``): what ``threading.Condition`` does inside, without its Python wrapper, whose
 four calls per hand-off run on every request's path, cold after every inference. Or, with an
-``idle_reader`` (the supervisor's reactor) and nothing queued, one idle worker at a time waits
-in the idle reader instead: it reads the notices of the connections lent to its model and
-queues them itself, so the request it then takes was never handed from one thread to another;
-``_wake_all`` wakes it through its ``wake_fd`` (an eventfd).
+``IdleReader`` (the supervisor's lending, ``supervisor.lending``) and nothing queued, one idle
+worker at a time waits in the idle reader instead: it reads its model's producers and queues
+what arrives itself, so the request it then takes was never handed from one thread to
+another; ``_wake_all`` wakes it through its ``wake_fd`` (an eventfd, one per worker:
+``batches``).
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import structlog
 
@@ -48,8 +50,14 @@ from worker.request import Request
 log = structlog.get_logger("duomo.batcher")
 
 
-# (model, wake fd) -> False at once if it has nothing to read, else True once it has read
-IdleReader = Callable[[str, int], bool]
+class IdleReader(Protocol):
+    """What an idle worker does instead of sleeping, when its batcher has one."""
+
+    def __call__(self, model: str, wake_fd: int) -> bool:
+        """On the worker's thread, without the batcher's lock: wait until something arrives
+        for ``model`` or ``wake_fd`` is readable (the batcher wakes it so), and ``put`` what
+        arrived. False at once when it has nothing to wait on for ``model``."""
+        ...
 
 
 @dataclass(slots=True)
@@ -162,6 +170,21 @@ class Batcher:
             self._levels.clear()
             self._count = 0
             return sorted(taken, key=lambda r: (-r.priority, r.seq))
+
+    def batches(self, generation: int) -> Iterator[TakenBatch]:
+        """``next_batch`` for one worker of ``generation`` until it should stop, with a wake-up
+        eventfd of its own (closed at the end) for its waits in the idle reader. Without one
+        (no descriptor left) it sleeps here, as a worker without an idle reader does."""
+        try:
+            wake_fd: int | None = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        except OSError:
+            wake_fd = None
+        try:
+            while (taken := self.next_batch(generation, wake_fd)) is not None:
+                yield taken
+        finally:
+            if wake_fd is not None:
+                os.close(wake_fd)
 
     def next_batch(self, generation: int = 0, wake_fd: int | None = None) -> TakenBatch | None:
         """The next batch for a worker of ``generation``; None when that worker should stop.

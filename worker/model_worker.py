@@ -5,7 +5,8 @@ for ACL the context and stream) is created on this thread and used only by it. A
 one generation of its model's batcher: once that generation is retired (unload, re-initialization)
 it finishes its batch, closes its executor on its own thread and ends. ``busy_since`` and
 ``current`` show the watchdog the batch in progress; a hung worker is abandoned, never joined.
-The process's ``Activity`` counts it from its load to its warm-up's end and through each batch.
+The process's ``Activity`` counts it from its load to its warm-up's end and through each batch
+(the supervisor's idle spin reads it: ``supervisor.lending``).
 
 Per batch: expired requests are answered DEADLINE_EXCEEDED; each request is prepared alone (a bad
 one fails alone with its own error); the rest execute together. An exception from ``execute``
@@ -17,7 +18,6 @@ time in the executor: ``prepare`` and the preprocess stage, the infer stage, the
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -29,9 +29,28 @@ from ipc.errors import DeadlineExceededError, DuomoError, InternalError, Unavail
 from worker.batcher import Batcher, TakenBatch
 from worker.executors.base import Executor, StageTimer
 from worker.request import Request
-from worker.thread_budget import Activity
 
 log = structlog.get_logger("duomo.worker")
+
+
+class Activity:
+    """How many model instances of the process are warming up or serving a batch right now."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._working = 0
+
+    def enter(self) -> None:
+        with self._lock:
+            self._working += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self._working -= 1
+
+    def idle(self) -> bool:
+        """No instance is at work (a racy read: it is asked again and again while it matters)."""
+        return self._working == 0
 
 
 class ModelWorker:
@@ -95,7 +114,6 @@ class ModelWorker:
             executor = self._load()
             try:
                 executor.warmup()  # every batch size it will run: nothing is sized under load
-                wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)  # (the idle reader's)
             except BaseException:
                 executor.close()
                 raise
@@ -109,7 +127,7 @@ class ModelWorker:
             activity.leave()
         self._ready.set()
         try:
-            while (taken := self._batcher.next_batch(self.generation, wake_fd)) is not None:
+            for taken in self._batcher.batches(self.generation):
                 activity.enter()
                 self.batches += 1
                 self.busy_since = time.monotonic()
@@ -130,7 +148,6 @@ class ModelWorker:
                         for request in batch:
                             request.batch_over()
         finally:
-            os.close(wake_fd)
             self.executor = None
             executor.close()
 

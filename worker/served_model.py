@@ -44,10 +44,10 @@ from worker.batcher import Batcher, IdleReader
 from worker.config_model import StrictModel
 from worker.executors.base import Executor, SlotSpec
 from worker.health import HealthPolicy, RestartHistory, Verdict
-from worker.model_worker import ModelWorker
+from worker.model_worker import Activity, ModelWorker
 from worker.request import Outcome, Request
 from worker.stats import Buckets, ModelStats
-from worker.thread_budget import Activity, ComputeGate, GateMember, pin_thread
+from worker.thread_budget import ComputeGate, GateMember, pin_thread
 
 log = structlog.get_logger("duomo.model")
 HISTORY = 16  # state changes kept for ``status``

@@ -1,13 +1,11 @@
-"""CPU thread budgets: how many intra-op threads each model instance gets, the gate that keeps
-the threads computing at once within the cores, and the count of instances at work right now.
+"""CPU thread budgets: how many intra-op threads each model instance gets, and the gate that
+keeps the threads computing at once within the cores.
 
 One budget and one gate per pool of cores: the process's shared pool, and each cpu device that
 has cores of its own (``devices[].cores``; its threads are pinned there with ``pin_thread``).
 
 Called by the engine when it plans its models (``plan_threads``, per pool) and makes a gate per
-device, by
-every backend session around each execution (its model's ``GateMember``), and by every model
-instance around its warm-up and each batch (``Activity``, which the engine's idle spin reads).
+device, and by every backend session around each execution (its model's ``GateMember``).
 
 Invariants:
 - every instance gets at least one intra-op thread and never more than the budget;
@@ -380,23 +378,3 @@ class ComputeGate:
     def shares(self) -> dict[str, dict[str, float]]:
         with self._lock:
             return self.policy.shares()
-
-
-class Activity:
-    """How many model instances of the process are warming up or serving a batch right now."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._working = 0
-
-    def enter(self) -> None:
-        with self._lock:
-            self._working += 1
-
-    def leave(self) -> None:
-        with self._lock:
-            self._working -= 1
-
-    def idle(self) -> bool:
-        """No instance is at work (a racy read: it is asked again and again while it matters)."""
-        return self._working == 0

@@ -1,5 +1,6 @@
 """A connection's send rule on a real socket pair: the outbox, its bounds, the stall rule and
-corking (``supervisor.connection``); every reply fits a frame; the framing's own guards."""
+corking (``supervisor.connection``); its stage, which only moves forward; every reply fits a
+frame; the framing's own guards."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from ipc.errors import ErrorCode, echoed
 from ipc.framing import FrameReader, ProtocolError, json_frame, parse_json
 from ipc.wire import FRAME, MAX_JSON_BYTES, FrameKind, frame
-from supervisor.connection import Connection, fitted_json
+from supervisor.connection import CHALLENGED, CLOSING, CUT, DROPPED, OPEN, Connection, fitted_json
 from supervisor.limits import LimitsConfig, resolve_limits
 
 
@@ -124,6 +125,37 @@ def test_corked_sends_go_out_in_one_write(pair: tuple[socket.socket, socket.sock
     conn.uncork()
     theirs.settimeout(10)
     assert theirs.recv(1 << 16) == b"".join(frames(20, size=20))  # one write, whole
+
+
+def test_a_connections_stage_only_moves_forward(pair: tuple[socket.socket, socket.socket]) -> None:
+    ours, theirs = pair
+    conn = connection(ours, [])
+    assert conn.stage is CHALLENGED and not conn.authenticated
+    assert conn.reader.only is FrameKind.RESPONSE  # nothing but the challenge's answer is read
+    conn.authenticate()
+    assert conn.stage is OPEN and conn.authenticated and conn.reader.only is None
+    conn.close_after_read()  # it broke the protocol
+    assert conn.stage is CLOSING and not conn.authenticated and not conn.closed
+    conn.send(b"the error")  # (the reason still goes out)
+    assert theirs.recv(64) == b"the error"
+    conn.cut_off(None)
+    assert conn.stage is CUT and conn.closed
+    conn.close_after_read()
+    conn.authenticate()
+    assert conn.stage is CUT  # (no step back)
+    conn.drop()
+    assert conn.stage is DROPPED and conn.closed and conn.cut_reason is None
+
+
+def test_a_peer_cut_before_it_authenticates_never_counts_as_authenticated(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    ours, _ = pair
+    conn = connection(ours, [])
+    conn.cut_off("its challenge could not be sent")
+    conn.authenticate()  # (a response read after the cut)
+    assert conn.stage is CUT and not conn.authenticated
+    assert conn.reader.only is FrameKind.RESPONSE
 
 
 def test_a_reply_too_large_for_a_frame_becomes_an_error_with_its_id() -> None:

@@ -1,6 +1,6 @@
 """The idle spin: a model's idle worker polls its lent connections without sleeping for a
-while before it sleeps (``supervisor.reactor._poll_spinning_first``), and the engine decides
-when it may (``Engine._read_when_idle``: only while it pays and no instance is at work)."""
+while before it sleeps (``supervisor.lending.poll_spinning_first``), and ``IdleSpin`` decides
+when it may: only while it pays and no instance of the process is at work."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import pytest
 
 from supervisor.config import load_config
 from supervisor.engine import Engine
-from supervisor.reactor import _poll_spinning_first
+from supervisor.lending import IdleSpin, poll_spinning_first
 from tests.unit.test_config import classify, problems, write_config
-from worker.thread_budget import Activity
+from worker.model_worker import Activity
 
 READABLE = select.POLLIN
 
@@ -54,7 +54,7 @@ def test_no_spin_when_the_event_is_already_there(pipe: tuple[select.poll, int, i
     poller, r, w = pipe
     os.write(w, b"x")
     asked = Asked()
-    assert _poll_spinning_first(poller, 10.0, asked) == [(r, READABLE)]
+    assert poll_spinning_first(poller, 10.0, asked) == [(r, READABLE)]
     assert asked.at == []
 
 
@@ -62,7 +62,7 @@ def test_the_wait_spins_until_the_event_comes(pipe: tuple[select.poll, int, int]
     poller, r, w = pipe
     asked = Asked()
     write_later(w, 0.05)
-    assert _poll_spinning_first(poller, 10.0, asked) == [(r, READABLE)]
+    assert poll_spinning_first(poller, 10.0, asked) == [(r, READABLE)]
     assert len(asked.at) > 1
 
 
@@ -70,7 +70,7 @@ def test_the_wait_sleeps_once_its_spin_is_over(pipe: tuple[select.poll, int, int
     poller, r, w = pipe
     asked = Asked()
     sent = write_later(w, 0.3)  # long after the spin's 5 ms
-    assert _poll_spinning_first(poller, 0.005, asked) == [(r, READABLE)]
+    assert poll_spinning_first(poller, 0.005, asked) == [(r, READABLE)]
     sent.join()
     assert asked.at and asked.at[-1] < time.monotonic() - 0.1
 
@@ -81,7 +81,7 @@ def test_the_wait_asks_at_every_turn_and_sleeps_once_told_to(
     poller, r, w = pipe
     asked = Asked(times=3)  # work elsewhere begins after three turns
     sent = write_later(w, 0.3)
-    assert _poll_spinning_first(poller, 10.0, asked) == [(r, READABLE)]
+    assert poll_spinning_first(poller, 10.0, asked) == [(r, READABLE)]
     sent.join()
     assert len(asked.at) == 4 and asked.at[-1] < time.monotonic() - 0.1
 
@@ -90,21 +90,19 @@ def test_a_spin_of_zero_never_asks(pipe: tuple[select.poll, int, int]) -> None:
     poller, r, w = pipe
     asked = Asked()
     write_later(w, 0.05)
-    assert _poll_spinning_first(poller, 0.0, asked) == [(r, READABLE)]
+    assert poll_spinning_first(poller, 0.0, asked) == [(r, READABLE)]
     assert asked.at == []
 
 
-class RecordingReader:
-    """The reactor's ``read_when_idle`` as the engine sees it: it records the spin it is given
-    and advances the engine's clock by the next of ``waits_s`` (False: nothing to read)."""
+class RecordingLending:
+    """The reactor's ``Lending.read_when_idle`` as the spin sees it: it records the spin it is
+    given and advances the spin's clock by the next of ``waits_s`` (False: nothing to read)."""
 
-    def __init__(self, engine: Engine, waits_s: list[float | bool]) -> None:
+    def __init__(self, waits_s: list[float | bool]) -> None:
         self.now = 0.0
         self.waits_s = waits_s
         self.spins: list[float] = []
         self.keep_spinning: Callable[[], bool] = lambda: True
-        engine._clock = lambda: self.now
-        engine.idle_reader = self
 
     def __call__(self, model: str, fd: int, spin_s: float, keep: Callable[[], bool]) -> bool:
         self.spins.append(spin_s)
@@ -116,17 +114,20 @@ class RecordingReader:
         return True
 
 
-def engine_for(tmp_path: Path, idle_spin_us: int = 1000) -> Engine:
-    """An engine, not started: its idle reader's policy needs no model loaded."""
-    return Engine(load_config(write_config(tmp_path, [classify()], idle_spin_us=idle_spin_us)))
+def spin_over(
+    lending: RecordingLending, activity: Activity | None = None, idle_spin_us: int = 1000
+) -> IdleSpin:
+    spin = IdleSpin((activity or Activity()).idle, lambda: idle_spin_us, lambda: lending.now)
+    spin.lending = lending
+    return spin
 
 
-def test_an_idle_worker_spins_while_its_waits_end_within_the_spin(tmp_path: Path) -> None:
-    engine = engine_for(tmp_path)
-    reader = RecordingReader(engine, [0.5, 0.0004, 0.0008, False, 0.3, 0.2, 0.0001, 0.0])
+def test_an_idle_worker_spins_while_its_waits_end_within_the_spin() -> None:
+    lending = RecordingLending([0.5, 0.0004, 0.0008, False, 0.3, 0.2, 0.0001, 0.0])
+    spin = spin_over(lending)
     for _ in range(8):
-        engine._read_when_idle("classify", -1)
-    assert reader.spins == [
+        spin("classify", -1)
+    assert lending.spins == [
         0.0,  # the first wait after a load: nothing was answered before it
         0.0,  # after a long wait
         0.001,  # after a short one
@@ -136,27 +137,48 @@ def test_an_idle_worker_spins_while_its_waits_end_within_the_spin(tmp_path: Path
         0.0,  # (this one would have ended within it)
         0.001,  # so spin again
     ]
-    assert engine._idle_waits["classify"].to_dict() == {"waits": 7, "spun": 3, "caught": 2}
+    assert spin.counts("classify") == {"waits": 7, "spun": 3, "caught": 2}
+    assert spin.counts("face") == {"waits": 0, "spun": 0, "caught": 0}
 
 
-def test_an_idle_worker_stops_spinning_while_any_instance_is_at_work(tmp_path: Path) -> None:
-    engine = engine_for(tmp_path)
-    reader = RecordingReader(engine, [0.0])
-    engine._read_when_idle("classify", -1)
-    assert reader.keep_spinning()
-    engine.activity.enter()
-    assert not reader.keep_spinning()
-    engine.activity.leave()
-    assert reader.keep_spinning()
+def test_an_idle_worker_stops_spinning_while_any_instance_is_at_work() -> None:
+    lending, activity = RecordingLending([0.0]), Activity()
+    spin_over(lending, activity)("classify", -1)
+    assert lending.keep_spinning()
+    activity.enter()
+    assert not lending.keep_spinning()
+    activity.leave()
+    assert lending.keep_spinning()
 
 
-def test_no_spin_without_a_reactor_or_when_configured_off(tmp_path: Path) -> None:
-    engine = engine_for(tmp_path, idle_spin_us=0)
-    assert not engine._read_when_idle("classify", -1)  # no reactor: the batcher sleeps
-    reader = RecordingReader(engine, [0.0, 0.0, 0.0])
+def test_no_spin_without_a_reactor_or_when_configured_off() -> None:
+    lending = RecordingLending([0.0, 0.0, 0.0])
+    spin = spin_over(lending, idle_spin_us=0)
     for _ in range(3):
-        engine._read_when_idle("classify", -1)
-    assert reader.spins == [0.0, 0.0, 0.0]
+        spin("classify", -1)
+    assert lending.spins == [0.0, 0.0, 0.0]
+    spin.lending = None
+    assert not spin("classify", -1)  # no reactor: the batcher sleeps
+
+
+def test_the_engine_spins_by_its_config_and_its_instances(tmp_path: Path) -> None:
+    """The engine's ``IdleSpin``: the supervisor hands it the reactor's lending through
+    ``Engine.idle_reader``; the window is the config's ``idle_spin_us``, read at each wait (a
+    reload may change it); the instances at work are the engine's."""
+    path = write_config(tmp_path, [classify()], idle_spin_us=10_000)
+    engine = Engine(load_config(path))
+    assert not engine.idle_spin("classify", -1)  # no reactor yet
+    lending = RecordingLending([0.0, 0.0])
+    engine.idle_reader = lending
+    assert engine.idle_reader is lending
+    engine.idle_spin("classify", -1)
+    engine.idle_spin("classify", -1)
+    assert lending.spins == [0.0, 0.01]  # (the first wait after a load never spins)
+    engine.activity.enter()
+    assert not lending.keep_spinning()
+    engine.activity.leave()
+    engine.idle_reader = None
+    assert not engine.idle_spin("classify", -1)
 
 
 def test_idle_spin_us_is_bounded(tmp_path: Path) -> None:
