@@ -1,4 +1,4 @@
-"""The engine: one backend init, the thread budgets, and the registry of served models.
+"""The engine: one backend init and the registry of served models, with their lifecycle.
 
 Used by ``duomo infer`` and the benchmark in-process, and by the supervisor process as its core.
 It owns the desired state (the config) and every lifecycle step across models, one at a time
@@ -10,9 +10,10 @@ thread. Every load is measured (``supervisor.memory``) and held to the model's
 ``memory_budget_mb`` and its devices' budgets, evicting least-recently-used idle ``evictable``
 models on a device when it does not fit there.
 
-Several devices: a model's instances are placed on its devices in turn (``Placement``); each
-pool of CPU cores (the host's, and each cpu device with ``cores`` of its own) has its own thread
-plan and compute gate, each accelerator its own gate; memory is charged and budgeted per device.
+Two jobs live beside it: where models compute (``supervisor.placement``: a thread plan and
+compute gate per pool of cores, a gate per accelerator, each instance's device) and what memory
+they are charged and which idle models make room (``supervisor.memory.MemoryLedger``, per
+device).
 
 Concurrency:
 
@@ -33,8 +34,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -49,56 +49,34 @@ from ipc.errors import (
     UnavailableError,
     echoed,
 )
-from supervisor.config import (
-    DeviceConfig,
-    LoadedConfig,
-    ModelConfig,
-    ResolvedModel,
-    pool_cores,
-    thread_budget,
-)
+from supervisor.config import LoadedConfig, ResolvedModel
 from supervisor.device_telemetry import DeviceTelemetry
 from supervisor.lending import IdleSpin, LentReader
-from supervisor.memory import (
-    Footprint,
-    MemoryUse,
-    Resident,
-    choose_victims,
-    mb,
-    resident_bytes,
-    trim_heap,
-)
+from supervisor.memory import Footprint, MemoryLedger, MemoryUse, mb, resident_bytes, trim_heap
+from supervisor.placement import HOST, Placements
 from supervisor.preload import TransitionModel
 from worker.backends import Backend, create_backend
-from worker.backends.base import NotEnoughDeviceMemory
 from worker.executors.image_ops import limit_opencv_threads
 from worker.model_worker import Activity
 from worker.request import Outcome
-from worker.served_model import SERVING, ModelSpec, ModelState, Placement, ServedModel
-from worker.thread_budget import ComputeGate, InstanceDemand, ThreadPlan, plan_threads
+from worker.served_model import SERVING, DeviceMemoryError, ModelSpec, ModelState, ServedModel
+from worker.thread_budget import ComputeGate, ThreadPlan
 
 log = structlog.get_logger("duomo.engine")
 LOAD_TIMEOUT_S = 300.0
-Pool = int | None  # a pool of cores: a cpu device's own (its id), or the host's shared one
-HOST: Pool = None
 
 
 class Engine:
     def __init__(self, loaded: LoadedConfig, only: Iterable[str] | None = None) -> None:
+        self.models: dict[str, ServedModel] = {}
+        self.placements = Placements(loaded)  # thread plans and compute gates
+        self.memory = MemoryLedger(self.models, loaded, self._release_memory)
         self.loaded = loaded
         self._wanted = list(only) if only is not None else list(loaded.models)
         self._only = only is not None  # ``duomo infer -c``: these models, loaded at once
-        self.models: dict[str, ServedModel] = {}
         self._backends: dict[str, Backend] = {}
-        # per pool of cores (the host's, and each cpu device with cores of its own): its thread
-        # plan, and its gate, which every ONNX Runtime run on those cores holds
-        self.plans: dict[Pool, ThreadPlan] = {HOST: ThreadPlan(1, {}, {})}
-        self.cpu_gates: dict[Pool, ComputeGate] = {HOST: ComputeGate(1)}
-        self._device_gates: dict[int, ComputeGate] = {}  # an accelerator's, for the ACL backend
         self._lifecycle = threading.RLock()
         self._signatures: dict[str, tuple[Any, ...]] = {}  # name -> what its model was built from
-        self.footprints: dict[str, Footprint] = {}  # the largest measured, kept across unloads
-        self._measured: dict[str, Footprint] = {}  # the last measurement
         self._demand_lock = threading.Lock()
         self._demanded: set[str] = set()  # loading for a waiting request, or ahead of one
         self.predictor = TransitionModel()  # preload_policy: predictive
@@ -118,16 +96,7 @@ class Engine:
         ResourceExhaustedError for a load that does not fit its memory budget.
         """
         with self._lifecycle:
-            self.plans = plan_for(self.loaded, self._wanted)
-            self.cpu_gates = {
-                pool: ComputeGate(plan.budget, self._cpu_overdraft(pool))
-                for pool, plan in self.plans.items()
-            }
-            self._device_gates = {
-                d.id: ComputeGate(d.runs_at_once or 1, d.overdraft)
-                for d in self.loaded.config.devices
-                if d.kind != "cpu"
-            }
+            self.placements.start(self._wanted)
             limit_opencv_threads()
             for name in self._wanted:
                 self.models[name] = self._build(name, self.loaded)
@@ -142,8 +111,10 @@ class Engine:
         log.info(
             "engine ready",
             models={n: m.state.value for n, m in self.models.items()},
-            thread_budgets={str(p): plan.budget for p, plan in self.plans.items()},
-            threads={str(p): plan.threads_per_instance for p, plan in self.plans.items()},
+            thread_budgets={str(p): plan.budget for p, plan in self.placements.plans.items()},
+            threads={
+                str(p): plan.threads_per_instance for p, plan in self.placements.plans.items()
+            },
         )
 
     def load(self, name: str) -> dict[str, Any]:
@@ -201,8 +172,8 @@ class Engine:
                 added, removed, changed = (
                     [n for n in group if n == only] for group in (added, removed, changed)
                 )
-            plans = plan_for(new, names, {p: plan.budget for p, plan in self.plans.items()})
-            previous_plans, self.plans = self.plans, plans
+            plans = self.placements.replan(new, names)
+            previous_plans, self.placements.plans = self.placements.plans, plans
             fresh: dict[str, ServedModel] = {}
             try:
                 for name in added + changed:
@@ -218,7 +189,7 @@ class Engine:
                     ):
                         self._load(model, new.models[name])
             except BaseException:
-                self.plans = previous_plans
+                self.placements.plans = previous_plans
                 for model in fresh.values():
                     model.stop(0.0)
                 raise
@@ -258,22 +229,16 @@ class Engine:
         exclude = {name, *keep}
         if model.state in SERVING:
             return
-        resolved = resolved or self._resolved(name)
+        memory = self.memory
+        budget = memory.model_budget(resolved or self._resolved(name))
         devices = model.spec.devices
-        kind = self._device_kind(devices[0])  # (one model's devices are of one kind)
-        budget = self._model_budget(resolved)
-        expected = self.footprints.get(name)
         for device in devices:
-            need = expected.charged_on(device, kind) if expected else (budget or 0)
-            self._make_room(model, device, need, exclude=exclude)
+            memory.make_room(model, device, memory.expected(name, device, budget), exclude)
         self._release_memory()
         before = resident_bytes()
         try:
-            self._load_within_room(model, kind, budget)
-        except RuntimeError as err:
-            short = err.__cause__
-            if not isinstance(short, NotEnoughDeviceMemory):
-                raise
+            self._load_within_room(model, budget)
+        except DeviceMemoryError as short:
             try:
                 if budget is not None and short.needed > budget:
                     raise ResourceExhaustedError(
@@ -281,20 +246,13 @@ class Engine:
                         f"(query_size), above its memory_budget_mb of {mb(budget)}"
                     ) from None
                 # evict on the device that was short, then once more
-                self._make_room(model, short.device, short.needed, exclude=exclude)
-                self._load_within_room(model, kind, budget)
+                memory.make_room(model, short.device, short.needed, exclude)
+                self._load_within_room(model, budget)
             except BaseException as final:  # the requests waiting for it had waited for this
                 model.fail_queued(f"model {name!r} could not be loaded: {final}")
                 raise
-        host = max(0, resident_bytes() - before)
-        footprint = Footprint(
-            host,
-            {d: sum(s.device_bytes for s in on) for d, on in model.sessions_by_device().items()},
-            Counter(model.spec.placement(i).device for i in range(model.spec.instances)),
-        )
-        self._measured[name] = footprint
-        self.footprints[name] = footprint.largest(self.footprints.get(name))
-        charged = {d: footprint.charged_on(d, kind) for d in devices}
+        footprint = memory.record(model, max(0, resident_bytes() - before))
+        charged = {d: memory.charged(name, d) for d in devices}
         worst = max(charged, key=charged.__getitem__)
         if budget is not None and charged[worst] > budget:
             on = f" on device {worst}" if len(devices) > 1 else ""
@@ -307,87 +265,21 @@ class Engine:
             raise ResourceExhaustedError(f"model {name!r} {why}")
         try:
             for device in devices:
-                self._make_room(model, device, charged[device], exclude=exclude)
+                memory.make_room(model, device, charged[device], exclude)
         except ResourceExhaustedError:
             model.unload("does not fit its device's memory budget", by_operator=False)
             self._release_memory()
             raise
         log.info(
-            "model loaded", model=name, host_mb=round(host / 2**20, 1),
+            "model loaded", model=name, host_mb=round(footprint.host_bytes / 2**20, 1),
             device_mb={d: round(b / 2**20, 1) for d, b in footprint.device_bytes.items()},
         )  # fmt: skip
 
-    def _load_within_room(self, model: ServedModel, kind: str, budget: int | None) -> None:
+    def _load_within_room(self, model: ServedModel, budget: int | None) -> None:
         """Load, telling an accelerator's sessions how much device memory the budgets leave
-        them on their device (the ACL backend compares it with ``query_size`` before it
-        allocates anything)."""
-        rooms: dict[int, int | None] = {}
-        for device in model.spec.devices if kind not in ("cpu", "cuda") else ():
-            limits = [budget] if budget is not None else []
-            device_budget = self._device_budget(device)
-            if device_budget is not None:
-                limits.append(device_budget - sum(self._loaded_on(model, device).values()))
-            rooms[device] = max(0, min(limits)) if limits else None
-        model.device_room_bytes = rooms
+        them on their device (``MemoryLedger.rooms``)."""
+        model.device_room_bytes = self.memory.rooms(model, budget)
         model.load(LOAD_TIMEOUT_S)
-
-    def _loaded_on(self, model: ServedModel, device: int) -> dict[str, int]:
-        """Bytes charged on ``device`` to each other model loaded there (a model being replaced
-        is still here, under its name)."""
-        kind = self._device_kind(device)
-        return {
-            n: self._charged(n, device, kind)
-            for n, m in self.models.items()
-            if device in m.spec.devices and m is not model and m.holds_memory
-        }
-
-    def _make_room(self, model: ServedModel, device: int, need: int, exclude: set[str]) -> None:
-        """Evict idle evictable models on ``device`` until ``model``'s ``need`` bytes there fit
-        the device's budget next to the others; ResourceExhaustedError if they cannot."""
-        budget = self._device_budget(device)
-        if budget is None:
-            return
-        for _attempt in range(3):  # a candidate may turn busy between the choice and the evict
-            charged = self._loaded_on(model, device)
-            loaded = {n: self.models[n] for n in charged}
-            used = sum(charged.values())
-            over = used + need - budget
-            if over <= 0:
-                return
-            candidates = [
-                Resident(
-                    n,
-                    charged[n],
-                    m.last_used_s,
-                    self._resolved(n).config.evictable,
-                    m.pending == 0,
-                )
-                for n, m in loaded.items()
-                if n not in exclude and m.state in SERVING
-            ]
-            victims = choose_victims(candidates, over)
-            if victims is None:
-                break
-            evicted = [v.name for v in victims if self.models[v.name].evict()]
-            self._release_memory()
-            log.info("evicted to make room", model=model.spec.name, device=device, evicted=evicted)
-            if len(evicted) == len(victims):
-                return
-        busy = [c.name for c in candidates if c.evictable and not c.idle]
-        raise ResourceExhaustedError(
-            f"model {model.spec.name!r} needs {mb(need)} on device {device}, whose budget is "
-            f"{mb(budget)}: {sorted(loaded)} use {mb(used)}, and evicting idle evictable models "
-            f"cannot free the {mb(over)} missing" + (f" (busy now: {sorted(busy)})" if busy else "")
-        )
-
-    def _charged(self, name: str, device: int, kind: str) -> int:
-        """What ``name`` is charged on ``device``: its largest measured load there, or before
-        it was ever measured its ``memory_budget_mb``."""
-        found = self.footprints.get(name)
-        if found is not None:
-            return found.charged_on(device, kind)
-        resolved = self.loaded.models.get(name)
-        return (self._model_budget(resolved) if resolved else None) or 0
 
     def _on_demand(self, model: ServedModel) -> None:
         """A request waits for an unloaded model: load it on a short-lived thread (once)."""
@@ -525,7 +417,7 @@ class Engine:
             priority_aging_per_s=cfg.priority_aging_per_s,
             compute_weight=cfg.compute_weight,
             health=cfg.health,
-            placements=tuple(self._placement(name, cfg, i) for i in range(cfg.instances)),
+            placements=tuple(self.placements.placement(name, cfg, i) for i in range(cfg.instances)),
         )
         self._signatures[name] = self._signature(resolved)
         on_demand = None if self._only else self._on_demand
@@ -533,42 +425,36 @@ class Engine:
         return ServedModel(
             spec,
             backend,
-            {device: self._gate_for(cfg.backend, device) for device in cfg.device_ids},
+            {d: self.placements.gate_for(cfg.backend, d) for d in cfg.device_ids},
             on_demand=on_demand,
             idle_reader=self.idle_spin,
             activity=self.activity,
             on_request=self._predict_after if predictive else None,
         )
 
-    def _placement(self, name: str, cfg: ModelConfig, index: int) -> Placement:
-        """Instance ``index``'s device (round-robin over the model's), the intra-op threads its
-        pool's plan gives it, and the cores its threads are pinned to (``pool_cores``)."""
-        device = self._device(cfg.instance_device(index))
-        pool = pool_of(device)
-        threads = self.plans.get(pool, self.plans[HOST]).threads_per_instance.get(name, 1)
-        cores = pool_cores(self.loaded.config, device if pool is not HOST else None)
-        return Placement(device.id, threads, cores)
-
-    def _gate_for(self, backend: str, device: int) -> ComputeGate:
-        """ONNX Runtime's runs share their pool of cores' gate (its thread budget); the ACL
-        backend's share their device's."""
-        if backend == "acl" and device in self._device_gates:
-            return self._device_gates[device]
-        return self.cpu_gates.get(pool_of(self._device(device)), self.cpu_gates[HOST])
-
-    def _cpu_overdraft(self, pool: Pool) -> int:
-        devices = self.loaded.config.devices
-        return next((d.overdraft for d in devices if d.kind == "cpu" and pool_of(d) == pool), 1)
-
     @property
     def plan(self) -> ThreadPlan:
         """The thread plan of the process's shared pool of cores."""
-        return self.plans[HOST]
+        return self.placements.plans[HOST]
 
     @property
     def gate(self) -> ComputeGate:
         """The gate of the process's shared pool of cores."""
-        return self.cpu_gates[HOST]
+        return self.placements.cpu_gates[HOST]
+
+    @property
+    def loaded(self) -> LoadedConfig:
+        """The running config (a reload replaces it; the ledger and placements follow)."""
+        return self._loaded
+
+    @loaded.setter
+    def loaded(self, loaded: LoadedConfig) -> None:
+        self._loaded = self.memory.loaded = self.placements.loaded = loaded
+
+    @property
+    def footprints(self) -> dict[str, Footprint]:
+        """Each model's largest measured footprint (``MemoryLedger``)."""
+        return self.memory.footprints
 
     def wake_idle(self, name: str) -> None:
         """Wake ``name``'s idle workers: a connection has become theirs to read, or the one
@@ -606,22 +492,6 @@ class Engine:
     def _resolved(self, name: str) -> ResolvedModel:
         return self.loaded.models[name]
 
-    def _device(self, device: int) -> DeviceConfig:
-        found = next((d for d in self.loaded.config.devices if d.id == device), None)
-        return found if found is not None else DeviceConfig(id=device)
-
-    def _device_kind(self, device: int) -> str:
-        return self._device(device).kind
-
-    def _device_budget(self, device: int) -> int | None:
-        budget_mb = self._device(device).memory_budget_mb
-        return None if budget_mb is None else budget_mb * 2**20
-
-    @staticmethod
-    def _model_budget(resolved: ResolvedModel) -> int | None:
-        mb_ = resolved.config.memory_budget_mb
-        return None if mb_ is None else mb_ * 2**20
-
     # -- requests ---------------------------------------------------------------------------
 
     def model(self, name: str) -> ServedModel:
@@ -658,22 +528,15 @@ class Engine:
         return self.submit(name, payload).result(timeout_s)
 
     def model_memory(self, name: str, model: ServedModel) -> dict[int, MemoryUse]:
-        """By device: the bytes charged to ``model`` there (its largest measured load, on the
-        device's terms, whether loaded now or not) against its ``memory_budget_mb``."""
-        largest = self.footprints.get(name)
-        resolved = self.loaded.models.get(name)
-        budget = self._model_budget(resolved) if resolved else None
-        return {
-            d: MemoryUse(largest.charged_on(d, self._device_kind(d)) if largest else None, budget)
-            for d in model.spec.devices
-        }
+        """By device: what ``model`` is charged there against its budget (``/metrics``)."""
+        return self.memory.model_memory(name, model)
 
     def _model_status(self, name: str, model: ServedModel) -> dict[str, Any]:
         """The model's own status with its memory against its budget and its config flags."""
         shown = model.status()
         resolved = self.loaded.models.get(name)
-        last = self._measured.get(name)
-        use = self.model_memory(name, model)
+        last = self.memory.measured.get(name)
+        use = self.memory.model_memory(name, model)
         charged = [u.used_bytes for u in use.values() if u.used_bytes is not None]
         shown["memory"] = {
             "loaded": model.holds_memory,
@@ -688,16 +551,8 @@ class Engine:
         return shown
 
     def device_memory(self) -> dict[int, MemoryUse]:
-        """Per configured device id: the bytes charged to its loaded models against its budget."""
-        shown = {}
-        for device in self.loaded.config.devices:
-            used = sum(
-                self._charged(n, device.id, device.kind)
-                for n, m in list(self.models.items())
-                if device.id in m.spec.devices and m.holds_memory
-            )
-            shown[device.id] = MemoryUse(used, self._device_budget(device.id))
-        return shown
+        """Per device: what its loaded models are charged against its budget (``/metrics``)."""
+        return self.memory.device_memory()
 
     def devices(self) -> list[dict[str, Any]]:
         """``status``'s devices: memory charged against the budget, and what each device
@@ -705,14 +560,13 @@ class Engine:
         shown = []
         for id_, use in self.device_memory().items():
             reading = self.telemetry.read(id_)
-            device = self._device(id_)
-            pool = self.plans.get(pool_of(device)) if device.kind == "cpu" else None
+            device = self.placements.device(id_)
             shown.append(
                 {
                     "id": id_,
                     "kind": device.kind,
                     "cores": device.cores,
-                    "thread_budget": pool.budget if pool is not None else None,
+                    "thread_budget": self.placements.thread_budget_of(device),
                     "used_bytes": use.used_bytes,
                     "budget_bytes": use.budget_bytes,
                     "total_bytes": reading.total_bytes,
@@ -722,11 +576,11 @@ class Engine:
         return shown
 
     def status(self) -> dict[str, Any]:
-        models = {name: self._model_status(name, m) for name, m in list(self.models.items())}
-        gates = {id(g): g for g in (*self.cpu_gates.values(), *self._device_gates.values())}
-        shares = {key: gate.shares() for key, gate in gates.items()}
-        for name, shown in models.items():  # its share of each of its gates' compute time
-            model = self.models[name]
+        served = list(self.models.items())  # (once: a reload may change the registry meanwhile)
+        models = {name: self._model_status(name, m) for name, m in served}
+        shares = {id(gate): gate.shares() for gate in self.placements.gates()}
+        for name, model in served:  # its share of each of its gates' compute time
+            shown = models[name]
             mine = {
                 d: shares.get(id(member.gate), {}).get(name, {}).get("share", 0.0)
                 for d, member in model.gates.items()
@@ -736,8 +590,11 @@ class Engine:
                 "share": next(iter(mine.values()), 0.0),
                 "share_by_device": {str(d): share for d, share in mine.items()},
             }
-        budget = sum(plan.budget for plan in self.plans.values())
-        return {"thread_budget": budget, "devices": self.devices(), "models": models}
+        return {
+            "thread_budget": self.placements.total_budget,
+            "devices": self.devices(),
+            "models": models,
+        }
 
     def close(self, grace_s: float = 30.0) -> int:
         """Stop every model (finishing queued work within ``grace_s`` in all), release the
@@ -779,40 +636,3 @@ def _hand_over_queue(old: ServedModel, new: ServedModel) -> None:
             new.submit(request.payload, request.deliver, request.priority, request.deadline_s)
         except DuomoError as err:
             request.complete(error=err)
-
-
-def pool_of(device: DeviceConfig) -> Pool:
-    """The pool of cores a device's ONNX Runtime threads come from: its own if it has cores,
-    else the host's."""
-    return device.id if device.kind == "cpu" and device.cores is not None else HOST
-
-
-def plan_for(
-    loaded: LoadedConfig, names: list[str], budgets: Mapping[Pool, int] | None = None
-) -> dict[Pool, ThreadPlan]:
-    """The thread plan of each pool of cores for ``names`` of ``loaded``: a pool's budget
-    (``budgets``, else ``supervisor.config.thread_budget``) split over the instances placed
-    there of the models that compute on the CPU. Used by the engine at start and on reload,
-    and by the benchmark's in-process modes."""
-    for name in names:
-        if name not in loaded.models:
-            raise NotFoundError(
-                f"no model named {name!r} in {loaded.path} (have: {sorted(loaded.models)})"
-            )
-    config = loaded.config
-    devices = {d.id: d for d in config.devices}
-    pools: dict[Pool, list[InstanceDemand]] = {HOST: []}
-    pools.update((d.id, []) for d in config.devices if pool_of(d) is not HOST)
-    for name in names:
-        cfg = loaded.models[name].config
-        if cfg.backend != "onnxruntime":  # CPU threads for the models computing on the CPU
-            continue
-        placed = Counter(pool_of(devices[cfg.instance_device(i)]) for i in range(cfg.instances))
-        for pool, instances in placed.items():
-            pools[pool].append(InstanceDemand(name, instances, cfg.intra_op_threads))
-    budgets = budgets or {}
-
-    def budget(pool: Pool) -> int:
-        return budgets.get(pool) or thread_budget(config, None if pool is None else devices[pool])
-
-    return {pool: plan_threads(demands, budget(pool)) for pool, demands in pools.items()}

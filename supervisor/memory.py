@@ -1,4 +1,5 @@
-"""Memory accounting: what a model costs once loaded, and which idle models to evict for room.
+"""Memory accounting: what a model costs once loaded, what each device's models are charged
+against its budget, and which idle models to evict for room (``MemoryLedger``).
 
 Used by the engine around every load. On the CPU a model's footprint is the growth of this
 process's resident memory across its load and warm-up (sessions, ONNX Runtime's arena, I/O
@@ -16,13 +17,21 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-from collections.abc import Iterable, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import psutil
+import structlog
 
+from ipc.errors import ResourceExhaustedError
+from supervisor.config import DeviceConfig, LoadedConfig, ResolvedModel
+from worker.served_model import SERVING, ServedModel
+
+log = structlog.get_logger("duomo.memory")
 MB = 1 << 20
+HOST_KINDS = ("cpu", "cuda")  # devices whose models are charged host memory (see Footprint)
 
 
 @dataclass(frozen=True)
@@ -46,7 +55,7 @@ class Footprint:
         """What counts against ``device``'s budget: the device memory its sessions took there
         on an accelerator; on the host, its resident growth in proportion to the instances
         there (a model on two devices is charged on each)."""
-        if kind not in ("cpu", "cuda"):
+        if kind not in HOST_KINDS:
             return self.device_bytes.get(device, 0)
         total = sum(self.instances.values())
         return self.host_bytes * self.instances.get(device, 0) // total if total else 0
@@ -144,3 +153,159 @@ def choose_victims(residents: Iterable[Resident], need_bytes: int) -> list[Resid
 def mb(nbytes: int) -> str:
     """Megabytes for a message: one decimal below 10 MB, where rounding would hide the gap."""
     return f"{nbytes / MB:.1f} MB" if abs(nbytes) < 10 * MB else f"{nbytes / MB:.0f} MB"
+
+
+class MemoryLedger:
+    """What each model is charged on each device against the budgets, and eviction for room.
+
+    Owned by the ``Engine``, which calls it around every load (``make_room`` before, ``rooms``
+    for an accelerator's sessions, ``record`` after) and for ``status`` and ``/metrics``
+    (``model_memory``, ``device_memory``). ``models`` is the engine's registry (the same dict);
+    ``loaded`` the running config, set again by a reload; ``release`` hands freed memory back
+    (the backends' pools, then the C heap), called after every eviction.
+    """
+
+    def __init__(
+        self,
+        models: Mapping[str, ServedModel],
+        loaded: LoadedConfig,
+        release: Callable[[], None],
+    ) -> None:
+        self.models = models
+        self.loaded = loaded
+        self._release = release
+        self.footprints: dict[str, Footprint] = {}  # the largest measured, kept across unloads
+        self.measured: dict[str, Footprint] = {}  # the last measurement
+
+    # -- the config's terms ---------------------------------------------------------------
+
+    def device(self, device: int) -> DeviceConfig:
+        found = next((d for d in self.loaded.config.devices if d.id == device), None)
+        return found if found is not None else DeviceConfig(id=device)
+
+    def device_budget(self, device: int) -> int | None:
+        budget_mb = self.device(device).memory_budget_mb
+        return None if budget_mb is None else budget_mb * MB
+
+    @staticmethod
+    def model_budget(resolved: ResolvedModel | None) -> int | None:
+        budget_mb = resolved.config.memory_budget_mb if resolved else None
+        return None if budget_mb is None else budget_mb * MB
+
+    # -- charges --------------------------------------------------------------------------
+
+    def charged(self, name: str, device: int) -> int:
+        """What ``name`` is charged on ``device``: its largest measured load there, or before
+        it was ever measured its ``memory_budget_mb``."""
+        found = self.footprints.get(name)
+        if found is not None:
+            return found.charged_on(device, self.device(device).kind)
+        return self.model_budget(self.loaded.models.get(name)) or 0
+
+    def expected(self, name: str, device: int, budget: int | None) -> int:
+        """What a load of ``name`` will need on ``device``: its largest measured load, or its
+        budget before its first."""
+        found = self.footprints.get(name)
+        if found is not None:
+            return found.charged_on(device, self.device(device).kind)
+        return budget or 0
+
+    def loaded_on(self, model: ServedModel, device: int) -> dict[str, int]:
+        """Bytes charged on ``device`` to each other model loaded there (a model being replaced
+        is still here, under its name)."""
+        return {
+            n: self.charged(n, device)
+            for n, m in list(self.models.items())
+            if device in m.spec.devices and m is not model and m.holds_memory
+        }
+
+    def rooms(self, model: ServedModel, budget: int | None) -> dict[int, int | None]:
+        """On an accelerator, the device memory each of ``model``'s devices has left for it
+        under the budgets (the ACL backend compares it with ``query_size`` before it allocates
+        anything); nothing on the host."""
+        rooms: dict[int, int | None] = {}
+        for device in model.spec.devices:
+            if self.device(device).kind in HOST_KINDS:
+                continue
+            limits = [budget] if budget is not None else []
+            device_budget = self.device_budget(device)
+            if device_budget is not None:
+                limits.append(device_budget - sum(self.loaded_on(model, device).values()))
+            rooms[device] = max(0, min(limits)) if limits else None
+        return rooms
+
+    def record(self, model: ServedModel, host_bytes: int) -> Footprint:
+        """A load measured: ``host_bytes`` of resident growth, and the device memory its
+        sessions took on each device; the model is charged the largest measured from now on."""
+        name = model.spec.name
+        footprint = Footprint(
+            host_bytes,
+            {d: sum(s.device_bytes for s in on) for d, on in model.sessions_by_device().items()},
+            Counter(model.spec.placement(i).device for i in range(model.spec.instances)),
+        )
+        self.measured[name] = footprint
+        self.footprints[name] = footprint.largest(self.footprints.get(name))
+        return footprint
+
+    # -- eviction -------------------------------------------------------------------------
+
+    def make_room(self, model: ServedModel, device: int, need: int, exclude: set[str]) -> None:
+        """Evict idle evictable models on ``device`` until ``model``'s ``need`` bytes there fit
+        the device's budget next to the others; ResourceExhaustedError if they cannot."""
+        budget = self.device_budget(device)
+        if budget is None:
+            return
+        for _attempt in range(3):  # a candidate may turn busy between the choice and the evict
+            charged = self.loaded_on(model, device)
+            loaded = {n: self.models[n] for n in charged}
+            used = sum(charged.values())
+            over = used + need - budget
+            if over <= 0:
+                return
+            candidates = [
+                Resident(n, charged[n], m.last_used_s, self._evictable(n), m.pending == 0)
+                for n, m in loaded.items()
+                if n not in exclude and m.state in SERVING
+            ]
+            victims = choose_victims(candidates, over)
+            if victims is None:
+                break
+            evicted = [v.name for v in victims if self.models[v.name].evict()]
+            self._release()
+            log.info("evicted to make room", model=model.spec.name, device=device, evicted=evicted)
+            if len(evicted) == len(victims):
+                return
+        busy = [c.name for c in candidates if c.evictable and not c.idle]
+        raise ResourceExhaustedError(
+            f"model {model.spec.name!r} needs {mb(need)} on device {device}, whose budget is "
+            f"{mb(budget)}: {sorted(loaded)} use {mb(used)}, and evicting idle evictable models "
+            f"cannot free the {mb(over)} missing" + (f" (busy now: {sorted(busy)})" if busy else "")
+        )
+
+    def _evictable(self, name: str) -> bool:
+        resolved = self.loaded.models.get(name)
+        return resolved is not None and resolved.config.evictable
+
+    # -- what status and /metrics show ----------------------------------------------------
+
+    def model_memory(self, name: str, model: ServedModel) -> dict[int, MemoryUse]:
+        """By device: the bytes charged to ``model`` there (its largest measured load, on the
+        device's terms, whether loaded now or not) against its ``memory_budget_mb``."""
+        largest = self.footprints.get(name)
+        budget = self.model_budget(self.loaded.models.get(name))
+        return {
+            d: MemoryUse(largest.charged_on(d, self.device(d).kind) if largest else None, budget)
+            for d in model.spec.devices
+        }
+
+    def device_memory(self) -> dict[int, MemoryUse]:
+        """Per configured device id: the bytes charged to its loaded models against its budget."""
+        shown = {}
+        for device in self.loaded.config.devices:
+            used = sum(
+                self.charged(n, device.id)
+                for n, m in list(self.models.items())
+                if device.id in m.spec.devices and m.holds_memory
+            )
+            shown[device.id] = MemoryUse(used, self.device_budget(device.id))
+        return shown

@@ -70,6 +70,26 @@ class ModelState(str, Enum):
 SERVING = (ModelState.READY, ModelState.DEGRADED)
 
 
+class ModelLoadError(RuntimeError):
+    """A model's instances could not be loaded (or timed out); the message names the model and
+    ``__cause__`` is the instance's own error."""
+
+    def __init__(self, model: str, why: str) -> None:
+        super().__init__(f"model {model!r} {why}")
+        self.model = model
+
+
+class DeviceMemoryError(ModelLoadError):
+    """An instance's own estimate (ACL ``query_size``) did not fit the device memory its budgets
+    leave on ``device``; nothing was allocated, so the engine may make room and load again."""
+
+    def __init__(self, model: str, why: str, short: NotEnoughDeviceMemory) -> None:
+        super().__init__(model, why)
+        self.needed = short.needed
+        self.room = short.room
+        self.device = short.device
+
+
 @dataclass(frozen=True)
 class Placement:
     """Where one instance runs: its device, its intra-op threads, and the cores its threads are
@@ -236,7 +256,10 @@ class ServedModel:
                 error = f"failed to load: {worker.load_error}"
             if error is not None:
                 self.batcher.retire_workers()  # the loaded ones close their sessions and end
-                raise RuntimeError(f"model {self.spec.name!r} {error}") from worker.load_error
+                cause = worker.load_error
+                if isinstance(cause, NotEnoughDeviceMemory):
+                    raise DeviceMemoryError(self.spec.name, error, cause) from cause
+                raise ModelLoadError(self.spec.name, error) from cause
         self.workers = workers
         executor = next(w.executor for w in workers if w.executor is not None)
         if self.window is not None:
@@ -250,9 +273,10 @@ class ServedModel:
         """Load and warm up every instance; a model already serving is left as it is.
 
         On failure the model returns to UNLOADED (FAILED if it had failed before), requests
-        that were waiting for it are answered UNAVAILABLE with the reason, and the error is
-        raised. (Short of device memory for its budgets, they keep waiting: the engine makes
-        room and loads once more, and answers them if that fails too.)
+        that were waiting for it are answered UNAVAILABLE with the reason, and
+        ``ModelLoadError`` is raised. (``DeviceMemoryError``, short of device memory for its
+        budgets: they keep waiting, for the engine makes room and loads once more, and answers
+        them if that fails too.)
         """
         with self.lifecycle:
             if self.state in SERVING:
@@ -271,7 +295,7 @@ class ServedModel:
                 self.set_state(after, self.last_error)
                 if after is ModelState.FAILED or not self.auto_load:
                     self.batcher.close()  # refused from now on, atomically with ``put``
-                if not isinstance(err.__cause__, NotEnoughDeviceMemory) or not self.auto_load:
+                if not isinstance(err, DeviceMemoryError) or not self.auto_load:
                     self.fail_queued(f"model {self.spec.name!r} could not be loaded: {err}")
                 raise
             self.restarts.clear()

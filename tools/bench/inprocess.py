@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.config import LoadedConfig, load_config
-from supervisor.engine import HOST, plan_for
 from supervisor.image_files import read_image
 from supervisor.memory import tune_heap
+from supervisor.placement import HOST, plan_for
 from tools.bench.answers import summary
 from tools.bench.tally import Tally
 from worker.backends.base import SessionSettings
