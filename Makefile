@@ -3,8 +3,8 @@
 #                 config (with its KServe v2 gateway), feed it frames from a producer in another
 #                 process, send one request through tritonclient, show its status, stop it
 #   make test   - install, fetch the models, lint, type-check and run the whole test suite
-#                 (as root it installs Debian's prometheus and tmux first when they are missing)
-#   make bench  - the benchmark of README "Benchmarks" (installs Triton and Mosec into .bench/)
+#                 (as root it first installs the Debian programs the tests drive: see TOOLS)
+#   make bench  - the benchmark of docs/benchmarks.md (installs Triton and Mosec into .bench/)
 # Everything lives in .venv; the models in models/ (both ignored by git).
 
 PYTHON ?= python3

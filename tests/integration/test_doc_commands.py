@@ -41,6 +41,14 @@ NOT_RUN: list[tuple[str, str]] = [
     (r"\.venv/bin/python tools/atc_convert\.py .*", "needs CANN's ATC, on an Ascend machine"),
     (r"\.venv/bin/python tools/ascend_smoke\.py .*", "needs .om files and an Ascend card"),
     (r"\.venv/bin/duomo start -c configs/ascend-\w+\.yaml", "needs an Ascend card"),
+    (r"podman build -f deploy/Containerfile .*", "test_containers.py builds both images"),
+    (r"podman build -f deploy/Containerfile\.ascend .*", "needs a CANN toolkit image"),
+    (
+        r"head -c 32 /dev/urandom \| base64 > deploy/gateway-token",
+        "writes a secret into the work tree; test_containers.py makes a token of its own",
+    ),
+    (r"podman-compose -f deploy/compose\.yaml .*", "test_containers.py runs this layout"),
+    (r"kubectl .*", "needs a cluster; tests/unit/test_manifests.py validates the manifests"),
 ]
 
 
