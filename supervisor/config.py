@@ -332,13 +332,14 @@ def pool_cores(config: DuomoConfig, device: DeviceConfig | None) -> tuple[int, .
 def thread_budget(config: DuomoConfig, device: DeviceConfig | None) -> int:
     """The intra-op threads a device's models share: a cpu device's own cores, else
     ``backends.onnxruntime.thread_budget``, else the cores of the host's pool (the process's,
-    less those devices hold), which unpinned cpu devices and accelerators' ONNX Runtime
-    sessions share."""
+    less those devices hold; fewer under a cgroup CPU quota: ``available_cores``), which
+    unpinned cpu devices and accelerators' ONNX Runtime sessions share."""
     if device is not None and device.cores is not None:
         return len(device.cores)
     if config.backends.onnxruntime.thread_budget is not None:
         return config.backends.onnxruntime.thread_budget
-    return len(pool_cores(config, None)) or available_cores()
+    pool = pool_cores(config, None)
+    return min(len(pool), available_cores()) if pool else available_cores()
 
 
 def _device_problems(config: DuomoConfig) -> list[tuple[str, str]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -92,3 +93,34 @@ def test_a_wide_turn_holds_the_line_once_it_is_next() -> None:
     for t in (first, wide, narrow):
         t.join(10)
     assert order == ["wide", "narrow"]
+
+
+def test_a_cgroup_cpu_quota_bounds_the_cores_a_process_keeps_busy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A container's or pod's CPU limit (cgroup v2 ``cpu.max``, v1 cfs quota) does not shrink
+    the affinity mask: the budget must follow the quota, the smallest along the path."""
+    from worker import thread_budget
+
+    quota = thread_budget.cpu_quota
+    proc = tmp_path / "cgroup"  # what /proc/self/cgroup says
+    monkeypatch.setattr(thread_budget, "usable_cores", lambda: list(range(16)))
+    root = tmp_path / "fs"
+    (root / "kubepods" / "pod1").mkdir(parents=True)
+    proc.write_text("0::/kubepods/pod1\n")
+    (root / "cpu.max").write_text("max 100000\n")
+    (root / "kubepods" / "cpu.max").write_text("800000 100000\n")
+    (root / "kubepods" / "pod1" / "cpu.max").write_text("250000 100000\n")
+    assert quota(root, proc) == 2.5
+    monkeypatch.setattr(thread_budget, "cpu_quota", lambda: 2.5)
+    assert thread_budget.available_cores() == 3
+    monkeypatch.setattr(thread_budget, "cpu_quota", lambda: None)
+    assert thread_budget.available_cores() == 16
+    v1 = tmp_path / "v1"
+    (v1 / "cpu,cpuacct" / "docker" / "abc").mkdir(parents=True)
+    proc.write_text("4:cpu,cpuacct:/docker/abc\n0::/\n")
+    (v1 / "cpu,cpuacct" / "docker" / "abc" / "cpu.cfs_quota_us").write_text("150000\n")
+    (v1 / "cpu,cpuacct" / "docker" / "abc" / "cpu.cfs_period_us").write_text("100000\n")
+    (v1 / "cpu,cpuacct" / "cpu.cfs_quota_us").write_text("-1\n")
+    (v1 / "cpu,cpuacct" / "cpu.cfs_period_us").write_text("100000\n")
+    assert quota(v1, proc) == 1.5
