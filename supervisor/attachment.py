@@ -130,7 +130,6 @@ class Attachment:
         self._json = self.spec.result == "json"  # else tensors
         self.layout = layout
         slots = layout.slots
-        self.ring = SlotRing.create(self.layout)
         self._on_close = on_close
         self._model = model  # the model the layout was made for; a reload may replace it
         self._payload_from_slot: Callable[[dict[str, np.ndarray], memoryview], Any] = (
@@ -138,6 +137,7 @@ class Attachment:
         )
         self._dtypes = [np.dtype(a.dtype) for a in self.layout.inputs]
         self._codes = [dtype_code(d) for d in self._dtypes]
+        self.ring = SlotRing.create(self.layout)  # after the checks: one that fails leaves none
         self._headers = [self.ring.header(i) for i in range(slots)]
         self._outputs = [self.ring.output(i) for i in range(slots)]
         # slot -> (input count, descriptor block, payload) last accepted: a producer that sends
@@ -207,7 +207,9 @@ class Attachment:
             self._refuse(slot, InvalidArgumentError(str(err)))
         except Exception:  # a bug here must still answer the slot, and never reach the reactor
             log.exception("could not queue a slot", model=self.model_name, slot=slot)
-            self._refuse(slot, InternalError("could not queue the request"))
+            self._refuse(
+                slot, InternalError(f"could not queue the request for model {self.model_name!r}")
+            )
 
     def _refuse(self, slot: int, error: DuomoError) -> None:
         """Answer a request that was not queued, and count it against its model."""
@@ -313,8 +315,10 @@ class Attachment:
             except Exception:
                 log.exception("could not write a slot's answer", model=self.model_name, slot=slot)
                 with contextlib.suppress(Exception):
-                    message = b"internal error writing the result"
-                    self._outputs[slot][: len(message)] = message
+                    area = self._outputs[slot]
+                    text = f"internal error writing the result of model {self.model_name!r}"
+                    message = text.encode()[: len(area)]
+                    area[: len(message)] = message
                     self._write_done[slot](seq, ErrorCode.INTERNAL, len(message), 0, 0, 0, 0)
         with self._lock:
             # forgotten before the notice: the client may resubmit the slot the moment it hears;

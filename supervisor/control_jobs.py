@@ -8,8 +8,9 @@ thread costs no throughput, and a client that pipelines hundreds of them adds no
 client's, ``submit`` answers RESOURCE_EXHAUSTED at once, so one client cannot fill the queue
 for the others.
 
-Every job answers its caller exactly once, whatever it raises: its reply, the error it raised,
-an INTERNAL error for a bug, or UNAVAILABLE for the jobs still queued at ``stop``.
+Every job answers its caller exactly once, whatever it raises: its reply, the error it raised
+(a ``DuomoError``, with its own message), INTERNAL for anything else (a fixed message naming
+the job; the traceback goes to the log), or UNAVAILABLE for the jobs still queued at ``stop``.
 """
 
 from __future__ import annotations
@@ -23,23 +24,22 @@ from typing import Any
 
 import structlog
 
-from ipc.errors import DuomoError, ErrorCode, ResourceExhaustedError, UnavailableError
+from ipc.errors import DuomoError, ResourceExhaustedError, UnavailableError
 from supervisor.connection import Connection
+from supervisor.control_messages import Reply, error_reply, internal_reply
 
 log = structlog.get_logger("duomo.control")
 
 
 @dataclass
 class ControlJob:
-    """One slow control message: who asked, what it said, and the work that answers it."""
+    """One slow control message: who asked, what it said (its id goes into the reply), the
+    work whose result is the reply, and what to call it in an INTERNAL reply and the log."""
 
     conn: Connection
     message: dict[str, Any]
-    run: Callable[[], dict[str, Any]]
-
-
-def error_reply(err: DuomoError) -> dict[str, Any]:
-    return {"ok": False, "code": int(err.code), "message": err.message}
+    run: Callable[[], Reply]
+    what: str = "a control job"
 
 
 class ControlJobs:
@@ -119,19 +119,14 @@ class ControlJobs:
 
     @staticmethod
     def _answer(job: ControlJob) -> None:
-        op = job.message.get("op")
         try:
             reply = {"ok": True, **job.run()}
         except DuomoError as err:
             reply = error_reply(err)
-        except Exception as err:  # a bug must still answer, and never end the thread
-            log.exception("control job failed", op=op)
-            reply = {
-                "ok": False,
-                "code": int(ErrorCode.INTERNAL),
-                "message": f"internal error: {err}",
-            }
+        except Exception:  # a bug must still answer, and never end the thread
+            log.exception("control job failed", job=job.what)
+            reply = internal_reply(job.what)
         try:
             job.conn.reply(job.message, reply)
         except Exception:  # (``reply`` fits every reply; this is a last guard for the thread)
-            log.exception("control job's reply failed", op=op)
+            log.exception("control job's reply failed", job=job.what)

@@ -2,10 +2,13 @@
 
 ``Supervisor.start`` makes the runtime directory private, refuses to start over a live
 supervisor, writes a fresh client key, loads the models to preload (the single backend init),
-starts the watchdog and starts listening. Control messages are answered by ``handle`` on the
-reactor thread; the slow ones (``reload``, ``load``, ``unload``, attaching a model that was never
-loaded) queue for the one control-job thread (``ControlJobs``) and answer when done, so the
-reactor never waits for a model. ``attach`` is charged against the ``limits`` on slots and
+starts the watchdog and starts listening. Control messages (the protocol:
+``supervisor.control_messages``) are parsed once and answered by ``handle`` on the reactor
+thread, which dispatches on the operation to one handler each (``_on_<op>``); the slow ones
+(``reload``, ``load``, ``unload``, attaching a model that was never loaded) queue for the one
+control-job thread (``ControlJobs``) and answer when done, so the reactor never waits for a
+model. A handler that fails unexpectedly answers INTERNAL with a fixed message; the details
+go to the log. ``attach`` is charged against the ``limits`` on slots and
 ``/dev/shm`` bytes per client and in all (``ShmLedger``; a ring a producer grew for a larger
 frame is charged its grown input areas in full, ``ring_charge``); the reactor enforces the
 others. ``status`` lists every client but the connection asking, unless that one holds rings
@@ -39,6 +42,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,14 +56,30 @@ from ipc.errors import (
     ResourceExhaustedError,
     UnavailableError,
     echoed,
-    error_for,
 )
 from ipc.ring import start_tracker
 from ipc.runtime_dir import ensure_private_dir, key_path, pid_path, write_key
 from supervisor.attachment import Attachment, layout_for, ring_charge
 from supervisor.config import ConfigError, LoadedConfig, load_config
 from supervisor.connection import Connection
-from supervisor.control_jobs import ControlJob, ControlJobs, error_reply
+from supervisor.control_jobs import ControlJob, ControlJobs
+from supervisor.control_messages import (
+    Attach,
+    ControlMessage,
+    Detach,
+    Load,
+    Mapped,
+    Models,
+    Ping,
+    Reload,
+    Reply,
+    Status,
+    Stop,
+    Unload,
+    error_reply,
+    internal_reply,
+    parse_control,
+)
 from supervisor.engine import Engine
 from supervisor.gateways import GatewayProcesses
 from supervisor.limits import Limits, ShmLedger, resolve_limits
@@ -70,8 +90,20 @@ from supervisor.watchdog import Watchdog
 from worker.served_model import SERVING, ModelState, ServedModel
 
 log = structlog.get_logger("duomo.supervisor")
-MAX_SLOTS = 64
 MAX_RINGS_PER_CLIENT = 64
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who sent a control message, and the message as it came (a reply sent later carries
+    its id)."""
+
+    conn: Connection
+    message: dict[str, Any]
+
+
+# a control message's handler: its reply, or None when it is answered later
+Handler = Callable[[Caller, Any], Reply | None]
 
 
 class Supervisor:
@@ -93,9 +125,22 @@ class Supervisor:
         self._wake = threading.Event()
         self._stop_requested = False
         self._reload_requested = False
-        self._stop_waiters: list[tuple[Connection, dict[str, Any]]] = []
+        self._stop_waiters: list[Caller] = []
         self._created: dict[Path, int] = {}
         self._started_s = time.time()
+        # operation -> its handler, which takes that operation's message (``control_messages``)
+        self._handlers: dict[str, Handler] = {
+            Models.op: self._on_models,
+            Attach.op: self._on_attach,
+            Mapped.op: self._on_mapped,
+            Detach.op: self._on_detach,
+            Status.op: self._on_status,
+            Stop.op: self._on_stop,
+            Reload.op: self._on_reload,
+            Load.op: self._on_load,
+            Unload.op: self._on_unload,
+            Ping.op: self._on_ping,
+        }
 
     def start(self) -> None:
         path = self.socket_path
@@ -204,8 +249,8 @@ class Supervisor:
         grace_s = self.loaded.config.shutdown_grace_s
         self.control_jobs.stop(grace_s)
         cut = self.engine.close(grace_s)
-        for conn, message in self._stop_waiters:
-            conn.reply(message, {"ok": True, "cut": cut})
+        for caller in self._stop_waiters:
+            caller.conn.reply(caller.message, {"ok": True, "cut": cut})
         self.engine.idle_reader = None
         if self.reactor is not None:
             self.reactor.stop()
@@ -275,135 +320,71 @@ class Supervisor:
     def _own(self, path: Path) -> None:
         self._created[path] = path.lstat().st_ino
 
-    # -- control messages (reactor thread) ---------------------------------------------------
+    # -- control messages (reactor thread; the protocol: supervisor.control_messages) -------
 
-    def handle(self, conn: Connection, message: dict[str, Any]) -> dict[str, Any] | None:
-        """The reply to one control message, or None when a job thread will send it."""
-        op = message.get("op")
+    def handle(self, conn: Connection, message: dict[str, Any]) -> Reply | None:
+        """The reply to one control message, or None when it is answered later (a control job,
+        or ``stop`` with ``wait``). Never raises: a ``DuomoError`` is its error reply, anything
+        else an INTERNAL one that names the operation (the traceback goes to the log)."""
+        request: ControlMessage | None = None
         try:
-            if op == "models":
-                names = list(self.engine.models)
-                return {"ok": True, "models": [self._model_info(n) for n in names]}
-            if op == "attach":
-                return self._attach(conn, message)
-            if op == "mapped":
-                self._attachment(conn, message).ring.unlink()
-                return {"ok": True}
-            if op == "detach":
-                assert self.reactor is not None
-                self._attachment(conn, message)
-                self.reactor.detach(conn, int(message["ring"]))
-                return {"ok": True}
-            if op == "status":
-                return {"ok": True, "status": self.status(asking=conn)}
-            if op == "stop":
-                if message.get("wait"):  # answered once the queued work is done or cut
-                    self._stop_waiters.append((conn, message))
-                    self.request_stop()
-                    return None
-                self.request_stop()
-                return {"ok": True}
-            if op == "reload":
-                target = message.get("model")
-                if target is not None and not isinstance(target, str):
-                    raise InvalidArgumentError("'model' must be a string")
-                self._in_background(conn, message, lambda: self.reload(target))
-                return None
-            if op in ("load", "unload"):
-                name = message["model"]
-                self.engine.model(name)  # NotFoundError at once
-                act = self.engine.load if op == "load" else self.engine.unload
-                self._in_background(conn, message, lambda: {op: act(name)})
-                return None
-            if op == "ping":
-                return {"ok": True}
-            raise InvalidArgumentError(f"unknown control operation {echoed(op)}")
+            request = parse_control(message)
+            return self._handlers[request.op](Caller(conn, message), request)
         except DuomoError as err:
             return error_reply(err)
-        except (KeyError, TypeError, ValueError) as err:
-            return {
-                "ok": False,
-                "code": 1,
-                "message": f"malformed {echoed(op)} message: {echoed(err)}",
-            }
+        except Exception:  # a bug: the client gets its answer, the log the details
+            what = request.what if request is not None else echoed(message.get("op"))
+            log.exception("control message failed", what=what)
+            return internal_reply(what)
 
-    def _in_background(
-        self, conn: Connection, message: dict[str, Any], job: Callable[[], dict[str, Any]]
-    ) -> None:
+    def _later(self, caller: Caller, request: ControlMessage, job: Callable[[], Reply]) -> None:
         """Queue a slow control job; it answers when done (RESOURCE_EXHAUSTED at once when
         the queue is full)."""
-        self.control_jobs.submit(ControlJob(conn, message, job))
+        self.control_jobs.submit(ControlJob(caller.conn, caller.message, job, request.what))
 
-    def _model_info(self, name: str) -> dict[str, Any]:
-        model = self.engine.model(name)
-        resolved = self.loaded.models.get(name)
-        info: dict[str, Any] = {
-            "name": name,
-            "task": model.spec.task,
-            "backend": resolved.config.backend if resolved else None,
-            "state": model.state.value,
-            "max_batch": model.spec.max_batch,
-        }
-        if model.layout_known:  # else it loads when first attached
-            spec = model.slot_spec()
-            info["inputs"] = [
-                {"name": i.name, "dtype": i.dtype.name, "shape": list(i.shape)} for i in spec.inputs
-            ]
-            info["result"] = spec.result
-            info["outputs"] = list(spec.outputs)
-            info["output_tensors"] = [
-                {"name": o.name, "dtype": o.dtype.name, "shape": list(o.shape)}
-                for o in spec.output_specs
-            ]
-            info["batched"] = spec.max_rows is not None  # inputs' first dimension is the batch
-        return info
+    def _on_models(self, caller: Caller, request: Models) -> Reply:
+        return {"ok": True, "models": [self._model_info(n) for n in list(self.engine.models)]}
 
-    def _attach(
-        self, conn: Connection, message: dict[str, Any], may_load: bool = True
-    ) -> dict[str, Any] | None:
-        name = message["model"]
-        slots = message.get("slots", 4)
-        grow = message.get("inputs") or {}
-        if not isinstance(name, str):
-            raise InvalidArgumentError("'model' must be a string")
-        if not isinstance(slots, int) or not 1 <= slots <= MAX_SLOTS:
-            raise InvalidArgumentError(f"'slots' must be an integer in 1..{MAX_SLOTS}")
-        if not isinstance(grow, dict) or not all(
-            isinstance(n, str) and type(b) is int and b >= 0 for n, b in grow.items()
-        ):
-            raise InvalidArgumentError("'inputs' must map input names to byte counts")
+    def _on_attach(self, caller: Caller, request: Attach) -> Reply | None:
+        if self.engine.model(request.model).layout_known:  # NotFoundError for an unknown model
+            return self._attach_ring(caller.conn, request)
+        # never loaded yet (preload: false): load it on the control thread, then attach
+        self._check_ring_room(caller.conn)
+        self._later(caller, request, functools.partial(self._load_then_attach, caller, request))
+        return None
+
+    def _load_then_attach(self, caller: Caller, request: Attach) -> Reply:
+        """(control-job thread) Load the model, then attach on the reactor thread, which owns
+        the attachments; what that raises is this job's error."""
+        self.engine.load(request.model)
+        assert self.reactor is not None
+        attached: Future[Reply] = Future()
+
+        def attach() -> None:
+            try:
+                if caller.conn.closed:
+                    raise UnavailableError("client gone")
+                attached.set_result(self._attach_ring(caller.conn, request))
+            except Exception as err:
+                attached.set_exception(err)
+
+        self.reactor.call_soon(attach)
+        return attached.result(60)
+
+    def _check_ring_room(self, conn: Connection) -> None:
         if len(conn.attachments) >= MAX_RINGS_PER_CLIENT:
             raise ResourceExhaustedError(
                 f"a client may attach at most {MAX_RINGS_PER_CLIENT} rings; close some first"
             )
-        model = self.engine.model(name)  # NotFoundError for an unknown model
-        if not model.layout_known:  # never loaded yet (preload: false): load it, then attach
-            if not may_load:
-                raise UnavailableError(f"model {name!r} was replaced while it loaded; attach again")
-            assert self.reactor is not None
-            reactor = self.reactor
 
-            def load_then_attach() -> dict[str, Any]:
-                self.engine.load(name)
-                attached: Future[dict[str, Any]] = Future()
-
-                def attach() -> None:  # on the reactor thread, which owns the attachments
-                    if conn.closed:
-                        attached.set_result({"ok": False, "code": 3, "message": "client gone"})
-                        return
-                    try:
-                        attached.set_result(self._attach(conn, message, may_load=False) or {})
-                    except DuomoError as err:
-                        attached.set_result(error_reply(err))
-
-                reactor.call_soon(attach)
-                reply = attached.result(60)
-                if not reply.get("ok"):
-                    raise error_for(reply["code"], reply["message"])
-                return {k: v for k, v in reply.items() if k != "ok"}
-
-            self._in_background(conn, message, load_then_attach)
-            return None
+    def _attach_ring(self, conn: Connection, request: Attach) -> Reply:
+        """(reactor thread) Create and record a ring of ``request.slots`` slots, charged against
+        the limits on slots and ``/dev/shm``."""
+        self._check_ring_room(conn)
+        name, slots, grow = request.model, request.slots, request.inputs
+        model = self.engine.model(name)
+        if not model.layout_known:  # (after a load: a reload replaced it meanwhile)
+            raise UnavailableError(f"model {name!r} was replaced while it loaded; attach again")
         spec = model.slot_spec()
         layout = layout_for(spec, slots, grow)  # InvalidArgumentError: no such or fixed input
         charge = (conn.id, slots, ring_charge(spec, layout))
@@ -438,12 +419,68 @@ class Supervisor:
             "layout": attachment.layout.to_dict(),
         }
 
-    def _attachment(self, conn: Connection, message: dict[str, Any]) -> Attachment:
-        ring = message["ring"]
-        attachment = conn.attachments.get(ring) if isinstance(ring, int) else None
+    def _on_mapped(self, caller: Caller, request: Mapped) -> Reply:
+        self._attachment(caller.conn, request.ring).ring.unlink()
+        return {"ok": True}
+
+    def _on_detach(self, caller: Caller, request: Detach) -> Reply:
+        self._attachment(caller.conn, request.ring)  # NotFoundError for a ring not attached
+        assert self.reactor is not None
+        self.reactor.detach(caller.conn, request.ring)
+        return {"ok": True}
+
+    def _attachment(self, conn: Connection, ring: int) -> Attachment:
+        attachment = conn.attachments.get(ring)
         if attachment is None:
-            raise NotFoundError(f"no attached ring {echoed(ring)}")
+            raise NotFoundError(f"no attached ring {ring}")
         return attachment
+
+    def _on_status(self, caller: Caller, request: Status) -> Reply:
+        return {"ok": True, "status": self.status(asking=caller.conn)}
+
+    def _on_stop(self, caller: Caller, request: Stop) -> Reply | None:
+        if request.wait:  # answered once the queued work is done or cut (``shutdown``)
+            self._stop_waiters.append(caller)
+        self.request_stop()
+        return None if request.wait else {"ok": True}
+
+    def _on_reload(self, caller: Caller, request: Reload) -> None:
+        self._later(caller, request, lambda: self.reload(request.model))
+
+    def _on_load(self, caller: Caller, request: Load) -> None:
+        self.engine.model(request.model)  # NotFoundError at once
+        self._later(caller, request, lambda: {"load": self.engine.load(request.model)})
+
+    def _on_unload(self, caller: Caller, request: Unload) -> None:
+        self.engine.model(request.model)  # NotFoundError at once
+        self._later(caller, request, lambda: {"unload": self.engine.unload(request.model)})
+
+    def _on_ping(self, caller: Caller, request: Ping) -> Reply:
+        return {"ok": True}
+
+    def _model_info(self, name: str) -> dict[str, Any]:
+        model = self.engine.model(name)
+        resolved = self.loaded.models.get(name)
+        info: dict[str, Any] = {
+            "name": name,
+            "task": model.spec.task,
+            "backend": resolved.config.backend if resolved else None,
+            "state": model.state.value,
+            "max_batch": model.spec.max_batch,
+        }
+        if model.layout_known:  # else it loads when first attached
+            spec = model.slot_spec()
+            info["inputs"] = [
+                {"name": i.name, "dtype": i.dtype.name, "shape": list(i.shape)} for i in spec.inputs
+            ]
+            info["result"] = spec.result
+            info["outputs"] = list(spec.outputs)
+            info["output_tensors"] = [
+                {"name": o.name, "dtype": o.dtype.name, "shape": list(o.shape)}
+                for o in spec.output_specs
+            ]
+            info["batched"] = spec.max_rows is not None  # inputs' first dimension is the batch
+        return info
 
     def status(self, asking: Connection | None = None) -> dict[str, Any]:
         """The supervisor's state. ``clients`` leaves out the connection ``asking`` when it holds

@@ -17,11 +17,14 @@ and ``item_ms`` per item of it,
 ``ballast_mb`` memory each loaded instance holds (touched, so it is resident), ``load_s`` how
 long each instance takes to load. ``fault_device``: faults (and the control file) apply only to
 the instances on that device (``models[].device`` with several), so a test can hold one
-device's instance busy while the others serve.
+device's instance busy while the others serve. ``slot_dtype``: the dtype its slot declares for
+``x``; one the wire cannot carry (``complex64``) is an executor bug that makes attaching it
+fail with an exception no one expected.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -32,7 +35,7 @@ from pydantic import Field
 
 from tools.soak_executor import AffineExecutor, AffineParams
 from worker.backends.base import ModelSession
-from worker.executors.base import StageTimer
+from worker.executors.base import SlotSpec, StageTimer
 
 Fault = Literal["none", "raise", "hang", "garbage"]
 FAULTS = ("none", "raise", "hang", "garbage")
@@ -49,6 +52,7 @@ class FaultyParams(AffineParams):
     load_s: float = Field(default=0.0, ge=0)
     item_ms: float = Field(default=0.0, ge=0)
     fault_device: int | None = None
+    slot_dtype: str = "float32"
 
 
 class FaultyExecutor(AffineExecutor):
@@ -70,6 +74,11 @@ class FaultyExecutor(AffineExecutor):
         rather than slept through (a test's ``work_ms`` may be seconds)."""
         for size in range(self.max_batch, 0, -1):
             self.warmup_costs[size] = (self.p.work_ms + self.p.item_ms * size) / 1e3
+
+    def slot_spec(self) -> SlotSpec:
+        spec = super().slot_spec()
+        x = dataclasses.replace(spec.inputs[0], dtype=np.dtype(self.p.slot_dtype))
+        return dataclasses.replace(spec, inputs=(x,))
 
     def _fault_now(self) -> str:
         if self.p.fault_device is not None and self.device != self.p.fault_device:

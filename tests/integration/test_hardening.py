@@ -23,6 +23,7 @@ import pytest
 
 from ipc.client import Client
 from ipc.errors import (
+    InternalError,
     InvalidArgumentError,
     NotFoundError,
     ResourceExhaustedError,
@@ -36,6 +37,8 @@ from tests.conftest import IMAGES
 from tests.integration.harness import (
     SupervisorProcess,
     affine_model,
+    faulty_model,
+    our_segments,
     poll,
     running_supervisor,
     write_config,
@@ -489,6 +492,34 @@ def test_out_of_file_descriptors_the_reactor_refuses_and_does_not_spin(
             assert client.model("affine", slots=1).infer(np.ones((1, 4), dtype=np.float32))
             assert client.status()["connections_refused"] >= len(refusals)
     assert probe.is_running()
+
+
+def test_an_unexpected_error_is_internal_without_its_text(tmp_path: Path) -> None:
+    """An executor bug (a slot dtype the wire cannot carry) makes attaching its model raise a
+    ValueError: on the reactor for a loaded model, in a control job for one the attach loads.
+    The client sees INTERNAL naming the operation and the model, never the exception's text;
+    no segment is left behind, and the supervisor keeps serving."""
+    broken = {"params": {"slot_dtype": "complex64"}}
+    config = write_config(
+        tmp_path, [], extra=[
+            faulty_model("fine"), faulty_model("broken", **broken),
+            faulty_model("lazy", preload=False, **broken),
+        ],
+    )  # fmt: skip
+    with running_supervisor(config) as sup, Client(sup.socket, timeout_s=60) as client:
+        segments = our_segments()
+        for name in ("broken", "lazy"):
+            with pytest.raises(InternalError) as caught:
+                client.model(name)
+            assert caught.value.message == (
+                f"internal error in 'attach' for model {name!r}; the supervisor log has details"
+            )
+        shown = client.status()
+        assert shown["models"]["lazy"]["state"] == "READY"  # (the control job loaded it)
+        assert shown["shm_bytes"] == 0 and our_segments() == segments
+        assert client.request("ping")["ok"]
+        out = client.model("fine", slots=1).infer(np.ones((2, 4), dtype=np.float32))
+        np.testing.assert_array_equal(out["y"], np.full((2, 4), 3.0, dtype=np.float32))
 
 
 # -- last: nothing the tests above did is still held --------------------------------------------

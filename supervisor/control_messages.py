@@ -1,0 +1,256 @@
+"""The control protocol: every control message a client may send, parsed and checked once.
+
+A control message is one JSON object in a JSON frame (``ipc.framing``): ``op`` names the
+operation, ``id`` (optional: an integer, or a string of at most 64 characters; the reactor
+checks it) is echoed in the reply, and the operation's own fields follow. Fields this module
+does not know are ignored; an optional field may be left out or be ``null``. Each message is
+answered exactly once, with an object that has ``ok``; a failure is
+``{"ok": false, "code": <ipc.errors.ErrorCode>, "message": ...}`` and the client raises the
+matching ``DuomoError``. A field that is missing or of the wrong type is INVALID_ARGUMENT
+naming the operation and the field; an operation not listed here is INVALID_ARGUMENT
+"unknown control operation"; an unexpected failure is INTERNAL with a fixed message naming
+the operation (and its model), never the exception's text, which goes to the supervisor log.
+
+=========  ===========================================  ========================================
+op         fields                                       reply (besides ``ok: true``)
+=========  ===========================================  ========================================
+models     —                                            ``models``: one object per model: name,
+                                                        task, backend, state, max_batch; once
+                                                        loaded also inputs, result, outputs,
+                                                        output_tensors, batched
+attach     ``model`` str; ``slots`` int 1..64 (4);      ``ring`` int, ``shm`` str (the segment's
+           ``inputs`` {input: bytes ≥ 0} (none): the    name), ``layout`` (``RingLayout``); a
+           room a larger frame needs                    model never loaded is loaded first
+                                                        (later)
+mapped     ``ring`` int                                 — (the client mapped the segment: its
+                                                        name is unlinked)
+detach     ``ring`` int                                 — (its queued work is dropped, the
+                                                        segment unmapped once nothing reads it)
+status     —                                            ``status``: the supervisor's state
+                                                        (``Supervisor.status``)
+stop       ``wait`` bool (false)                        — at once; with ``wait``, once stopped:
+                                                        ``cut`` int, the requests cut
+reload     ``model`` str (none: the whole config)       ``added``, ``removed``, ``replaced``:
+                                                        lists of model names (later)
+load       ``model`` str                                ``load``: the model's status once READY
+                                                        (later)
+unload     ``model`` str                                ``unload``: ``model``,
+                                                        ``answered_unavailable`` int (later)
+ping       —                                            —
+=========  ===========================================  ========================================
+
+A model that is not served is NOT_FOUND, and so is a ring this client has not attached;
+``attach`` past 64 rings per client or the ``limits`` on slots and ``/dev/shm`` is
+RESOURCE_EXHAUSTED. The
+slow operations (marked "later") are control jobs, answered when done, in the order they came;
+past ``limits.control_queue`` (or ``control_queue_per_client``) waiting, RESOURCE_EXHAUSTED at
+once.
+
+Each operation is one dataclass whose ``parse`` reads its fields; ``parse_control`` picks it
+by ``op`` (the supervisor's ``handle`` then dispatches on ``op`` to its handler).
+``error_reply`` and ``internal_reply`` are the failure replies, on the reactor thread and on
+the control-job thread alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from ipc.errors import DuomoError, InternalError, InvalidArgumentError, echoed
+
+Reply = dict[str, Any]
+MAX_SLOTS = 64  # in one ring
+DEFAULT_SLOTS = 4
+
+
+class Fields:
+    """One message's fields, each read and checked once; a field missing or of the wrong type
+    is INVALID_ARGUMENT naming the operation and the field. Absent and ``null`` are the same."""
+
+    def __init__(self, op: str, message: Mapping[str, Any]) -> None:
+        self.op = op
+        self._message = message
+
+    def text(self, name: str) -> str:
+        value = self._message.get(name)
+        if isinstance(value, str):
+            return value
+        raise self._wrong(name, "a string")
+
+    def optional_text(self, name: str) -> str | None:
+        return None if self._message.get(name) is None else self.text(name)
+
+    def integer(
+        self, name: str, default: int | None = None, low: int | None = None, high: int | None = None
+    ) -> int:
+        value = self._message.get(name)
+        if value is None and default is not None:
+            return default
+        if (
+            type(value) is int  # (a bool is no integer here)
+            and (low is None or value >= low)
+            and (high is None or value <= high)
+        ):
+            return value
+        bounds = f" in {low}..{high}" if low is not None and high is not None else ""
+        raise self._wrong(name, f"an integer{bounds}")
+
+    def flag(self, name: str) -> bool:
+        value = self._message.get(name, False)
+        if value is None or isinstance(value, bool):
+            return bool(value)
+        raise self._wrong(name, "true or false")
+
+    def byte_counts(self, name: str) -> dict[str, int]:
+        value = self._message.get(name)
+        if value is None:
+            return {}
+        if isinstance(value, dict) and all(
+            isinstance(k, str) and type(v) is int and v >= 0 for k, v in value.items()
+        ):
+            return value
+        raise self._wrong(name, "an object mapping input names to byte counts")
+
+    def _wrong(self, name: str, expected: str) -> InvalidArgumentError:
+        value = self._message.get(name)
+        problem = f"is missing ({expected})" if value is None else f"must be {expected}, not "
+        shown = "" if value is None else echoed(value)
+        return InvalidArgumentError(f"malformed {self.op!r} message: {name!r} {problem}{shown}")
+
+
+@dataclass(frozen=True)
+class ControlMessage:
+    """What every operation's message has: its name, and how it is read from the wire."""
+
+    op: ClassVar[str]
+
+    @classmethod
+    def parse(cls, fields: Fields) -> ControlMessage:
+        return cls()  # (an operation without fields)
+
+    @property
+    def what(self) -> str:
+        """The operation, and the model it names: what an INTERNAL reply and the log say."""
+        model = getattr(self, "model", None)
+        return f"{self.op!r} for model {echoed(model)}" if model is not None else repr(self.op)
+
+
+@dataclass(frozen=True)
+class Models(ControlMessage):
+    op = "models"
+
+
+@dataclass(frozen=True)
+class Attach(ControlMessage):
+    op = "attach"
+    model: str
+    slots: int = DEFAULT_SLOTS
+    inputs: Mapping[str, int] = field(default_factory=dict)  # input -> bytes its area must hold
+
+    @classmethod
+    def parse(cls, fields: Fields) -> Attach:
+        return cls(
+            model=fields.text("model"),
+            slots=fields.integer("slots", default=DEFAULT_SLOTS, low=1, high=MAX_SLOTS),
+            inputs=fields.byte_counts("inputs"),
+        )
+
+
+@dataclass(frozen=True)
+class RingMessage(ControlMessage):
+    """An operation on one of the asking client's rings."""
+
+    ring: int
+
+    @classmethod
+    def parse(cls, fields: Fields) -> RingMessage:
+        return cls(ring=fields.integer("ring"))
+
+
+@dataclass(frozen=True)
+class Mapped(RingMessage):
+    op = "mapped"
+
+
+@dataclass(frozen=True)
+class Detach(RingMessage):
+    op = "detach"
+
+
+@dataclass(frozen=True)
+class Status(ControlMessage):
+    op = "status"
+
+
+@dataclass(frozen=True)
+class Stop(ControlMessage):
+    op = "stop"
+    wait: bool = False  # answer once stopped, with how many requests were cut
+
+    @classmethod
+    def parse(cls, fields: Fields) -> Stop:
+        return cls(wait=fields.flag("wait"))
+
+
+@dataclass(frozen=True)
+class Reload(ControlMessage):
+    op = "reload"
+    model: str | None = None  # None: the whole config file
+
+    @classmethod
+    def parse(cls, fields: Fields) -> Reload:
+        return cls(model=fields.optional_text("model"))
+
+
+@dataclass(frozen=True)
+class ModelMessage(ControlMessage):
+    """An operation on one model, by name."""
+
+    model: str
+
+    @classmethod
+    def parse(cls, fields: Fields) -> ModelMessage:
+        return cls(model=fields.text("model"))
+
+
+@dataclass(frozen=True)
+class Load(ModelMessage):
+    op = "load"
+
+
+@dataclass(frozen=True)
+class Unload(ModelMessage):
+    op = "unload"
+
+
+@dataclass(frozen=True)
+class Ping(ControlMessage):
+    op = "ping"
+
+
+MESSAGES: dict[str, type[ControlMessage]] = {
+    m.op: m for m in (Models, Attach, Mapped, Detach, Status, Stop, Reload, Load, Unload, Ping)
+}
+
+
+def parse_control(message: Mapping[str, Any]) -> ControlMessage:
+    """The dataclass for one decoded control message; InvalidArgumentError for an unknown
+    operation or a field missing or of the wrong type."""
+    op = message.get("op")
+    kind = MESSAGES.get(op) if isinstance(op, str) else None
+    if kind is None:
+        raise InvalidArgumentError(f"unknown control operation {echoed(op)}")
+    return kind.parse(Fields(kind.op, message))
+
+
+def error_reply(err: DuomoError) -> Reply:
+    """The reply for an error raised on purpose: its code and its own message."""
+    return {"ok": False, "code": int(err.code), "message": err.message}
+
+
+def internal_reply(what: str) -> Reply:
+    """The reply when handling ``what`` (``ControlMessage.what``) failed unexpectedly: a fixed
+    message, never the exception's text (the caller logs the traceback)."""
+    return error_reply(InternalError(f"internal error in {what}; the supervisor log has details"))
