@@ -51,7 +51,7 @@ from ipc.errors import (
 )
 from supervisor.config import LoadedConfig, ResolvedModel
 from supervisor.device_telemetry import DeviceTelemetry
-from supervisor.lending import IdleSpin, LentReader
+from supervisor.lending import IdleSpin
 from supervisor.memory import Footprint, MemoryLedger, MemoryUse, mb, resident_bytes, trim_heap
 from supervisor.placement import HOST, Placements
 from supervisor.preload import TransitionModel
@@ -82,7 +82,7 @@ class Engine:
         self.predictor = TransitionModel()  # preload_policy: predictive
         self._closed = False
         self.activity = Activity()  # instances at work: an idle worker spins only while none is
-        # every batcher's idle reader: the reactor's lending once it runs (``idle_reader``)
+        # every batcher's idle reader; its ``lending`` is the reactor's once the supervisor runs
         self.idle_spin = IdleSpin(self.activity.idle, lambda: self.loaded.config.idle_spin_us)
         self.telemetry = DeviceTelemetry(())  # the devices' self-reports, once started
 
@@ -462,16 +462,6 @@ class Engine:
         model = self.models.get(name)
         if model is not None:
             model.batcher.wake_idle()
-
-    @property
-    def idle_reader(self) -> LentReader | None:
-        """The reactor's lending (``Lending.read_when_idle``), set by the supervisor while its
-        reactor runs: the models' idle workers then read their producers themselves."""
-        return self.idle_spin.lending
-
-    @idle_reader.setter
-    def idle_reader(self, lending: LentReader | None) -> None:
-        self.idle_spin.lending = lending
 
     @staticmethod
     def _signature(resolved: ResolvedModel) -> tuple[Any, ...]:

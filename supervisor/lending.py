@@ -33,7 +33,8 @@ Who calls what: the engine owns the ``IdleSpin``, the idle reader of every model
 owns the ``Lending``: it dedicates connections as rings attach and detach, asks
 ``reactor_reads`` before it reads one, calls ``settled`` once it has read one or emptied its
 outbox, and ``call_workers`` when a lent one has answers waiting. The supervisor joins the two
-(``Engine.idle_reader``, ``Reactor.on_lendable``).
+(``IdleSpin.lending`` is the reactor's ``Lending.read_when_idle``; ``Lending.wake`` the engine's
+``wake_idle``).
 """
 
 from __future__ import annotations

@@ -90,8 +90,6 @@ class Reactor:
         self._connections: dict[int, Connection] = {}
         self._by_fd: dict[int, Connection] = {}  # the registered client sockets
         self.lending = Lending(self._epoll, self._receive, self.call_soon, self._readable)
-        # (the supervisor hands this to the engine: models' idle workers read through it)
-        self.read_when_idle = self.lending.read_when_idle
         self._ids = itertools.count(1)
         self._lingering: list[Attachment] = []
         self._thread: threading.Thread | None = None
@@ -108,15 +106,6 @@ class Reactor:
         self._refusals_logged_s = 0.0
         self.refused_total = 0
         self.cut_off_total = 0
-
-    @property
-    def on_lendable(self) -> Callable[[str], None] | None:
-        """Wakes a model's idle workers (``Lending.call_workers``): set by the supervisor."""
-        return self.lending.wake
-
-    @on_lendable.setter
-    def on_lendable(self, wake: Callable[[str], None] | None) -> None:
-        self.lending.wake = wake
 
     def call_soon(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the reactor thread (from any thread): what touches the connections'

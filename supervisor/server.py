@@ -178,8 +178,9 @@ class Supervisor:
         self.control_jobs.start()
         self.reactor = Reactor(listener, key, self.handle, self.limits)
         self.reactor.start()
-        self.engine.idle_reader = self.reactor.read_when_idle  # (see Reactor: lending)
-        self.reactor.on_lendable = self.engine.wake_idle
+        # lending: models' idle workers read their producers through the reactor's connections
+        self.engine.idle_spin.lending = self.reactor.lending.read_when_idle
+        self.reactor.lending.wake = self.engine.wake_idle
         pid_path(path).write_text(f"{os.getpid()}\n")
         self._own(pid_path(path))
         gateway = self.loaded.config.gateway
@@ -251,7 +252,7 @@ class Supervisor:
         cut = self.engine.close(grace_s)
         for caller in self._stop_waiters:
             caller.conn.reply(caller.message, {"ok": True, "cut": cut})
-        self.engine.idle_reader = None
+        self.engine.idle_spin.lending = None
         if self.reactor is not None:
             self.reactor.stop()
         for path, inode in self._created.items():

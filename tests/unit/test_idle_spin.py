@@ -163,21 +163,20 @@ def test_no_spin_without_a_reactor_or_when_configured_off() -> None:
 
 def test_the_engine_spins_by_its_config_and_its_instances(tmp_path: Path) -> None:
     """The engine's ``IdleSpin``: the supervisor hands it the reactor's lending through
-    ``Engine.idle_reader``; the window is the config's ``idle_spin_us``, read at each wait (a
+    ``IdleSpin.lending``; the window is the config's ``idle_spin_us``, read at each wait (a
     reload may change it); the instances at work are the engine's."""
     path = write_config(tmp_path, [classify()], idle_spin_us=10_000)
     engine = Engine(load_config(path))
     assert not engine.idle_spin("classify", -1)  # no reactor yet
     lending = RecordingLending([0.0, 0.0])
-    engine.idle_reader = lending
-    assert engine.idle_reader is lending
+    engine.idle_spin.lending = lending
     engine.idle_spin("classify", -1)
     engine.idle_spin("classify", -1)
     assert lending.spins == [0.0, 0.01]  # (the first wait after a load never spins)
     engine.activity.enter()
     assert not lending.keep_spinning()
     engine.activity.leave()
-    engine.idle_reader = None
+    engine.idle_spin.lending = None
     assert not engine.idle_spin("classify", -1)
 
 
