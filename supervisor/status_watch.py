@@ -322,7 +322,9 @@ def _duration(seconds: float) -> str:
 def watch(socket: Path, interval_s: float) -> int:
     """Show the supervisor at ``socket`` every ``interval_s`` until q, Ctrl-C or SIGTERM: 0."""
     poller = StatusPoller(socket, max(STATUS_TIMEOUT_S, interval_s))
-    previous = signal.signal(signal.SIGTERM, _raise_quit)
+    # both quit, whatever was inherited (a shell without job control starts a background
+    # command with SIGINT ignored; the view's Ctrl-C is its contract)
+    previous = {sig: signal.signal(sig, _raise_quit) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         if sys.stdout.isatty():
             _watch_terminal(poller, interval_s)
@@ -334,7 +336,8 @@ def watch(socket: Path, interval_s: float) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     finally:
         poller.close()
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return 0
 
 

@@ -159,7 +159,7 @@ class PipedWatch:
 
     def interrupt(self) -> int:
         self.process.send_signal(signal.SIGINT)
-        code = self.process.wait(10)
+        code = self.process.wait(30)
         self._reader.join(10)
         return code
 
