@@ -149,6 +149,12 @@ class DuomoConfig(StrictModel):
     predictive_threshold: float = Field(default=0.5, gt=0, le=1)
     models: list[ModelConfig] = Field(min_length=1)
 
+    def device(self, device_id: int) -> DeviceConfig:
+        """The device with ``device_id``, or a default cpu device of that id when none is
+        declared (a model's device is checked to exist when the config loads)."""
+        found = next((d for d in self.devices if d.id == device_id), None)
+        return found if found is not None else DeviceConfig(id=device_id)
+
 
 @dataclass(frozen=True)
 class ResolvedModel:

@@ -550,7 +550,7 @@ class Engine:
         shown = []
         for id_, use in self.device_memory().items():
             reading = self.telemetry.read(id_)
-            device = self.placements.device(id_)
+            device = self.loaded.config.device(id_)
             shown.append(
                 {
                     "id": id_,

@@ -26,7 +26,7 @@ import psutil
 import structlog
 
 from ipc.errors import ResourceExhaustedError
-from supervisor.config import DeviceConfig, LoadedConfig, ResolvedModel
+from supervisor.config import LoadedConfig, ResolvedModel
 from worker.served_model import SERVING, ServedModel
 
 log = structlog.get_logger("duomo.memory")
@@ -179,12 +179,8 @@ class MemoryLedger:
 
     # -- the config's terms ---------------------------------------------------------------
 
-    def device(self, device: int) -> DeviceConfig:
-        found = next((d for d in self.loaded.config.devices if d.id == device), None)
-        return found if found is not None else DeviceConfig(id=device)
-
     def device_budget(self, device: int) -> int | None:
-        budget_mb = self.device(device).memory_budget_mb
+        budget_mb = self.loaded.config.device(device).memory_budget_mb
         return None if budget_mb is None else budget_mb * MB
 
     @staticmethod
@@ -197,18 +193,18 @@ class MemoryLedger:
     def charged(self, name: str, device: int) -> int:
         """What ``name`` is charged on ``device``: its largest measured load there, or before
         it was ever measured its ``memory_budget_mb``."""
-        found = self.footprints.get(name)
-        if found is not None:
-            return found.charged_on(device, self.device(device).kind)
-        return self.model_budget(self.loaded.models.get(name)) or 0
+        return self.expected(name, device, self.model_budget(self.loaded.models.get(name)))
 
     def expected(self, name: str, device: int, budget: int | None) -> int:
         """What a load of ``name`` will need on ``device``: its largest measured load, or its
-        budget before its first."""
+        ``budget`` before its first."""
         found = self.footprints.get(name)
         if found is not None:
-            return found.charged_on(device, self.device(device).kind)
+            return found.charged_on(device, self._kind(device))
         return budget or 0
+
+    def _kind(self, device: int) -> str:
+        return self.loaded.config.device(device).kind
 
     def loaded_on(self, model: ServedModel, device: int) -> dict[str, int]:
         """Bytes charged on ``device`` to each other model loaded there (a model being replaced
@@ -225,7 +221,7 @@ class MemoryLedger:
         anything); nothing on the host."""
         rooms: dict[int, int | None] = {}
         for device in model.spec.devices:
-            if self.device(device).kind in HOST_KINDS:
+            if self._kind(device) in HOST_KINDS:
                 continue
             limits = [budget] if budget is not None else []
             device_budget = self.device_budget(device)
@@ -294,7 +290,7 @@ class MemoryLedger:
         largest = self.footprints.get(name)
         budget = self.model_budget(self.loaded.models.get(name))
         return {
-            d: MemoryUse(largest.charged_on(d, self.device(d).kind) if largest else None, budget)
+            d: MemoryUse(largest.charged_on(d, self._kind(d)) if largest else None, budget)
             for d in model.spec.devices
         }
 

@@ -95,7 +95,7 @@ class Placements:
     def placement(self, name: str, cfg: ModelConfig, index: int) -> Placement:
         """Instance ``index``'s device (round-robin over the model's), the intra-op threads its
         pool's plan gives it, and the cores its threads are pinned to (``pool_cores``)."""
-        device = self.device(cfg.instance_device(index))
+        device = self.loaded.config.device(cfg.instance_device(index))
         pool = pool_of(device)
         threads = self.plans.get(pool, self.plans[HOST]).threads_per_instance.get(name, 1)
         cores = pool_cores(self.loaded.config, device if pool is not HOST else None)
@@ -106,7 +106,8 @@ class Placements:
         backend's share their device's."""
         if backend == "acl" and device in self.device_gates:
             return self.device_gates[device]
-        return self.cpu_gates.get(pool_of(self.device(device)), self.cpu_gates[HOST])
+        found = self.loaded.config.device(device)
+        return self.cpu_gates.get(pool_of(found), self.cpu_gates[HOST])
 
     def gates(self) -> list[ComputeGate]:
         return [*self.cpu_gates.values(), *self.device_gates.values()]
@@ -119,10 +120,6 @@ class Placements:
     @property
     def total_budget(self) -> int:
         return sum(plan.budget for plan in self.plans.values())
-
-    def device(self, device: int) -> DeviceConfig:
-        found = next((d for d in self.loaded.config.devices if d.id == device), None)
-        return found if found is not None else DeviceConfig(id=device)
 
     def _cpu_overdraft(self, pool: Pool) -> int:
         devices = self.loaded.config.devices
