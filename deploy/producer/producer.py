@@ -3,9 +3,11 @@ shared memory and prints one JSON line per answer.
 
 It stands for a real producer image (a video decoder, a business service): it needs only the
 ``ipc`` package, numpy, orjson and structlog — no backend, no model — and reaches the supervisor
-through two things the containers share: the socket directory (the socket and its key file,
-``$DUOMO_SOCKET``) and ``/dev/shm`` (the rings). It must run as the supervisor's user id: the
-directory is 0700 and the key and the segments are 0600.
+through the one volume the containers share: the socket directory (the socket and its key file,
+``$DUOMO_SOCKET``). Its rings come over that socket: sealed memfd segments the supervisor
+creates and passes with SCM_RIGHTS, so it shares no ``/dev/shm`` and no IPC namespace with the
+supervisor. It must run as the supervisor's user id: the directory is 0700, the socket and the
+key file 0600.
 
     python producer.py --model classify --frame /opt/producer/frames/coffee.npy [--frames N]
 

@@ -1,19 +1,22 @@
-"""One card, producers in their own containers, end to end: the images of deploy/Containerfile
-are built and deploy/compose.yaml runs a supervisor and two producer containers that share
-only a memory-backed socket directory, a memory-backed /dev/shm and one user id.
+"""One card, producers in their own containers, end to end: the images of deploy/Containerfile are
+built and deploy/compose.yaml runs a supervisor and two producer containers that share only a
+memory-backed socket directory and one user id.
 
-What it checks: each producer's answers (the espresso, the astronaut's face) came back through
-shared memory across containers; the supervisor's probes and /metrics on the published port,
-and its gateway over HTTP (401 without the bearer token, a v2 inference with it); a container
-of another user id is refused the key; `podman stop` stops the supervisor gracefully (exit 0,
-no request cut).
+What it checks: the socket directory is the only volume the containers share, none mounts
+/dev/shm or joins another's IPC namespace; each producer's answers (the espresso, the
+astronaut's face) came back through shared memory across containers all the same (the rings are
+sealed memfd segments the supervisor passes over the socket); the supervisor's probes and
+/metrics on the published port, and its gateway over HTTP (401 without the bearer token, a v2
+inference with it); a container of another user id is refused the key; `podman stop` stops the
+supervisor gracefully (exit 0, no request cut).
 
-Where it runs: as root with podman (Debian's, installed by `make test`'s tools target with
-runc, netavark, iptables and mmdebstrap) and podman-compose (the test extra). No registry image
-can be pulled here, so the base image is made with `mmdebstrap --variant=minbase bookworm`
-(Debian's python3) and imported once as localhost/duomo-test-base:bookworm. Otherwise it skips,
-saying why. On this sandbox crun 1.8 refuses the host's hybrid cgroups ("cgroups in hybrid mode
-not supported") and the default rlimits exceed what a container may set ("setrlimit
+Where it runs: as root with podman (Debian's, installed by `make test`'s tools target with runc,
+netavark, iptables and mmdebstrap) and podman-compose (the test extra). No registry image can be
+pulled here, so the base image is made with `mmdebstrap --variant=minbase bookworm` (Debian's
+python3) and imported once as localhost/duomo-test-base:bookworm. Otherwise it skips, saying
+why, and with CI=true that skip is a failure (tests/conftest.py): CI runs as root and `make
+test` installs podman. On this sandbox crun 1.8 refuses the host's hybrid cgroups ("cgroups in
+hybrid mode not supported") and the default rlimits exceed what a container may set ("setrlimit
 RLIMIT_NOFILE: Operation not permitted"): the test then runs podman with a containers.conf of
 its own (runc, rlimits within the host's), as it says in its output. pip inside the build uses
 the host's index and CA bundle (PIP_INDEX_URL, and PIP_CERT or the system bundle as the build
@@ -53,6 +56,7 @@ IMAGE = "localhost/duomo:cpu-test"
 PRODUCER = "localhost/duomo-producer:cpu-test"
 FRAMES = 3
 UID = 10001
+SERVICES = ("supervisor", "producer-classify", "producer-face")
 
 
 def run(*args: str, env: dict[str, str] | None = None, timeout: float = 900, check: bool = True):
@@ -144,9 +148,12 @@ class Layout:
         done = run("podman", "logs", self.container(service), env=self.env)
         return done.stdout + done.stderr
 
-    def state(self, service: str) -> dict:
+    def inspect(self, service: str) -> dict:
         done = run("podman", "inspect", self.container(service), env=self.env)
-        return json.loads(done.stdout)[0]["State"]
+        return json.loads(done.stdout)[0]
+
+    def state(self, service: str) -> dict:
+        return self.inspect(service)["State"]
 
     def answers(self, service: str) -> list[dict]:
         lines = [line for line in self.logs(service).splitlines() if line.startswith("{")]
@@ -209,6 +216,22 @@ def layout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Layout]:
         subprocess.run(["podman", "image", "prune", "-f"], env=env, capture_output=True)
 
 
+def test_the_socket_directory_is_the_only_volume_the_containers_share(layout: Layout) -> None:
+    users: dict[str, set[str]] = {}  # volume -> the services that mount it
+    for service in SERVICES:
+        found = layout.inspect(service)
+        ipc = found["HostConfig"]["IpcMode"]
+        assert ipc in ("private", "shareable", ""), (service, ipc)  # not container:… nor host
+        mounts = {m["Destination"]: m for m in found["Mounts"]}
+        assert not [d for d in mounts if d == "/dev/shm" or d.startswith("/dev/shm/")], mounts
+        assert mounts["/run/duomo"]["Name"] == f"{layout.project}_run", mounts["/run/duomo"]
+        for mount in mounts.values():
+            if mount["Type"] in ("volume", "bind"):
+                users.setdefault(mount.get("Name") or mount["Source"], set()).add(service)
+    shared = {name: who for name, who in users.items() if len(who) > 1}
+    assert shared == {f"{layout.project}_run": set(SERVICES)}, users
+
+
 def test_producers_in_their_own_containers_are_answered(layout: Layout) -> None:
     def producers_done() -> bool:
         return all(
@@ -255,7 +278,7 @@ def test_probes_metrics_and_gateway_on_the_published_ports(layout: Layout) -> No
 def test_another_user_id_is_refused_the_key(layout: Layout) -> None:
     base = f"http://127.0.0.1:{layout.metrics}"
     poll(lambda: http_status(f"{base}/v2/health/ready") == 200, timeout_s=300)
-    volumes = [f"{layout.project}_run:/run/duomo", f"{layout.project}_shm:/dev/shm"]
+    volumes = [f"{layout.project}_run:/run/duomo"]
     args = ["podman", "run", "--rm", "--user", f"{UID + 1}:{UID + 1}"]
     args += [flag for v in volumes for flag in ("-v", v)]
     args += [PRODUCER, "--model", "classify", "--frame", "/opt/producer/frames/coffee.npy"]

