@@ -2,9 +2,19 @@
 
 The commands are the lines of the ``bash`` code blocks of ``README.md`` and ``docs/*.md`` (the
 Chinese twins carry the same blocks: ``tests/unit/test_docs.py``). Each must match an entry of
-``RUN`` (it is run from the repository root and must exit 0) or of ``NOT_RUN`` (with the reason:
-it needs a card, or another test or CI itself runs it). A command that matches neither fails
-this test: a new command in the docs is either run here or said why not.
+``RUN`` (it is run from the repository root and must exit 0: the item passes) or of ``NOT_RUN``
+(the item is reported *skipped*, with the reason: it needs a card or a cluster, it writes a
+secret into the work tree, or another test or CI itself runs it). A command that matches neither
+fails: a new command in the docs is either run here or said why not. So the count of passed
+items is the count of commands really run, and ``pytest -rs`` lists the others with their
+reasons.
+
+With ``CI=true`` a skip fails (tests/conftest.py), because a skip there usually means a tool
+``make test`` should have installed is missing. Not here: a ``NOT_RUN`` command is left out by
+design, the same on every machine — nothing can be installed to run ``make test`` inside itself,
+an Ascend card, or a cluster — and its reason is documented in this file, so this test is marked
+``skip_by_design`` and its skips stay skips in CI. A command in ``RUN`` whose program is missing
+is not skipped: it fails.
 ``docs/adding-a-model.md`` is left out: ``tests/integration/test_adding_a_model.py`` runs every
 block of that guide.
 """
@@ -73,10 +83,12 @@ def test_the_documents_give_commands() -> None:
     assert len(COMMANDS) >= 10
 
 
+@pytest.mark.skip_by_design
 @pytest.mark.parametrize(("page", "command"), COMMANDS, ids=[c for _, c in COMMANDS])
 def test_every_command_is_run_or_says_why_not(page: str, command: str) -> None:
-    if any(re.fullmatch(pattern, command) for pattern, _why in NOT_RUN):
-        return
+    why = next((why for pattern, why in NOT_RUN if re.fullmatch(pattern, command)), None)
+    if why is not None:
+        pytest.skip(f"not run: {why}")
     timeout = next((t for pattern, t in RUN if re.fullmatch(pattern, command)), None)
     assert timeout is not None, (
         f"{page}: {command!r} is neither run by this test nor said why not (RUN / NOT_RUN)"
