@@ -2,8 +2,10 @@
 
 Created by whoever accepts work (the engine's in-process API, the supervisor's attachments),
 queued by its ``ServedModel`` and the ``Batcher``, completed exactly once by a ``ModelWorker``
-(with DEADLINE_EXCEEDED when the batcher found it expired) through the request's ``on_done``
-callback, then its model's ``on_finished`` bookkeeping.
+(with DEADLINE_EXCEEDED when the batcher found it expired): its model counts the outcome
+(``on_counted``), the request's ``on_done`` callback answers, then its model's ``on_finished``
+bookkeeping runs. The count comes first so that a metrics scrape made the moment a caller has
+its answer already counts it.
 """
 
 from __future__ import annotations
@@ -63,7 +65,9 @@ class Request:
     timings: StageTimings = field(default_factory=StageTimings)
     cancelled: bool = False  # set when nobody will read the answer (the client went away)
     abandoned: bool = False  # answered by the watchdog while its batch still runs
-    # the model's bookkeeping, set when it queues the request; runs after ``on_done``
+    # the model's bookkeeping, set when it queues the request: its counters before ``on_done``,
+    # the rest (what it has pending) after
+    on_counted: Callable[[Request, Outcome], None] | None = field(default=None, repr=False)
     on_finished: Callable[[Request, Outcome], None] | None = field(default=None, repr=False)
     _done: bool = field(default=False, repr=False)
     _batch_over: bool = field(default=False, repr=False)
@@ -85,8 +89,10 @@ class Request:
             if self._done:
                 return False
             self._done = True
+        if self.on_counted is not None:
+            self.on_counted(self, outcome)
         try:
-            self.on_done(outcome)  # the answer first: bookkeeping is off its path
+            self.on_done(outcome)  # the answer before the rest of the bookkeeping
         except Exception:
             # One caller's broken callback must not stop the worker from answering the others.
             log.exception("request callback failed", seq=self.seq)

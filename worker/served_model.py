@@ -509,13 +509,14 @@ class ServedModel:
         if self.predicted:
             self.predicted = False
             self.prediction_hits += 1
+        request.on_counted = self._count
         request.on_finished = self._finished
         with self._pending_lock:
             self._pending += 1
         try:
             self.batcher.put(request)  # wakes a worker: nothing after this on the caller's path
         except BaseException:
-            request.on_finished = None
+            request.on_counted = request.on_finished = None
             with self._pending_lock:
                 self._pending -= 1
             raise
@@ -524,12 +525,15 @@ class ServedModel:
         if self._on_request is not None:
             self._on_request(self)
 
+    def _count(self, request: Request, outcome: Outcome) -> None:
+        """A request this model queued is about to be answered (on whichever thread answers
+        it): counted first, so whoever reads the metrics after the answer sees it."""
+        self.stats.record(outcome, time.monotonic() - request.enqueued_s)
+
     def _finished(self, request: Request, outcome: Outcome) -> None:
-        """A request this model queued was answered (after its callback, on whichever thread
-        answered it)."""
+        """A request this model queued was answered (after its callback)."""
         with self._pending_lock:
             self._pending -= 1
-        self.stats.record(outcome, time.monotonic() - request.enqueued_s)
 
     def _refusal(self, state: ModelState) -> str:
         name = self.spec.name
