@@ -11,9 +11,11 @@ shared-memory slots.
         result = s.wait()
 
 ``from ipc import Client`` is the same class. A frame larger than the model's default slot
-area grows the handle's ring by itself (``ipc.slots``), within the supervisor's ``/dev/shm``
-limits. A process may exit without ``close()``: the supervisor frees its rings when the
-connection ends, and nothing is printed here (``ipc.ring``).
+area grows the handle's ring by itself (``ipc.slots``), within the supervisor's limits on ring
+memory. A ring is a sealed memfd whose descriptor arrives with the ``attach`` reply
+(``SCM_RIGHTS``; every read of the socket is a ``recvmsg`` that keeps what came with it); it has
+no name anywhere. A process may exit without ``close()``: the supervisor frees its rings when
+the connection ends, and nothing is printed here (``ipc.ring``).
 
 Threads: no thread of its own for synchronous use. A thread that waits (``wait``, ``infer``,
 a control request) reads the socket itself while nobody else does ("leader"); other waiters
@@ -40,6 +42,8 @@ import socket
 import struct
 import threading
 import time
+from array import array
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
@@ -75,6 +79,10 @@ CONNECT_RETRY_MAX_S = 0.1
 # SO_RCVTIMEO), then checks its deadline and whether it was closed meanwhile.
 READ_SLICE_S = 0.25
 _READ_SLICE = struct.pack("ll", int(READ_SLICE_S), int(READ_SLICE_S % 1 * 1e6))
+READ_BYTES = 1 << 16
+# room for the descriptors one read may bring: the kernel ends a read after the frame that
+# carried one, and the supervisor sends one per frame; a few more are read and closed
+_ANCILLARY_BYTES = socket.CMSG_SPACE(4 * array("i").itemsize)
 
 
 class Client:
@@ -97,6 +105,8 @@ class Client:
         self._followers = 0  # threads sleeping until the leader dispatches or steps down
         self._async_pending = 0
         self._background: threading.Thread | None = None
+        # descriptors received (rings' memfds), in order, until the reply they came with
+        self._descriptors: deque[int] = deque()
         # errors the supervisor reported without a slot to attribute them to (protocol misuse)
         self.events: queue.SimpleQueue[DuomoError] = queue.SimpleQueue()
         try:
@@ -225,8 +235,8 @@ class Client:
     def _attach(
         self, name: str, slots: int, inputs: dict[str, int] | None = None
     ) -> tuple[int, SlotRing]:
-        """Map a new ring for ``name`` and tell the supervisor (the name is then unlinked);
-        ``inputs``: input -> the bytes its area must hold, past the model's default."""
+        """Attach a new ring for ``name`` and map the segment whose descriptor came with the
+        reply; ``inputs``: input -> the bytes its area must hold, past the model's default."""
         fields: dict[str, Any] = {"inputs": inputs} if inputs else {}
         # attaching a model that is not loaded yet waits for its load
         reply = self.request(
@@ -236,14 +246,16 @@ class Client:
             slots=slots,
             **fields,
         )
-        layout = RingLayout.from_dict(reply["layout"])
-        ring = SlotRing.attach(reply["shm"], layout)
+        ring_id = int(reply["ring"])
+        fd = reply.get("descriptor")
         try:
-            self.request("mapped", ring=reply["ring"])
-        except BaseException:
-            ring.close()
-            raise
-        return int(reply["ring"]), ring
+            if not isinstance(fd, int) or fd < 0:
+                raise ValueError("its descriptor did not arrive with the reply")
+            ring = SlotRing.attach(fd, RingLayout.from_dict(reply["layout"]))
+        except ValueError as err:
+            self._detach_later(ring_id)
+            raise UnavailableError(f"cannot map the ring for {name!r}: {err}") from None
+        return ring_id, ring
 
     def _register(self, handle: ModelHandle, ring_id: int, old_ring: int | None = None) -> None:
         """Route ring ``ring_id``'s notices to ``handle`` (before any slot of it is submitted)."""
@@ -276,6 +288,8 @@ class Client:
         for fd in wake_fds:
             if fd >= 0:
                 os.close(fd)
+        while self._descriptors:
+            os.close(self._descriptors.popleft())
         for handle in handles:
             handle._unmap()
 
@@ -363,13 +377,24 @@ class Client:
                         with contextlib.suppress(BlockingIOError):
                             os.read(self._wake_r, 4096)
                     return  # woken or timed out: the caller checks what it waits for
-            data = self._sock.recv(1 << 16)
+            data = self._recv(0)
         except BlockingIOError:  # the receive timeout: nothing arrived in READ_SLICE_S
             return
         except OSError as err:
             self._connection_lost(err)
             return
         self._dispatch(data)
+
+    def _recv(self, flags: int) -> bytes:
+        """One read of the socket, keeping the descriptors that came with it (in order: each
+        belongs to the next reply that says ``"descriptor": true``)."""
+        data, ancillary, _, _ = self._sock.recvmsg(READ_BYTES, _ANCILLARY_BYTES, flags)
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds = array("i")
+                fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+                self._descriptors.extend(fds)
+        return data
 
     def _dispatch(self, data: bytes) -> None:
         """Hand what one read brought to whoever waits for it (b"": the supervisor is gone)."""
@@ -413,7 +438,7 @@ class Client:
         if self._closed is not None:
             return
         try:
-            data = self._sock.recv(1 << 16, socket.MSG_DONTWAIT)
+            data = self._recv(socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as err:
@@ -487,11 +512,15 @@ class Client:
         if kind is not FrameKind.JSON:
             return
         message = parse_json(payload)
+        if message.get("descriptor") is True:  # it came with this frame's first byte
+            message["descriptor"] = self._descriptors.popleft() if self._descriptors else -1
         if "id" in message:
             with self._lock:
                 future = self._pending.get(message["id"])
             if future is not None and not future.done():
                 future.set_result(message)
+            elif isinstance(message.get("descriptor"), int) and message["descriptor"] >= 0:
+                os.close(message["descriptor"])  # nobody waits for it any more
         elif message.get("event") == "error":
             err = error_for(message.get("code", ErrorCode.INTERNAL), message.get("message", ""))
             ring, slot = message.get("ring", -1), message.get("slot")

@@ -1,8 +1,15 @@
 """A ring of request slots in one shared-memory segment, as both sides see it.
 
-The supervisor creates one ring per attached (client, model) with ``SlotRing.create``; the client
-maps it with ``SlotRing.attach`` and the name is unlinked at once, so a crash on either side
-leaves nothing in /dev/shm. Each slot is::
+The supervisor creates one ring per attached (client, model) with ``SlotRing.create``: a
+**sealed memfd** (``memfd_create`` with ``MFD_ALLOW_SEALING``, then ``F_SEAL_SHRINK |
+F_SEAL_GROW | F_SEAL_SEAL``), which it passes to its client over the control socket
+(``SCM_RIGHTS``, see ``supervisor.connection``); the client maps it with ``SlotRing.attach``.
+The segment has no name: nothing is left anywhere after a crash on either side, nothing can be
+guessed or opened by a third process, and containers share only the socket directory. The
+seals are why it is a memfd at all: a client that could shrink a segment the supervisor reads
+would kill the supervisor with SIGBUS at its next read of a vanished page; a sealed memfd
+cannot shrink (``ftruncate`` fails with EPERM), so every page the supervisor mapped stays.
+Each slot is::
 
     [ header: 256 bytes | input areas (one per input, 64-byte aligned) | output area ]
 
@@ -12,27 +19,22 @@ boundary); on an error it holds the UTF-8 message. The header's ``result_len`` s
 An input area's capacity is the model's default unless the client asked for more when it
 attached (``attach``'s ``inputs``: a producer's handle grows its ring for a larger frame).
 
-A ring owns its ``mmap`` directly rather than through ``multiprocessing.shared_memory``:
-``SharedMemory.__del__`` closes the mapping when the object is finalised, which raises (and
-prints, at every producer's exit) ``BufferError: cannot close exported pointers exist`` while
-numpy views into the slots are alive. Here the mapping is unmapped by ``close`` once nothing
-views it, or simply outlives its views when a process exits without closing.
-
-Only the creator registers a segment with the resource tracker (which unlinks what a dead
-process left behind); the client maps and unlinks it without the tracker, so a producer starts
-no tracker process at all.
+A ring owns its ``mmap`` directly: ``close`` unmaps it once no numpy view points into it, and a
+process that exits without closing simply takes the mapping with it. The creator holds the
+memfd's descriptor only until ``share`` hands it over (to the reply that carries it). Python's
+``mmap`` keeps a duplicate of it while mapped, except from Python 3.13 on (``trackfd=False``),
+so before 3.13 a mapped ring costs each side one descriptor.
 """
 
 from __future__ import annotations
 
-import contextlib
+import fcntl
 import functools
 import math
 import mmap
 import os
-import secrets
+import sys
 from dataclasses import dataclass
-from multiprocessing import resource_tracker, shared_memory
 from typing import Any
 
 import numpy as np
@@ -71,7 +73,7 @@ class RingLayout:
 
     @property
     def reserved_bytes(self) -> int:
-        """What creating the ring commits in /dev/shm: every header, and the output areas up
+        """What creating the ring commits: every header, and the output areas up
         to ``RESERVE_OUTPUT_LIMIT`` each (what the supervisor itself writes)."""
         output = self.output_capacity if self.reserves_output else 0
         return self.slots * (HEADER_BYTES + output)
@@ -129,16 +131,18 @@ class RingLayout:
         )
 
 
-# The segments' names, opened and removed the way ``multiprocessing.shared_memory`` does it
-# (POSIX shm_open/shm_unlink; the name the tracker records has the leading slash).
-_posixshmem = shared_memory._posixshmem  # type: ignore[attr-defined]
+MEMFD_NAME = "duomo-ring"  # what /proc/PID/maps shows: "/memfd:duomo-ring (deleted)"
+SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+# no duplicate descriptor kept by the mapping, where Python offers that (3.13)
+_MMAP_OPTIONS: dict[str, Any] = {"trackfd": False} if sys.version_info >= (3, 13) else {}
 
 
 def _reserve(fd: int, layout: RingLayout) -> None:
     """Commit the pages the supervisor writes (headers, and output areas up to a size).
 
-    A full /dev/shm then fails here, as an error for this attach, instead of killing the
-    supervisor with SIGBUS on its first write into a page the kernel cannot provide.
+    Memory that cannot be had (a memory cgroup at its limit) then fails here, as an error for
+    this attach, instead of on the supervisor's first write into a page the kernel cannot
+    provide.
     """
     slot_bytes = layout.slot_bytes
     for slot in range(layout.slots):
@@ -148,88 +152,66 @@ def _reserve(fd: int, layout: RingLayout) -> None:
             os.posix_fallocate(fd, start + layout.output_offset, layout.output_capacity)
 
 
-def start_tracker() -> None:
-    """Start the resource tracker now (a helper process and one pipe), not at the first
-    segment, so a long-running process's set of open fds is the same before and after."""
-    resource_tracker.ensure_running()
-
-
-def _untrack(name: str) -> None:
-    with contextlib.suppress(Exception):
-        resource_tracker.unregister(f"/{name}", "shared_memory")
-
-
 class SlotRing:
-    """One mapped segment and its layout. It owns its ``mmap`` directly (no ``SharedMemory``,
-    whose finaliser fails loudly while numpy views are alive): ``close`` unmaps when nothing
-    points into the mapping any more, and a process that never calls it simply exits with the
-    mapping still valid under whatever still views it."""
+    """One mapped segment and its layout. It owns its ``mmap`` directly: ``close`` unmaps when
+    nothing points into the mapping any more, and a process that never calls it simply exits
+    with the mapping still valid under whatever still views it."""
 
-    def __init__(self, mapping: mmap.mmap, name: str, layout: RingLayout, tracked: bool) -> None:
+    def __init__(self, mapping: mmap.mmap, layout: RingLayout, fd: int = -1) -> None:
         self._mmap = mapping
-        self.name = name
         self.layout = layout
-        self._tracked = tracked  # this process created it: the tracker unlinks it if we die
-        self._unlinked = False
+        self._fd = fd  # the creator's descriptor until ``share`` hands it over
         self._closed = False
         self._view = memoryview(mapping)  # the hot paths slice this directly
         self._slot_bytes = layout.slot_bytes
 
     @classmethod
     def create(cls, layout: RingLayout) -> SlotRing:
-        """A new segment (mode 0600, unguessable name) sized for ``layout``; the resource
-        tracker unlinks it should this process die before ``unlink``."""
-        name = f"duomo-{secrets.token_hex(16)}"
+        """A new sealed memfd sized for ``layout`` and mapped; its descriptor is kept for
+        ``share`` (OSError when memory or descriptors run out: nothing is left behind)."""
         size = layout.slots * layout.slot_bytes
-        fd = _posixshmem.shm_open(f"/{name}", os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+        fd = os.memfd_create(MEMFD_NAME, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
-            resource_tracker.register(f"/{name}", "shared_memory")
-            try:
-                os.ftruncate(fd, size)
-                _reserve(fd, layout)
-                mapping = mmap.mmap(fd, size)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    _posixshmem.shm_unlink(f"/{name}")
-                _untrack(name)
-                raise
-        finally:
-            # The mapping stays valid without its file descriptor: a ring costs neither side a
-            # descriptor (a supervisor's connections are what its fd limit is for).
+            os.ftruncate(fd, size)
+            _reserve(fd, layout)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
+            mapping = mmap.mmap(fd, size, **_MMAP_OPTIONS)
+        except BaseException:
             os.close(fd)
-        return cls(mapping, name, layout, tracked=True)
+            raise
+        return cls(mapping, layout, fd)
 
     @classmethod
-    def attach(cls, name: str, layout: RingLayout) -> SlotRing:
-        """Map the supervisor's segment and unlink its name right away."""
-        fd = _posixshmem.shm_open(f"/{name}", os.O_RDWR, mode=0o600)
+    def attach(cls, fd: int, layout: RingLayout) -> SlotRing:
+        """Map the segment behind ``fd`` (received from the supervisor) and close ``fd``.
+        ValueError for a descriptor that is not a sealed segment of the layout's size."""
         try:
-            with contextlib.suppress(FileNotFoundError):
-                _posixshmem.shm_unlink(f"/{name}")
+            seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
             size = os.fstat(fd).st_size
+            if seals & SEALS != SEALS:
+                raise ValueError("the ring's segment is not sealed against resizing")
             if size < layout.slots * layout.slot_bytes:
-                raise ValueError(f"segment {name} is smaller than its layout")
-            mapping = mmap.mmap(fd, size)
+                raise ValueError("the ring's segment is smaller than its layout")
+            mapping = mmap.mmap(fd, size, **_MMAP_OPTIONS)
+        except OSError as err:
+            raise ValueError(f"cannot map the ring's segment: {err}") from None
         finally:
             os.close(fd)
-        ring = cls(mapping, name, layout, tracked=False)
-        ring._unlinked = True
-        return ring
+        return cls(mapping, layout)
 
-    def unlink(self) -> None:
-        """Remove the name from /dev/shm (the mapping stays valid); safe to call twice."""
-        if self._unlinked:
-            return
-        self._unlinked = True
-        with contextlib.suppress(FileNotFoundError):
-            _posixshmem.shm_unlink(f"/{self.name}")
-        if self._tracked:
-            _untrack(self.name)
+    def share(self) -> int:
+        """Hand over the creator's descriptor (once): the caller sends and then closes it."""
+        fd, self._fd = self._fd, -1
+        if fd < 0:
+            raise RuntimeError("the ring's descriptor was handed over already")
+        return fd
 
     def close(self) -> bool:
         """Unmap; False while numpy views into the segment are still alive elsewhere (then
-        call it again later: nothing is lost meanwhile, the name is already gone)."""
-        self.unlink()
+        call it again later: nothing is lost meanwhile)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
         if self._closed:
             return True
         try:

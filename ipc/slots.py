@@ -12,7 +12,7 @@ name -> bytes), moves the slot being written (and what it already holds) into it
 only the new ring's slots from then on; the old ring is detached once its last slot in flight
 has been answered and released. Nothing waits for other slots, so this works the same under
 ``infer_async`` and on an event loop that is the client's reader (the gateway's). The larger
-ring is kept (and charged against the client's ``/dev/shm`` limits) until the handle closes.
+ring is kept (and charged against the client's limits on ring memory) until the handle closes.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ class ModelHandle:
     (``ModelChangedError``); the handle then re-attaches by itself as soon as all its slots are
     back (the next ``slot()`` does it), and ``infer`` retries its request once on the new ring.
     A frame larger than the ring's area for it grows the ring (see the module docstring);
-    RESOURCE_EXHAUSTED when the supervisor's ``/dev/shm`` limits leave no room for it.
+    RESOURCE_EXHAUSTED when the supervisor's limits on ring memory leave no room for it.
     """
 
     def __init__(self, client: Client, name: str, ring_id: int, ring: SlotRing) -> None:

@@ -103,7 +103,7 @@ def _fixed_size(shape: tuple[int | None, ...], max_rows: int | None) -> bool:
 
 
 def ring_charge(spec: SlotSpec, layout: RingLayout) -> int:
-    """The ``/dev/shm`` bytes a ring is charged (``ShmLedger``): what creating it commits, and
+    """The bytes of ring memory a ring is charged (``RingLedger``): what creating it commits, and
     every input area grown past ``spec``'s default in full, in every slot (a producer asked
     for that room; the defaults are bounded by the model)."""
     defaults = {i.name: i.capacity for i in spec.inputs}
@@ -382,8 +382,8 @@ class Attachment:
 
     def _unmap(self) -> None:
         # Numpy views that a finished batch still references keep the mapping alive until they
-        # are collected (then ``retry_unmap`` succeeds); the name is already gone, so nothing
-        # can leak in /dev/shm.
+        # are collected (then ``retry_unmap`` succeeds); the segment has no name, so nothing
+        # outlives the last mapping.
         with self._lock:
             self._try_unmap()
 

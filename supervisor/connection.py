@@ -28,12 +28,20 @@ outbox and go out in one write when the batch is done (``uncork``).
 
 Every frame sent fits the protocol: a reply too large for a JSON frame (or that cannot be
 encoded) is replaced by an error reply carrying the same id (``fitted_json``).
+
+**Descriptors.** An ``attach`` reply carries its ring's memfd (``SCM_RIGHTS``) on the frame's
+first byte. Such a frame waits in the outbox as a ``FrameWithDescriptor`` (bytes that own a
+descriptor) and is always written by a ``sendmsg`` of its own, so the descriptor rides with
+exactly that frame; the connection closes its copy once the kernel has taken the frame (or when
+the client is cut off before it was sent). The client pairs descriptors with the replies that
+say ``"descriptor": true``, in the order they arrive.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import socket
 import struct
 import threading
@@ -54,6 +62,19 @@ from supervisor.limits import Limits
 log = structlog.get_logger("duomo.connection")
 _PEERCRED = struct.Struct("3i")
 FLUSH_CHUNK_BYTES = 256 << 10  # the most one flush joins into one write
+_DESCRIPTOR = struct.Struct("i")
+
+
+class FrameWithDescriptor(bytes):
+    """A frame that owns a descriptor to send with its first byte (``SCM_RIGHTS``). A slice of
+    it is plain bytes: what is left of a frame whose first part went out carries nothing."""
+
+    fd: int
+
+    def __new__(cls, data: bytes, fd: int) -> FrameWithDescriptor:
+        frame = super().__new__(cls, data)
+        frame.fd = fd
+        return frame
 
 
 class Stage(IntEnum):
@@ -186,21 +207,25 @@ class Connection:
     # -- sending ------------------------------------------------------------------------------
 
     def send(self, data: bytes) -> None:
-        """Send one whole frame, or queue it behind what waits (any thread; never blocks)."""
+        """Send one whole frame, or queue it behind what waits (any thread; never blocks). A
+        ``FrameWithDescriptor``'s descriptor is the connection's from here on: sent with the
+        frame, or closed if the frame never goes out."""
         with self._send_lock:
             if self.stage >= CUT:
+                _close_descriptor(data)
                 return
             if not self._outbox and not self._corked:
                 try:
-                    sent = self.sock.send(data, socket.MSG_DONTWAIT)  # whole, nearly always
+                    sent = self._write(data)  # whole, nearly always
                 except BlockingIOError:
                     sent = 0
                 except OSError:
+                    _close_descriptor(data)
                     self._cut(None)
                     return
                 if sent == len(data):
                     return
-                self._queue(data[sent:])
+                self._queue(data[sent:] if sent else data)
             else:
                 self._queue(data)
                 if self._corked and self._outbox_bytes < FLUSH_CHUNK_BYTES:
@@ -212,11 +237,22 @@ class Connection:
             self.wants_write = True
         self._on_blocked(self)
 
-    def reply(self, message: dict[str, Any], reply: dict[str, Any]) -> None:
-        """Answer one control message (any thread): the reply carries the message's id."""
+    def reply(self, message: dict[str, Any], reply: dict[str, Any], fd: int = -1) -> None:
+        """Answer one control message (any thread): the reply carries the message's id, and
+        ``fd`` (if given; the connection owns it from here on) rides with it."""
         if "id" in message:
             reply["id"] = message["id"]
-        self.send(fitted_json(reply))
+        if fd < 0:
+            self.send(fitted_json(reply))
+            return
+        reply["descriptor"] = True
+        try:
+            data = json_frame(reply)
+        except (TypeError, ValueError):  # answered by an error in its place: nothing to carry
+            os.close(fd)
+            self.send(fitted_json(reply))
+            return
+        self.send(FrameWithDescriptor(data, fd))
 
     def send_error(self, code: int, message: str, **where: Any) -> None:
         self.send(fitted_json({"event": "error", "code": int(code), "message": message, **where}))
@@ -284,22 +320,37 @@ class Connection:
                 f"its unread backlog passed limits.max_unread_frames ({limits.max_unread_frames})"
             )
 
+    def _write(self, chunk: bytes) -> int:
+        """With the send lock held: one non-blocking write of ``chunk``; a
+        ``FrameWithDescriptor`` goes by ``sendmsg`` with its descriptor, which is closed here
+        once the kernel has taken the frame's first byte (the client's copy is its own)."""
+        if type(chunk) is not FrameWithDescriptor:
+            return self.sock.send(chunk, socket.MSG_DONTWAIT)
+        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, _DESCRIPTOR.pack(chunk.fd))]
+        sent = self.sock.sendmsg([chunk], rights, socket.MSG_DONTWAIT)
+        if sent:
+            _close_descriptor(chunk)
+        return sent
+
     def _write_outbox(self) -> None:
-        """With the send lock held: write the outbox until the socket takes no more."""
+        """With the send lock held: write the outbox until the socket takes no more. Plain
+        frames are joined into writes of up to ``FLUSH_CHUNK_BYTES``; a frame with a descriptor
+        is written alone."""
         outbox = self._outbox
         while outbox:
-            if len(outbox) == 1:
-                chunk = outbox[0]
-            else:
+            chunk = outbox[0]
+            if len(outbox) > 1 and type(chunk) is not FrameWithDescriptor:
                 parts, size = [], 0
                 for part in outbox:
+                    if type(part) is FrameWithDescriptor:
+                        break
                     parts.append(part)
                     size += len(part)
                     if size >= FLUSH_CHUNK_BYTES:
                         break
-                chunk = b"".join(parts)
+                chunk = parts[0] if len(parts) == 1 else b"".join(parts)
             try:
-                sent = self.sock.send(chunk, socket.MSG_DONTWAIT)
+                sent = self._write(chunk)
             except BlockingIOError:
                 return
             except OSError:
@@ -314,7 +365,7 @@ class Connection:
                     outbox.popleft()
                     left -= len(head)
                 else:
-                    outbox[0] = head[left:]
+                    outbox[0] = head[left:]  # (plain bytes: a descriptor went with the start)
                     left = 0
             if sent < len(chunk):
                 return  # the socket's buffer is full again
@@ -327,6 +378,8 @@ class Connection:
         self.stage = CUT
         self.cut_reason = reason
         dropped_bytes = self._outbox_bytes
+        for data in self._outbox:
+            _close_descriptor(data)
         self._outbox.clear()
         self._outbox_bytes = 0
         if reason is not None:
@@ -360,6 +413,14 @@ def fitted_json(message: dict[str, Any]) -> bytes:
         if "id" in message:
             fallback["id"] = message["id"]
         return json_frame(fallback)
+
+
+def _close_descriptor(data: bytes) -> None:
+    """Close the descriptor a frame owns, if it owns one (once: it then owns none)."""
+    if type(data) is FrameWithDescriptor and data.fd >= 0:
+        fd, data.fd = data.fd, -1
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def _peer_pid(sock: socket.socket) -> int | None:

@@ -34,11 +34,12 @@ log = structlog.get_logger("duomo.control")
 @dataclass
 class ControlJob:
     """One slow control message: who asked, what it said (its id goes into the reply), the
-    work whose result is the reply, and what to call it in an INTERNAL reply and the log."""
+    work whose result is the reply (None: the work answered itself, as an ``attach`` does, whose
+    reply carries a descriptor), and what to call it in an INTERNAL reply and the log."""
 
     conn: Connection
     message: dict[str, Any]
-    run: Callable[[], Reply]
+    run: Callable[[], Reply | None]
     what: str = "a control job"
 
 
@@ -120,7 +121,10 @@ class ControlJobs:
     @staticmethod
     def _answer(job: ControlJob) -> None:
         try:
-            reply = {"ok": True, **job.run()}
+            result = job.run()
+            if result is None:
+                return
+            reply = {"ok": True, **result}
         except DuomoError as err:
             reply = error_reply(err)
         except Exception:  # a bug must still answer, and never end the thread

@@ -18,12 +18,11 @@ models     —                                            ``models``: one object
                                                         task, backend, state, max_batch; once
                                                         loaded also inputs, result, outputs,
                                                         output_tensors, batched
-attach     ``model`` str; ``slots`` int 1..64 (4);      ``ring`` int, ``shm`` str (the segment's
-           ``inputs`` {input: bytes ≥ 0} (none): the    name), ``layout`` (``RingLayout``); a
-           room a larger frame needs                    model never loaded is loaded first
-                                                        (later)
-mapped     ``ring`` int                                 — (the client mapped the segment: its
-                                                        name is unlinked)
+attach     ``model`` str; ``slots`` int 1..64 (4);      ``ring`` int, ``layout``
+           ``inputs`` {input: bytes ≥ 0} (none): the    (``RingLayout``), ``descriptor: true``:
+           room a larger frame needs                    the ring's sealed memfd rides with the
+                                                        reply (``SCM_RIGHTS``); a model never
+                                                        loaded is loaded first (later)
 detach     ``ring`` int                                 — (its queued work is dropped, the
                                                         segment unmapped once nothing reads it)
 status     —                                            ``status``: the supervisor's state
@@ -40,7 +39,7 @@ ping       —                                            —
 =========  ===========================================  ========================================
 
 A model that is not served is NOT_FOUND, and so is a ring this client has not attached;
-``attach`` past 64 rings per client or the ``limits`` on slots and ``/dev/shm`` is
+``attach`` past 64 rings per client or the ``limits`` on slots and ring memory is
 RESOURCE_EXHAUSTED. The
 slow operations (marked "later") are control jobs, answered when done, in the order they came;
 past ``limits.control_queue`` (or ``control_queue_per_client``) waiting, RESOURCE_EXHAUSTED at
@@ -170,11 +169,6 @@ class RingMessage(ControlMessage):
 
 
 @dataclass(frozen=True)
-class Mapped(RingMessage):
-    op = "mapped"
-
-
-@dataclass(frozen=True)
 class Detach(RingMessage):
     op = "detach"
 
@@ -231,7 +225,7 @@ class Ping(ControlMessage):
 
 
 MESSAGES: dict[str, type[ControlMessage]] = {
-    m.op: m for m in (Models, Attach, Mapped, Detach, Status, Stop, Reload, Load, Unload, Ping)
+    m.op: m for m in (Models, Attach, Detach, Status, Stop, Reload, Load, Unload, Ping)
 }
 
 

@@ -1,18 +1,20 @@
 """What one client, and all of them together, may take from the supervisor: the ``limits``
-config section, its defaults read off the machine, and the ledger of shared memory in use.
+config section, its defaults read off the machine, and the ledger of ring memory in use.
 
 Read by ``Supervisor`` at start and at every reload (``resolve_limits``), and enforced by the
 reactor (connections, the listen backlog, authentication and idle timeouts, each connection's
-unread backlog) and by ``Supervisor`` on ``attach`` (slots and ``/dev/shm`` bytes, through
-``ShmLedger``) and for slow control messages (``ControlJobs``' queue). Every refusal names the
+unread backlog) and by ``Supervisor`` on ``attach`` (slots and ring memory, through
+``RingLedger``) and for slow control messages (``ControlJobs``' queue). Every refusal names the
 limit and the numbers that passed it; docs/operations.md ("Security and limits") states each
 limit with its default.
 
-Shared memory is charged by what the supervisor commits when it creates a ring (its slot
-headers and result areas, ``RingLayout.reserved_bytes``): that is what a client can make the
-supervisor hold. Input pages are committed by the producer's own writes; an input area a
-producer asked to grow past the model's default (for a larger frame) is charged in full, in
-every slot (``supervisor.attachment.ring_charge``), so these bounds are what bound growth.
+Ring memory (the rings' sealed memfd segments: shared memory charged to the supervisor's
+memory cgroup, not to a /dev/shm mount) is charged by what the supervisor commits when it
+creates a ring (its slot headers and result areas, ``RingLayout.reserved_bytes``): that is
+what a client can make the supervisor hold. Input pages are committed by the producer's own
+writes; an input area a producer asked to grow past the model's default (for a larger frame)
+is charged in full, in every slot (``supervisor.attachment.ring_charge``), so these bounds are
+what bound growth.
 """
 
 from __future__ import annotations
@@ -27,10 +29,10 @@ from pathlib import Path
 from pydantic import Field
 
 from ipc.errors import ResourceExhaustedError
+from worker.cgroup_limits import memory_limit
 from worker.config_model import StrictModel
 
 MIB = 1 << 20
-SHM_DIR = Path("/dev/shm")
 SOMAXCONN_FILE = Path("/proc/sys/net/core/somaxconn")
 DEFAULT_MAX_CONNECTIONS = 1024  # and at most half the process's file descriptors
 
@@ -39,6 +41,7 @@ class LimitsConfig(StrictModel):
     """The ``limits`` section; ``None`` means "from the machine" (see ``resolve_limits``)."""
 
     max_connections: int | None = Field(default=None, ge=1, le=1_000_000)
+    max_unauthenticated: int = Field(default=64, ge=1, le=1_000_000)
     listen_backlog: int | None = Field(default=None, ge=1, le=1_000_000)
     auth_timeout_s: float = Field(default=5.0, gt=0, le=3600)
     idle_timeout_s: float = Field(default=600.0, ge=0, le=30 * 86400)
@@ -57,6 +60,7 @@ class Limits:
     """``LimitsConfig`` with every default resolved to a number for this machine."""
 
     max_connections: int
+    max_unauthenticated: int  # at most max_connections
     listen_backlog: int
     auth_timeout_s: float
     idle_timeout_s: float  # 0: never
@@ -77,12 +81,16 @@ def resolve_limits(config: LimitsConfig) -> Limits:
     """The limits in force: the configured ones, the rest from the machine.
 
     ``max_connections``: half the process's file-descriptor limit (``RLIMIT_NOFILE``, soft),
-    at most 1024; ``listen_backlog``: the system's ``somaxconn``; shared memory: a quarter of
-    ``/dev/shm`` per client and half of it in all.
+    at most 1024 (``max_unauthenticated``, 64 unless set, is never above it);
+    ``listen_backlog``: the system's ``somaxconn``; ring memory: an eighth of the
+    memory the supervisor may use per client and a quarter of it in all (the share of a
+    /dev/shm mount of its default size, half the memory, that the named segments had).
     """
-    shm_size = shm_capacity_bytes()
+    shm_size = memory_capacity_bytes() // 2
+    max_connections = config.max_connections or default_max_connections()
     return Limits(
-        max_connections=config.max_connections or default_max_connections(),
+        max_connections=max_connections,
+        max_unauthenticated=min(config.max_unauthenticated, max_connections),
         listen_backlog=config.listen_backlog or system_somaxconn(),
         auth_timeout_s=config.auth_timeout_s,
         idle_timeout_s=config.idle_timeout_s,
@@ -111,18 +119,16 @@ def system_somaxconn() -> int:
         return socket.SOMAXCONN
 
 
-def shm_capacity_bytes() -> int:
-    """The size of ``/dev/shm`` (where ``multiprocessing.shared_memory`` puts segments), or half
-    the machine's memory where it cannot be read."""
-    try:
-        stats = os.statvfs(SHM_DIR)
-        return stats.f_blocks * stats.f_frsize
-    except OSError:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+def memory_capacity_bytes() -> int:
+    """The memory this process may use: the machine's, or its memory cgroup's limit (a
+    container's or pod's) where that is lower. The rings' memfd pages are charged there."""
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    limit = memory_limit()
+    return physical if limit is None else min(physical, limit)
 
 
-class ShmLedger:
-    """Slots and committed ``/dev/shm`` bytes per client and in all (any thread).
+class RingLedger:
+    """Slots and committed ring memory per client and in all (any thread).
 
     ``charge`` checks every bound before it records anything, so a refused attach holds
     nothing; ``release`` gives back what a detached ring was charged."""
@@ -150,13 +156,13 @@ class ShmLedger:
             if held_bytes + nbytes > limits.shm_per_client_bytes:
                 raise ResourceExhaustedError(
                     f"a client may commit at most {_mib(limits.shm_per_client_bytes)} of "
-                    f"/dev/shm (limits.shm_per_client_mb); it holds {_mib(held_bytes)} and this "
+                    f"ring memory (limits.shm_per_client_mb); it holds {_mib(held_bytes)} and this "
                     f"ring needs {_mib(nbytes)}"
                 )
             if self.total_bytes + nbytes > limits.shm_total_bytes:
                 raise ResourceExhaustedError(
-                    f"clients may commit at most {_mib(limits.shm_total_bytes)} of /dev/shm in "
-                    f"all (limits.shm_total_mb); {_mib(self.total_bytes)} are held and this "
+                    f"clients may commit at most {_mib(limits.shm_total_bytes)} of ring memory "
+                    f"in all (limits.shm_total_mb); {_mib(self.total_bytes)} are held and this "
                     f"ring needs {_mib(nbytes)}"
                 )
             self._slots[client] = held_slots + slots

@@ -18,13 +18,18 @@ never blocks (its send rule: ``supervisor.connection``). A connection that break
 gets an error event and is closed; one that goes away has its attachments closed (queued work
 dropped, segments unmapped once nothing reads them). Nothing a client sends can stop the loop.
 
-**Admission** (``limits``): at most ``max_connections`` connections, authenticated or not; one
-more is accepted only to be told RESOURCE_EXHAUSTED and closed. When the process runs out of
-file descriptors (``EMFILE``/``ENFILE``) the reactor closes a spare one it keeps for this,
-accepts the waiting peer, tells it so and closes it; with no spare left it stops accepting for
-``ACCEPT_BACKOFF_S``. Either way a level-triggered listener never spins, and refusals are
-logged at most once per ``REFUSAL_LOG_S``. A peer must authenticate within ``auth_timeout_s``;
-an authenticated one that holds no ring and sends nothing for ``idle_timeout_s`` is closed.
+**Admission** (``limits``): at most ``max_connections`` connections, authenticated or not, of
+which at most ``max_unauthenticated`` have not answered their challenge yet. A peer that
+arrives when either bound is reached takes the place of the *oldest* peer still
+authenticating, which is told RESOURCE_EXHAUSTED and closed — so a flood of peers that never
+authenticate can delay a good client by one round trip but never lock it out; only when every
+place is held by an authenticated client is the newcomer itself refused. When the process runs
+out of file descriptors (``EMFILE``/``ENFILE``) the reactor closes a spare one it keeps for
+this, accepts the waiting peer, tells it so and closes it; with no spare left it stops
+accepting for ``ACCEPT_BACKOFF_S``. Either way a level-triggered listener never spins, and
+refusals are logged at most once per ``REFUSAL_LOG_S``. A peer must authenticate within
+``auth_timeout_s``; an authenticated one that holds no ring and sends nothing for
+``idle_timeout_s`` is closed.
 """
 
 from __future__ import annotations
@@ -88,6 +93,7 @@ class Reactor:
         self._epoll = select.epoll()
         self._wake_r, self._wake_w = socket.socketpair()
         self._connections: dict[int, Connection] = {}
+        self._challenged: dict[int, Connection] = {}  # not authenticated yet, oldest first
         self._by_fd: dict[int, Connection] = {}  # the registered client sockets
         self.lending = Lending(self._epoll, self._receive, self.call_soon, self._readable)
         self._ids = itertools.count(1)
@@ -232,14 +238,25 @@ class Reactor:
                     raise
                 self._out_of_fds(err)
                 continue
-            limit = self.limits.max_connections
-            if len(self._connections) >= limit:
-                self._refuse(
-                    sock, "connection limit",
-                    f"the supervisor serves at most {limit} connections "
-                    "(limits.max_connections); close one or retry later",
-                )  # fmt: skip
-                continue
+            limits = self.limits
+            full = len(self._connections) >= limits.max_connections
+            if full or len(self._challenged) >= limits.max_unauthenticated:
+                oldest = next(iter(self._challenged.values()), None)
+                if oldest is None:  # every place is an authenticated client's
+                    self._refuse(
+                        sock, "connection limit",
+                        f"the supervisor serves at most {limits.max_connections} connections "
+                        "(limits.max_connections); close one or retry later",
+                    )  # fmt: skip
+                    continue
+                oldest.send_error(
+                    ErrorCode.RESOURCE_EXHAUSTED,
+                    "not authenticated yet, and a newer peer needs the place "
+                    f"({limits.max_unauthenticated} may be authenticating at once: "
+                    "limits.max_unauthenticated; limits.max_connections in all)",
+                )
+                self._drop(oldest)
+                self._note_refusal("dropped before authenticating")
             self._admit(sock)
 
     def _admit(self, sock: socket.socket) -> None:
@@ -249,6 +266,7 @@ class Reactor:
             self._blocked,
         )  # fmt: skip
         self._connections[conn.id] = conn
+        self._challenged[conn.id] = conn
         self._by_fd[conn.fd] = conn
         self._epoll.register(conn.fd, select.EPOLLIN)
         conn.send(frame(FrameKind.CHALLENGE, conn.challenge))
@@ -362,6 +380,7 @@ class Reactor:
         if conn.stage is CHALLENGED:  # (the reader accepts nothing but the response yet)
             if verify(self._key, conn.challenge, payload):
                 conn.authenticate()
+                self._challenged.pop(conn.id, None)
                 conn.send(fitted_json({"event": "hello", "version": 1, "pid": os.getpid()}))
                 return
             conn.send_error(ErrorCode.INVALID_ARGUMENT, "authentication failed")
@@ -444,6 +463,7 @@ class Reactor:
                 del self._by_fd[conn.fd]
                 with contextlib.suppress(OSError):
                     self._epoll.unregister(conn.fd)
+            self._challenged.pop(conn.id, None)
             if self._connections.pop(conn.id, None) is not None and conn.cut_reason is not None:
                 self.cut_off_total += 1
             conn.drop()  # (a lent one's worker wakes up and closes it as it gives it back)

@@ -9,7 +9,7 @@ thread, which dispatches on the operation to one handler each (``_on_<op>``); th
 control-job thread (``ControlJobs``) and answer when done, so the reactor never waits for a
 model. A handler that fails unexpectedly answers INTERNAL with a fixed message; the details
 go to the log. ``attach`` is charged against the ``limits`` on slots and
-``/dev/shm`` bytes per client and in all (``ShmLedger``; a ring a producer grew for a larger
+ring memory per client and in all (``RingLedger``; a ring a producer grew for a larger
 frame is charged its grown input areas in full, ``ring_charge``); the reactor enforces the
 others. ``status`` lists every client but the connection asking, unless that one holds rings
 (``duomo status`` is no client of the models).
@@ -57,7 +57,6 @@ from ipc.errors import (
     UnavailableError,
     echoed,
 )
-from ipc.ring import start_tracker
 from ipc.runtime_dir import ensure_private_dir, key_path, pid_path, write_key
 from supervisor.attachment import Attachment, layout_for, ring_charge
 from supervisor.config import ConfigError, LoadedConfig, load_config
@@ -68,7 +67,6 @@ from supervisor.control_messages import (
     ControlMessage,
     Detach,
     Load,
-    Mapped,
     Models,
     Ping,
     Reload,
@@ -82,7 +80,7 @@ from supervisor.control_messages import (
 )
 from supervisor.engine import Engine
 from supervisor.gateways import GatewayProcesses
-from supervisor.limits import Limits, ShmLedger, resolve_limits
+from supervisor.limits import Limits, RingLedger, resolve_limits
 from supervisor.metrics import DuomoCollector, ProcessView
 from supervisor.metrics_http import LIVE_TIMEOUT_S, MetricsServer
 from supervisor.reactor import Reactor
@@ -114,7 +112,7 @@ class Supervisor:
         self.reactor: Reactor | None = None
         self.watchdog: Watchdog | None = None
         self.limits: Limits = resolve_limits(loaded.config.limits)
-        self.shm = ShmLedger(self.limits)
+        self.shm = RingLedger(self.limits)
         self.control_jobs = ControlJobs(
             self.limits.control_queue, self.limits.control_queue_per_client
         )
@@ -132,7 +130,6 @@ class Supervisor:
         self._handlers: dict[str, Handler] = {
             Models.op: self._on_models,
             Attach.op: self._on_attach,
-            Mapped.op: self._on_mapped,
             Detach.op: self._on_detach,
             Status.op: self._on_status,
             Stop.op: self._on_stop,
@@ -148,7 +145,6 @@ class Supervisor:
         _refuse_live_supervisor(path)
         key = write_key(path)
         self._own(key_path(path))
-        start_tracker()
         metrics = self.loaded.config.metrics
         if metrics is not None:  # first: the probes answer (not ready) while the models load
             collector = DuomoCollector(self.engine, self._process_view)
@@ -338,7 +334,9 @@ class Supervisor:
             log.exception("control message failed", what=what)
             return internal_reply(what)
 
-    def _later(self, caller: Caller, request: ControlMessage, job: Callable[[], Reply]) -> None:
+    def _later(
+        self, caller: Caller, request: ControlMessage, job: Callable[[], Reply | None]
+    ) -> None:
         """Queue a slow control job; it answers when done (RESOURCE_EXHAUSTED at once when
         the queue is full)."""
         self.control_jobs.submit(ControlJob(caller.conn, caller.message, job, request.what))
@@ -348,29 +346,31 @@ class Supervisor:
 
     def _on_attach(self, caller: Caller, request: Attach) -> Reply | None:
         if self.engine.model(request.model).layout_known:  # NotFoundError for an unknown model
-            return self._attach_ring(caller.conn, request)
+            self._attach_ring(caller, request)
+            return None  # answered: the reply carries the ring's descriptor
         # never loaded yet (preload: false): load it on the control thread, then attach
         self._check_ring_room(caller.conn)
         self._later(caller, request, functools.partial(self._load_then_attach, caller, request))
         return None
 
-    def _load_then_attach(self, caller: Caller, request: Attach) -> Reply:
+    def _load_then_attach(self, caller: Caller, request: Attach) -> None:
         """(control-job thread) Load the model, then attach on the reactor thread, which owns
-        the attachments; what that raises is this job's error."""
+        the attachments and answers; what that raises is this job's error."""
         self.engine.load(request.model)
         assert self.reactor is not None
-        attached: Future[Reply] = Future()
+        attached: Future[None] = Future()
 
         def attach() -> None:
             try:
                 if caller.conn.closed:
                     raise UnavailableError("client gone")
-                attached.set_result(self._attach_ring(caller.conn, request))
+                self._attach_ring(caller, request)
+                attached.set_result(None)
             except Exception as err:
                 attached.set_exception(err)
 
         self.reactor.call_soon(attach)
-        return attached.result(60)
+        attached.result(60)
 
     def _check_ring_room(self, conn: Connection) -> None:
         if len(conn.attachments) >= MAX_RINGS_PER_CLIENT:
@@ -378,9 +378,10 @@ class Supervisor:
                 f"a client may attach at most {MAX_RINGS_PER_CLIENT} rings; close some first"
             )
 
-    def _attach_ring(self, conn: Connection, request: Attach) -> Reply:
+    def _attach_ring(self, caller: Caller, request: Attach) -> None:
         """(reactor thread) Create and record a ring of ``request.slots`` slots, charged against
-        the limits on slots and ``/dev/shm``."""
+        the limits on slots and ring memory, and answer with its descriptor."""
+        conn = caller.conn
         self._check_ring_room(conn)
         name, slots, grow = request.model, request.slots, request.inputs
         model = self.engine.model(name)
@@ -390,7 +391,7 @@ class Supervisor:
         layout = layout_for(spec, slots, grow)  # InvalidArgumentError: no such or fixed input
         charge = (conn.id, slots, ring_charge(spec, layout))
         try:
-            self.shm.charge(*charge)  # ResourceExhaustedError past a bound on slots or /dev/shm
+            self.shm.charge(*charge)  # ResourceExhaustedError past a bound on slots or memory
         except ResourceExhaustedError as err:
             if not grow:
                 raise
@@ -408,21 +409,13 @@ class Supervisor:
             )  # fmt: skip
         except BaseException as err:
             self.shm.release(*charge)
-            if isinstance(err, OSError):  # out of shared memory or file descriptors
+            if isinstance(err, OSError):  # out of memory or file descriptors
                 raise ResourceExhaustedError(f"cannot create a ring for {name!r}: {err}") from None
             raise
         assert self.reactor is not None
         self.reactor.attach(conn, ring_id, attachment)
-        return {
-            "ok": True,
-            "ring": ring_id,
-            "shm": attachment.ring.name,
-            "layout": attachment.layout.to_dict(),
-        }
-
-    def _on_mapped(self, caller: Caller, request: Mapped) -> Reply:
-        self._attachment(caller.conn, request.ring).ring.unlink()
-        return {"ok": True}
+        reply = {"ok": True, "ring": ring_id, "layout": attachment.layout.to_dict()}
+        conn.reply(caller.message, reply, fd=attachment.ring.share())
 
     def _on_detach(self, caller: Caller, request: Detach) -> Reply:
         self._attachment(caller.conn, request.ring)  # NotFoundError for a ring not attached

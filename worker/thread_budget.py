@@ -25,7 +25,8 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
+
+from worker.cgroup_limits import cpu_quota
 
 
 def usable_cores() -> list[int]:
@@ -44,51 +45,6 @@ def available_cores() -> int:
     cores = max(1, len(usable_cores()))
     quota = cpu_quota()
     return cores if quota is None else max(1, min(cores, math.ceil(quota)))
-
-
-def cpu_quota(
-    cgroup_root: Path = Path("/sys/fs/cgroup"), membership: Path = Path("/proc/self/cgroup")
-) -> float | None:
-    """The CPUs this process's cgroup may use (``cpu.max``, cgroup v2; ``cpu.cfs_quota_us`` ÷
-    ``cpu.cfs_period_us``, v1), the smallest along its path up to the root; None without one."""
-    try:
-        lines = membership.read_text().splitlines()
-    except OSError:
-        return None
-    quotas: list[float] = []
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if controllers == "":  # v2: one hierarchy
-            for folder in _up_to_root(cgroup_root, path):
-                quota = _read_quota(folder / "cpu.max", None)
-                if quota is not None:
-                    quotas.append(quota)
-        elif "cpu" in controllers.split(","):  # v1: the cpu controller's hierarchy
-            base = cgroup_root / controllers
-            for folder in _up_to_root(base, path):
-                quota = _read_quota(folder / "cpu.cfs_quota_us", folder / "cpu.cfs_period_us")
-                if quota is not None:
-                    quotas.append(quota)
-    return min(quotas) if quotas else None
-
-
-def _up_to_root(base: Path, path: str) -> list[Path]:
-    parts = [p for p in path.split("/") if p]
-    return [base.joinpath(*parts[:n]) for n in range(len(parts), -1, -1)]
-
-
-def _read_quota(limit: Path, period: Path | None) -> float | None:
-    """``max 100000`` / ``200000 100000`` (v2), or a quota and a period file (v1, -1: none)."""
-    try:
-        if period is None:
-            quota_text, _, period_text = limit.read_text().strip().partition(" ")
-        else:
-            quota_text, period_text = limit.read_text().strip(), period.read_text().strip()
-        if quota_text in ("max", "-1") or not period_text:
-            return None
-        return int(quota_text) / int(period_text)
-    except (OSError, ValueError, ZeroDivisionError):
-        return None
 
 
 def pin_thread(cores: Sequence[int]) -> None:

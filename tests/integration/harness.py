@@ -12,16 +12,22 @@ import os
 import resource
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import yaml
 
+from ipc.framing import FrameReader, answer, parse_json, recv_frame
 from ipc.readiness import read_ready_line
+from ipc.runtime_dir import read_key
+from ipc.wire import FrameKind, frame
 from tests.conftest import DEMO_CONFIG, ROOT
 from tests.conftest import poll as poll  # (the integration tests import it from here)
 
@@ -39,7 +45,22 @@ class SupervisorProcess:
 
 
 def our_segments() -> set[str]:
-    return {name for name in os.listdir("/dev/shm") if name.startswith("duomo-")}
+    """Every ring this test process and its children (the supervisors and producers it
+    started) hold, as "pid:inode" of each mapped or open ``memfd:duomo-ring``, and any
+    ``duomo-`` name in /dev/shm (there should never be one: rings have no name)."""
+    held = {f"/dev/shm/{n}" for n in os.listdir("/dev/shm") if n.startswith("duomo-")}
+    me = psutil.Process()
+    for process in [me, *me.children(recursive=True)]:
+        with contextlib.suppress(OSError, psutil.Error):
+            for line in Path(f"/proc/{process.pid}/maps").read_text().splitlines():
+                if "/memfd:duomo-ring" in line:
+                    held.add(f"{process.pid}:{line.split()[4]}")
+            for fd in os.listdir(f"/proc/{process.pid}/fd"):
+                with contextlib.suppress(OSError):
+                    target = os.readlink(f"/proc/{process.pid}/fd/{fd}")
+                    if target.startswith("/memfd:duomo-ring"):
+                        held.add(f"{process.pid}:fd{fd}")
+    return held
 
 
 def short_socket_dir() -> Path:
@@ -159,3 +180,36 @@ def stop_gracefully(process: subprocess.Popen[bytes], timeout_s: float = 60.0) -
 
 def _limit_fds(count: int) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (count, count))
+
+
+# -- raw clients, for tests that speak the protocol themselves ---------------------------------
+
+
+def connected(socket_path: Path) -> socket.socket:
+    """A raw connection (retried while the listen backlog is full, as the client does)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(30)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            sock.connect(str(socket_path))
+            return sock
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)  # the retry's back-off, as the client's
+
+
+def authenticated(socket_path: Path) -> tuple[socket.socket, FrameReader]:
+    """A raw connection past the challenge, for a client that writes frames itself."""
+    sock = connected(socket_path)
+    reader = FrameReader()
+    _, challenge = recv_frame(sock, reader)
+    sock.sendall(frame(FrameKind.RESPONSE, answer(read_key(socket_path), challenge)))
+    kind, hello = recv_frame(sock, reader)
+    assert kind is FrameKind.JSON and parse_json(hello)["event"] == "hello"
+    return sock, reader
+
+
+def replies(sock: socket.socket, reader: FrameReader, count: int) -> list[dict[str, object]]:
+    return [parse_json(recv_frame(sock, reader)[1]) for _ in range(count)]

@@ -467,7 +467,7 @@ def test_slots_and_shared_memory_per_client_and_in_all(tight: SupervisorProcess)
         with Client(tight.socket) as third:
             third.model("classify", slots=2)  # 5 of 6 MiB in all
             with pytest.raises(
-                ResourceExhaustedError, match=r"at most 6\.0 MiB of /dev/shm in all"
+                ResourceExhaustedError, match=r"at most 6\.0 MiB of ring memory in all"
             ):
                 third.model("classify", slots=1)
         poll(lambda: first.status()["shm_bytes"] < 4 << 20)  # third's rings were given back

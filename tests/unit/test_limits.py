@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import resource
 import threading
 import time
@@ -14,7 +13,14 @@ from pydantic import ValidationError
 
 from ipc.errors import ErrorCode, ResourceExhaustedError, UnavailableError
 from supervisor.control_jobs import ControlJob, ControlJobs
-from supervisor.limits import MIB, LimitsConfig, ShmLedger, resolve_limits
+from supervisor.limits import (
+    MIB,
+    LimitsConfig,
+    RingLedger,
+    memory_capacity_bytes,
+    resolve_limits,
+)
+from worker.cgroup_limits import memory_limit
 from worker.executors.classification import ClassificationParams
 
 
@@ -23,11 +29,34 @@ def test_defaults_come_from_the_machine() -> None:
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     assert limits.max_connections == min(1024, soft // 2)
     assert limits.listen_backlog == int(Path("/proc/sys/net/core/somaxconn").read_text())
-    shm = os.statvfs("/dev/shm")
-    assert limits.shm_per_client_bytes == shm.f_blocks * shm.f_frsize // 4
-    assert limits.shm_total_bytes == shm.f_blocks * shm.f_frsize // 2
+    memory = memory_capacity_bytes()
+    assert limits.shm_per_client_bytes == memory // 8
+    assert limits.shm_total_bytes == memory // 4
     configured = resolve_limits(LimitsConfig(max_connections=5, shm_total_mb=3))
     assert configured.max_connections == 5 and configured.shm_total_bytes == 3 * MIB
+
+
+def test_the_memory_default_follows_a_cgroup_memory_limit(tmp_path: Path) -> None:
+    """A container's or pod's memory limit (v2 ``memory.max``, v1 ``limit_in_bytes``) is
+    where the rings' memfd pages are charged: the smallest along the path counts."""
+    proc = tmp_path / "cgroup"
+    root = tmp_path / "fs"
+    (root / "kubepods" / "pod1").mkdir(parents=True)
+    proc.write_text("0::/kubepods/pod1\n")
+    (root / "memory.max").write_text("max\n")
+    (root / "kubepods" / "memory.max").write_text(f"{8 << 30}\n")
+    (root / "kubepods" / "pod1" / "memory.max").write_text(f"{2 << 30}\n")
+    assert memory_limit(root, proc) == 2 << 30
+    (root / "kubepods" / "pod1" / "memory.max").write_text("max\n")
+    assert memory_limit(root, proc) == 8 << 30
+    v1 = tmp_path / "v1"
+    (v1 / "memory" / "docker" / "abc").mkdir(parents=True)
+    proc.write_text("4:memory:/docker/abc\n3:cpu,cpuacct:/docker/abc\n")
+    (v1 / "memory" / "docker" / "abc" / "memory.limit_in_bytes").write_text(f"{1 << 30}\n")
+    (v1 / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # no limit
+    assert memory_limit(v1, proc) == 1 << 30
+    proc.write_text("0::/\n")
+    assert memory_limit(tmp_path / "empty", proc) is None
 
 
 def test_a_limit_key_with_a_typo_is_an_error() -> None:
@@ -36,7 +65,7 @@ def test_a_limit_key_with_a_typo_is_an_error() -> None:
 
 
 def test_the_ledger_refuses_past_each_bound_and_holds_nothing_for_a_refusal() -> None:
-    ledger = ShmLedger(
+    ledger = RingLedger(
         resolve_limits(LimitsConfig(max_slots_per_client=10, shm_per_client_mb=4, shm_total_mb=6))
     )
     ledger.charge(1, 8, 3 * MIB)
@@ -45,7 +74,7 @@ def test_the_ledger_refuses_past_each_bound_and_holds_nothing_for_a_refusal() ->
     with pytest.raises(ResourceExhaustedError, match=r"at most 4\.0 MiB.*needs 2\.0 MiB"):
         ledger.charge(1, 1, 2 * MIB)
     ledger.charge(2, 1, 3 * MIB)
-    with pytest.raises(ResourceExhaustedError, match=r"6\.0 MiB of /dev/shm in all"):
+    with pytest.raises(ResourceExhaustedError, match=r"6\.0 MiB of ring memory in all"):
         ledger.charge(3, 1, MIB)
     assert ledger.held(1) == (8, 3 * MIB) and ledger.held(3) == (0, 0)
     ledger.release(2, 1, 3 * MIB)

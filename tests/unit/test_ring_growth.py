@@ -1,9 +1,10 @@
-"""A ring's segment and its size: the mapping outlives its name and is unmapped only when no
-view points into it; a grown input area is laid out, bounded and charged as stated in
-``supervisor.attachment`` (``layout_for``, ``ring_charge``)."""
+"""A ring's segment and its size: a sealed memfd that cannot be resized, handed over by its
+descriptor, unmapped only when no view points into it; a grown input area is laid out, bounded
+and charged as stated in ``supervisor.attachment`` (``layout_for``, ``ring_charge``)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 
 import numpy as np
@@ -23,13 +24,24 @@ RAW = SlotSpec(
 )
 
 
-def test_a_ring_is_shared_unlinked_and_unmapped_once_no_view_is_left() -> None:
+def test_a_ring_is_a_sealed_memfd_handed_over_and_unmapped_once_no_view_is_left() -> None:
     layout = layout_for(RAW, 2)
     made = SlotRing.create(layout)
-    path = f"/dev/shm/{made.name}"
-    assert os.stat(path).st_mode & 0o777 == 0o600
-    seen = SlotRing.attach(made.name, layout)
-    assert not os.path.exists(path)  # the client unlinked it as soon as it was mapped
+    fd = made.share()
+    with pytest.raises(RuntimeError, match="handed over already"):
+        made.share()
+    size = os.fstat(fd).st_size
+    assert size == layout.slots * layout.slot_bytes
+    assert os.readlink(f"/proc/self/fd/{fd}") == "/memfd:duomo-ring (deleted)"  # no name
+    for resize in (0, size // 2, size + 4096):  # a client can neither shrink nor grow it
+        with pytest.raises(PermissionError):
+            os.ftruncate(fd, resize)
+    with pytest.raises(PermissionError):  # nor lift the seals
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, 0)
+    assert fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC  # (a spawned gateway gets none)
+    seen = SlotRing.attach(fd, layout)
+    with pytest.raises(OSError):
+        os.fstat(fd)  # attach took it and closed it
     written = seen.input_view(1, 0, np.dtype(np.float32), (2, 4))
     written[...] = 7.0
     read = made.input_view(1, 0, np.dtype(np.float32), (2, 4))
@@ -40,6 +52,18 @@ def test_a_ring_is_shared_unlinked_and_unmapped_once_no_view_is_left() -> None:
     assert not seen.close()
     del written
     assert seen.close()
+
+
+def test_a_descriptor_that_is_not_a_sealed_segment_of_the_layout_is_refused() -> None:
+    layout = layout_for(RAW, 2)
+    unsealed = os.memfd_create("other", os.MFD_ALLOW_SEALING)
+    os.ftruncate(unsealed, layout.slots * layout.slot_bytes)
+    with pytest.raises(ValueError, match="not sealed"):
+        SlotRing.attach(unsealed, layout)
+    small = SlotRing.create(layout_for(RAW, 1))
+    with pytest.raises(ValueError, match="smaller than its layout"):
+        SlotRing.attach(small.share(), layout)
+    assert small.close()
 
 
 def test_a_larger_frame_grows_an_open_area_rounded_to_the_step() -> None:
