@@ -133,7 +133,9 @@ def quiet_snapshot(socket: str) -> dict[str, Any]:
         if time.monotonic() > deadline:
             raise RuntimeError("producers did not detach within 60 s")
         time.sleep(0.2)
-    segments = [n for n in os.listdir("/dev/shm") if n.startswith("duomo-")]
+    # rings the supervisor still maps (memfd segments have no name: its own maps show them)
+    maps = Path(f"/proc/{status['pid']}/maps").read_text().splitlines()
+    segments = sorted({line.split()[4] for line in maps if "/memfd:duomo-ring" in line})
     return {"rss_bytes": status["rss_bytes"], "open_fds": status["open_fds"], "shm": segments}
 
 
