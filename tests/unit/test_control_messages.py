@@ -14,7 +14,6 @@ from supervisor.control_messages import (
     Attach,
     Detach,
     Load,
-    Mapped,
     Models,
     Ping,
     Reload,
@@ -33,7 +32,6 @@ def test_each_operation_becomes_its_message() -> None:
     assert parse_control(
         {"op": "attach", "model": "m", "slots": 64, "inputs": {"image": 5 << 20}}
     ) == Attach("m", 64, {"image": 5 << 20})
-    assert parse_control({"op": "mapped", "ring": 3}) == Mapped(3)
     assert parse_control({"op": "detach", "ring": 3}) == Detach(3)
     assert parse_control({"op": "status"}) == Status()
     assert parse_control({"op": "stop"}) == Stop(wait=False)
@@ -55,7 +53,8 @@ def test_each_operation_becomes_its_message() -> None:
         ({"op": "attach", "model": "m", "slots": 2.0}, "'slots' must be an integer in 1..64"),
         ({"op": "attach", "model": "m", "inputs": {"x": -1}}, "'inputs' must be an object"),
         ({"op": "attach", "model": "m", "inputs": [1]}, "'inputs' must be an object"),
-        ({"op": "mapped"}, "'mapped' message: 'ring' is missing (an integer)"),
+        ({"op": "detach"}, "'detach' message: 'ring' is missing (an integer)"),
+        ({"op": "mapped", "ring": 3}, "unknown control operation 'mapped'"),  # (rings: no name)
         ({"op": "detach", "ring": "1"}, "'detach' message: 'ring' must be an integer, not '1'"),
         ({"op": "stop", "wait": 1}, "'wait' must be true or false, not 1"),
         ({"op": "reload", "model": ["m"]}, "'model' must be a string, not ['m']"),
