@@ -187,14 +187,13 @@ def _parameters(message_parameters: Any) -> dict[str, Any]:
 
 def _infer_request(request: Any) -> protocol.InferRequest:
     parameters = _parameters(request.parameters)
+    protocol.check_request_parameters(parameters)
     raw = request.raw_input_contents
     used = 0  # raw contents go to the inputs not in a region, in order
     inputs: list[protocol.InputTensor] = []
     for n, item in enumerate(request.inputs):
         where = f"inputs[{n}]"
-        tensor = protocol.InputTensor(
-            item.name, item.datatype, protocol.parse_shape(list(item.shape), where)
-        )
+        tensor = protocol.input_tensor(item.name, item.datatype, list(item.shape), where)
         tensor.region = protocol.region_of(_parameters(item.parameters), where)
         if tensor.region is None:
             if raw:
@@ -216,13 +215,13 @@ def _infer_request(request: Any) -> protocol.InferRequest:
     if request.outputs:
         outputs = [
             protocol.OutputRequest(
-                o.name, True, protocol.region_of(_parameters(o.parameters), f"outputs[{k}]")
+                o.name, True, protocol.output_region(_parameters(o.parameters), f"outputs[{k}]")
             )
             for k, o in enumerate(request.outputs)
         ]
     return protocol.InferRequest(
-        request.model_name, inputs, outputs, id=request.id or None, binary_output=True,
-        timeout_s=protocol.timeout_of(parameters),
+        request.model_name, inputs, outputs, id=protocol.request_id(request.id),
+        binary_output=True, timeout_s=protocol.timeout_of(parameters),
     )  # fmt: skip
 
 
@@ -235,13 +234,14 @@ def _infer_response(request: protocol.InferRequest, answer: Answer) -> Any:
     for tensor, asked in answer.outputs:
         output = response.outputs.add(name=tensor.name, datatype=tensor.datatype)
         output.shape.extend(tensor.shape)
-        raw = tensor.raw()
         if asked.region is not None:
             output.parameters["shared_memory_region"].string_param = asked.region.region
             output.parameters["shared_memory_offset"].int64_param = asked.region.offset
-            output.parameters["shared_memory_byte_size"].int64_param = len(raw)
-            raw = b""  # (the position stays taken: raw contents go by output index)
-        response.raw_output_contents.append(raw)
+            output.parameters["shared_memory_byte_size"].int64_param = tensor.byte_size
+            # (the position stays taken: raw contents go by output index)
+            response.raw_output_contents.append(b"")
+        else:
+            response.raw_output_contents.append(tensor.raw())
     return response
 
 

@@ -154,9 +154,9 @@ class HttpFront:
 
     async def _body(self, receive: Receive, headers: dict[bytes, bytes]) -> bytes:
         limit = self.options.max_body_bytes
-        declared = headers.get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise HttpError(413, f"the body of {int(declared)} bytes is over {limit} (max_body_mb)")
+        declared = protocol.length_header(headers.get(b"content-length"))
+        if declared is not None and declared > limit:
+            raise HttpError(413, f"the body of {declared} bytes is over {limit} (max_body_mb)")
         return await self._read_body(receive, limit)  # (GuardedHttpTools bounds its time)
 
     @staticmethod
@@ -216,15 +216,14 @@ class HttpFront:
     async def _infer(self, name: str, headers: dict[bytes, bytes], body: bytes) -> Reply:
         header_length = headers.get(b"inference-header-content-length")
         view = memoryview(body)
+        split = protocol.length_header(header_length)
         if header_length is None:
             split = len(body)
-        elif not header_length.isdigit() or int(header_length) > len(body):
+        elif split is None or split > len(body):
             raise InvalidArgumentError(
                 f"Inference-Header-Content-Length {header_length[:20]!r} is not a length within "
                 f"the body's {len(body)} bytes"
             )
-        else:
-            split = int(header_length)
         try:
             header = orjson.loads(view[:split])
         except orjson.JSONDecodeError as err:
@@ -251,7 +250,7 @@ class HttpFront:
     async def _repository(self, method: str, route: list[str], body: bytes) -> Reply:
         _only(method, "POST")
         if route == ["index"]:
-            ready_only = bool(_json_body(body).get("ready", False))
+            ready_only = protocol.flag_of(_json_body(body), "ready", "request")
             await self.link.refresh()
             return _json([
                 {"name": v.name, "version": protocol.VERSION, "state": v.state,
@@ -299,7 +298,7 @@ def _infer_reply(name: str, request: protocol.InferRequest, answer: Answer) -> R
             entry["parameters"] = {
                 "shared_memory_region": asked.region.region,
                 "shared_memory_offset": asked.region.offset,
-                "shared_memory_byte_size": len(tensor.raw()),
+                "shared_memory_byte_size": tensor.byte_size,
             }
         elif asked.binary:
             raw = tensor.raw()
@@ -348,29 +347,81 @@ def _error(status: int, message: str) -> Reply:
 # -- the server ----------------------------------------------------------------------------------
 
 
+MAX_HEADER_BYTES = 64 << 10  # a request's line and headers together; past it: 431
+REFUSED_LINGER_S = 1.0  # a refused connection is closed this long after its answer
+
+
 class GuardedHttpTools(HttpToolsProtocol):
-    """uvicorn's httptools protocol with deadlines against slow clients: a new connection must
-    begin a request within ``idle_timeout_s``, a request's headers must arrive within
-    ``header_timeout_s`` of its first byte, its body within ``body_timeout_s`` of its headers;
-    past any of them the connection is closed. uvicorn's own keep-alive timeout (the same
-    ``idle_timeout_s``) closes connections idle between requests. (Timers on the connection,
-    not ``asyncio.wait_for`` around the app: no task per request.)"""
+    """uvicorn's httptools protocol with bounds against slow and hostile clients.
+
+    - Deadlines: a new connection must begin a request within ``idle_timeout_s``, a request's
+      headers must arrive within ``header_timeout_s`` of its first byte, its body within
+      ``body_timeout_s`` of its headers; past any of them the connection is closed. uvicorn's
+      own keep-alive timeout (the same ``idle_timeout_s``) closes connections idle between
+      requests. (Timers on the connection, not ``asyncio.wait_for`` around the app: no task
+      per request.)
+    - Size: a request line and headers over ``max_header_bytes`` together are answered 431
+      (Request Header Fields Too Large) and the connection closed, without parsing more of
+      them. The bound is also what keeps one caller from holding the worker's event loop:
+      httptools joins a header's pieces as they come, a copy of all of it for each piece, so an
+      unbounded 75 MiB header took seconds of the loop. Bytes are counted before the parser
+      sees them; a read that holds the end of the headers and body after it is fed in two
+      parts, so a large body right behind small headers is never mistaken for them.
+    """
 
     idle_timeout_s = 30.0
     header_timeout_s = 10.0
     body_timeout_s = 30.0
     max_body_bytes = 64 << 20
+    max_header_bytes = MAX_HEADER_BYTES
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._deadline: asyncio.TimerHandle | None = None
+        self._header_bytes: int | None = 0  # None: past the headers (in a body)
+        self._refused = False
         self._arm(self.idle_timeout_s)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # (nothing more is parsed; the connection is about to close)
+        counted = self._header_bytes
+        if counted is None or self.transport.is_closing():
+            super().data_received(data)
+            return
+        room = self.max_header_bytes - counted
+        if len(data) <= room:
+            self._header_bytes = counted + len(data)
+            super().data_received(data)
+            return
+        super().data_received(data[:room])  # as much as the bound lets the headers take
+        if self._header_bytes is None and not self.transport.is_closing():
+            super().data_received(data[room:])  # they ended in it: the rest is body
+        elif not self.transport.is_closing():
+            self._refuse_header()
+
+    def _refuse_header(self) -> None:
+        """431, then close: reading stops at once, and the socket closes after a moment, so
+        the caller can read the answer before unread bytes make the kernel reset it."""
+        self._refused = True
+        self.transport.pause_reading()
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete:  # (no earlier answer still being written)
+            message = f"the request's headers are over {self.max_header_bytes} bytes"
+            body = orjson.dumps(protocol.error_body(message))
+            self.transport.write(
+                b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+                b"content-type: application/json\r\ncontent-length: %d\r\n"
+                b"connection: close\r\n\r\n%s" % (len(body), body)
+            )
+        self._arm(REFUSED_LINGER_S)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._arm(self.header_timeout_s)
 
     def on_headers_complete(self) -> None:
+        self._header_bytes = None
         self._arm(self.body_timeout_s)
         super().on_headers_complete()
 
@@ -390,6 +441,7 @@ class GuardedHttpTools(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         self._disarm()
+        self._header_bytes = 0  # the next request's headers count afresh
         super().on_message_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:

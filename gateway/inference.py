@@ -1,6 +1,11 @@
 """One v2 inference request through a slot: its inputs written into the slot (tensors copied,
 images decoded, shared-memory regions read), and the slot's answer turned into v2 outputs.
 
+A tensor in a registered region is copied once: read from the region's descriptor straight into
+the slot's input view (``Span.read_into``), and an output asked for in a region is written from
+the slot's output view (``Span.write``); the region's bounds are checked first, so a tensor that
+does not fit costs nothing in the slot.
+
 Called by ``gateway.link`` (through the closures the transports build), on the gateway
 worker's event loop. Everything a caller sends is checked here against the model's wire view
 before it reaches the slot; the supervisor checks the slot header again (docs/operations.md: every
@@ -9,6 +14,7 @@ field a client writes is hostile), so what passes here and fails there is still 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,12 +68,10 @@ def write_inputs(view: ModelView, request: InferRequest, slot: Slot, regions: Re
         if info.name not in given:
             raise InvalidArgumentError(f"model {view.name!r} needs input {info.name!r}")
         tensor = given.pop(info.name)
-        if tensor.region is not None:
-            tensor.raw = regions.view(tensor.region, tensor.nbytes)
         if view.image_task and info.name == IMAGE_INPUT:
-            _write_image(tensor, slot)
+            _write_image(tensor, slot, regions)
         else:
-            _write_tensor(info, tensor, slot)
+            _write_tensor(info, tensor, slot, regions)
     if given:
         raise InvalidArgumentError(
             f"model {view.name!r} has no input {next(iter(given))[:100]!r} "
@@ -75,8 +79,10 @@ def write_inputs(view: ModelView, request: InferRequest, slot: Slot, regions: Re
         )
 
 
-def _write_image(tensor: InputTensor, slot: Slot) -> None:
+def _write_image(tensor: InputTensor, slot: Slot, regions: Regions) -> None:
     if tensor.datatype == "BYTES":
+        if tensor.region is not None:
+            tensor.raw = regions.span(tensor.region).read()
         elements = bytes_elements(tensor)
         if len(elements) != 1:
             raise InvalidArgumentError(
@@ -91,10 +97,10 @@ def _write_image(tensor: InputTensor, slot: Slot) -> None:
             f"input {IMAGE_INPUT!r} must be UINT8 [H, W, C] with C 1, 3 or 4 and H, W ≥ 1 "
             f"(or BYTES [1] holding a PNG or JPEG), got shape {list(shape)}"
         )
-    _slot_view(slot, "image", shape)[...] = input_array(tensor, np.dtype(np.uint8))
+    _write_array(tensor, "image", np.dtype(np.uint8), slot, regions)
 
 
-def _write_tensor(info: TensorInfo, tensor: InputTensor, slot: Slot) -> None:
+def _write_tensor(info: TensorInfo, tensor: InputTensor, slot: Slot, regions: Regions) -> None:
     check_datatype(tensor, info.datatype)
     if len(tensor.shape) != len(info.shape) or any(
         want not in (-1, got) for want, got in zip(info.shape, tensor.shape)
@@ -103,8 +109,24 @@ def _write_tensor(info: TensorInfo, tensor: InputTensor, slot: Slot) -> None:
             f"input {info.name!r} has shape {list(tensor.shape)}, expected {list(info.shape)} "
             "(-1: any size)"
         )
-    array = input_array(tensor, NUMPY_TYPES[info.datatype])
-    _slot_view(slot, info.slot_name, tensor.shape)[...] = array
+    _write_array(tensor, info.slot_name, NUMPY_TYPES[info.datatype], slot, regions)
+
+
+def _write_array(
+    tensor: InputTensor, slot_name: str, dtype: np.dtype, slot: Slot, regions: Regions
+) -> None:
+    """A numeric input into the slot: from its region (read straight into the slot), or from
+    the request (checked whole before the slot is touched)."""
+    if tensor.region is None:
+        array = input_array(tensor, dtype)
+        _slot_view(slot, slot_name, tensor.shape)[...] = array
+        return
+    span = regions.span(tensor.region, math.prod(tensor.shape) * dtype.itemsize)
+    target = _slot_view(slot, slot_name, tensor.shape)
+    if target.flags.c_contiguous:
+        span.read_into(target.reshape(-1).view(np.uint8).data)
+    else:  # (a gray frame's view in a 3-channel area)
+        target[...] = np.frombuffer(span.read(), dtype=dtype).reshape(tensor.shape)
 
 
 def _slot_view(slot: Slot, name: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -126,12 +148,18 @@ def read_answer(view: ModelView, request: InferRequest, slot: Slot, regions: Reg
     for info, asked in output_selection(view, request):
         if view.json_result:
             tensor = OutputTensor(RESULT_OUTPUT, "BYTES", (1,), elements=[orjson.dumps(result)])
+            if asked.region is not None:
+                raw = tensor.raw()
+                regions.span(asked.region, len(raw)).write(memoryview(raw))
+                tensor = OutputTensor(tensor.name, "BYTES", (1,), region_bytes=len(raw))
+        elif asked.region is not None:  # written from the slot's output view: one copy
+            array = result[info.name]
+            flat = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+            regions.span(asked.region, flat.nbytes).write(flat.data)
+            tensor = OutputTensor(info.name, info.datatype, array.shape, region_bytes=flat.nbytes)
         else:
             array = result[info.name]
             tensor = OutputTensor(info.name, info.datatype, array.shape, array=array.copy())
-        if asked.region is not None:
-            raw = tensor.raw()
-            regions.view(asked.region, len(raw))[:] = raw
         outputs.append((tensor, asked))
     queue_us, *compute_us = slot.timings_us.values()
     return Answer(outputs, queue_us, sum(compute_us))

@@ -182,6 +182,7 @@ async def serve(options: GatewayOptions, ready_fd: int | None) -> None:
         loop.add_signal_handler(signum, stop.set)
     link = SupervisorLink(options.socket, options.slots, options.request_timeout_s)
     regions = Regions(options.regions_dir, options.allow_shm)
+    sweeper = asyncio.create_task(regions.sweeping()) if options.allow_shm else None
     http_task = http = None
     if options.http is not None:
         sock = listening_socket(*options.http)
@@ -237,6 +238,10 @@ async def serve(options: GatewayOptions, ready_fd: int | None) -> None:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(http_task, STOP_GRACE_S + 1)
     await link.close()
+    if sweeper is not None:
+        sweeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sweeper
     regions.close()
 
 

@@ -16,6 +16,17 @@ transports (``http_front``, ``grpc_front``) decode into these structures and enc
 
 **Errors**, mapped once (``HTTP_STATUS``, ``GRPC_STATUS``): every ``ipc.errors`` code to one
 HTTP status and one gRPC status, the body ``{"error": message}``.
+
+**Every value a caller sends is checked before it is used** (INVALID_ARGUMENT naming the field,
+never a 500 from deeper down): shapes (rank ≤ ``MAX_RANK``, each dimension 0..``MAX_DIM``, the
+slot header's bounds), datatypes (a v2 datatype), ``binary_data_size`` and the shared-memory
+parameters (integers ≥ 0, never booleans), ``binary_data`` / ``binary_data_output`` (booleans),
+the request ``id`` (a string of at most ``MAX_ID_CHARS``), ``timeout`` (finite µs up to
+``MAX_TIMEOUT_US``), ``priority`` (an integer 0..2⁶⁴−1, accepted and not used: every gateway
+request runs at the default priority), the sequence parameters (refused when set: Duomo's
+models keep no state between requests), a length header (at most ``MAX_LENGTH_DIGITS``
+digits), and JSON ``data`` (a list of values of the tensor's datatype, in range; BYTES: strings,
+as many as the shape takes).
 """
 
 from __future__ import annotations
@@ -29,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from ipc.errors import ErrorCode, InvalidArgumentError, NotFoundError, UnavailableError
+from ipc.wire import MAX_RANK
 
 VERSION = "1"  # the one version every model has on the wire
 SERVER_NAME = "duomo"
@@ -53,6 +65,14 @@ DATATYPES = {
     "float64": "FP64",
 }
 NUMPY_TYPES = {v: np.dtype(k) for k, v in DATATYPES.items()}
+WIRE_DATATYPES = frozenset(NUMPY_TYPES) | {"BYTES"}
+MAX_DIM = 0xFFFFFFFF  # a dimension in the slot header is 32 bits
+MAX_ID_CHARS = 256
+MAX_TIMEOUT_US = 86_400 * 10**6  # a day: longer is a mistake, not a deadline
+MAX_UINT64 = 2**64 - 1
+MAX_LENGTH_DIGITS = 18  # a length header (int() refuses thousands of digits; 18 is an exabyte)
+# the kinds of JSON values a numeric datatype takes (by numpy kind of the datatype)
+_JSON_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
 _LENGTH = struct.Struct("<I")  # a BYTES element's length prefix
 
 HTTP_STATUS = {
@@ -310,6 +330,11 @@ class OutputTensor:
     shape: tuple[int, ...]
     array: np.ndarray | None = None  # numeric outputs
     elements: list[bytes] = field(default_factory=list)  # BYTES outputs
+    region_bytes: int | None = None  # written into a region: its size (the data is not kept)
+
+    @property
+    def byte_size(self) -> int:
+        return len(self.raw()) if self.region_bytes is None else self.region_bytes
 
     def raw(self) -> bytes:
         """The binary form: row-major bytes, or BYTES elements each after its 4-byte length."""
@@ -323,30 +348,102 @@ class OutputTensor:
         return [e.decode("utf-8", "replace") for e in self.elements]
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def parse_shape(value: Any, where: str) -> tuple[int, ...]:
-    if not isinstance(value, list) or not all(
-        isinstance(d, int) and not isinstance(d, bool) for d in value
-    ):
+    if not isinstance(value, list) or not all(_is_int(d) for d in value):
         raise InvalidArgumentError(f"{where}: 'shape' must be a list of integers")
-    if len(value) > 8 or any(d < 0 for d in value):
-        raise InvalidArgumentError(f"{where}: shape {value[:9]} is not a valid tensor shape")
+    if len(value) > MAX_RANK or any(not 0 <= d <= MAX_DIM for d in value):
+        raise InvalidArgumentError(
+            f"{where}: 'shape' {value[: MAX_RANK + 1]} is not a valid tensor shape (at most "
+            f"{MAX_RANK} dimensions, each 0..{MAX_DIM})"
+        )
     return tuple(value)
+
+
+def input_tensor(name: Any, datatype: Any, shape: Any, where: str) -> InputTensor:
+    """An input's name, datatype and shape as a caller sent them, each checked."""
+    if not isinstance(name, str) or not isinstance(datatype, str):
+        raise InvalidArgumentError(f"{where} needs a string 'name' and 'datatype'")
+    if datatype not in WIRE_DATATYPES:
+        raise InvalidArgumentError(
+            f"{where}: 'datatype' {datatype[:20]!r} is not a v2 datatype "
+            f"({', '.join(sorted(WIRE_DATATYPES))})"
+        )
+    return InputTensor(name, datatype, parse_shape(shape, where))
+
+
+def count_of(parameters: dict[str, Any], key: str, where: str, default: int = 0) -> int:
+    """An integer parameter ≥ 0 (not a boolean) that fits 64 bits."""
+    value = parameters.get(key, default)
+    if not _is_int(value) or not 0 <= value <= MAX_UINT64:
+        raise InvalidArgumentError(f"{where}: {key!r} must be an integer in 0..{MAX_UINT64}")
+    return int(value)
+
+
+def flag_of(parameters: dict[str, Any], key: str, where: str, default: bool = False) -> bool:
+    value = parameters.get(key, default)
+    if not isinstance(value, bool):
+        raise InvalidArgumentError(f"{where}: {key!r} must be true or false")
+    return value
 
 
 def region_of(parameters: dict[str, Any], where: str) -> RegionRef | None:
     region = parameters.get("shared_memory_region")
     if region is None:
+        if "shared_memory_byte_size" in parameters or "shared_memory_offset" in parameters:
+            raise InvalidArgumentError(f"{where}: shared-memory parameters without a region")
         return None
-    byte_size = parameters.get("shared_memory_byte_size")
-    offset = parameters.get("shared_memory_offset", 0)
-    if not isinstance(region, str) or not isinstance(byte_size, int) or not isinstance(offset, int):
+    if not isinstance(region, str) or not 1 <= len(region) <= 256:
         raise InvalidArgumentError(
-            f"{where}: 'shared_memory_region' needs a string name and integer "
-            "'shared_memory_byte_size' and 'shared_memory_offset'"
+            f"{where}: 'shared_memory_region' must be a string of 1..256 characters"
         )
-    if byte_size < 0 or offset < 0:
-        raise InvalidArgumentError(f"{where}: shared-memory offset and size must be ≥ 0")
+    if "shared_memory_byte_size" not in parameters:
+        raise InvalidArgumentError(
+            f"{where}: 'shared_memory_region' needs a 'shared_memory_byte_size'"
+        )
+    byte_size = count_of(parameters, "shared_memory_byte_size", where)
+    offset = count_of(parameters, "shared_memory_offset", where)
     return RegionRef(region, offset, byte_size)
+
+
+def request_id(value: Any) -> str | None:
+    """The request's ``id`` (None or empty: none)."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or len(value) > MAX_ID_CHARS:
+        raise InvalidArgumentError(f"'id' must be a string of at most {MAX_ID_CHARS} characters")
+    return value
+
+
+def check_request_parameters(parameters: dict[str, Any]) -> None:
+    """The request parameters Duomo does not use, checked all the same."""
+    count_of(parameters, "priority", "parameters")  # (accepted; requests run at the default)
+    sequence_id = parameters.get("sequence_id", 0)
+    if isinstance(sequence_id, str):
+        if len(sequence_id) > MAX_ID_CHARS:
+            raise InvalidArgumentError(
+                f"parameters: 'sequence_id' is over {MAX_ID_CHARS} characters"
+            )
+    else:
+        count_of(parameters, "sequence_id", "parameters")
+    started = flag_of(parameters, "sequence_start", "parameters")
+    ended = flag_of(parameters, "sequence_end", "parameters")
+    if sequence_id or started or ended:
+        raise InvalidArgumentError(
+            "parameters: 'sequence_id', 'sequence_start' and 'sequence_end' are not supported "
+            "(Duomo's models keep no state between requests)"
+        )
+
+
+def length_header(value: bytes | None) -> int | None:
+    """A length header's value, or None when absent or not a decimal of at most
+    ``MAX_LENGTH_DIGITS`` digits."""
+    if value is None or not value.isdigit() or len(value) > MAX_LENGTH_DIGITS:
+        return None
+    return int(value)
 
 
 def parse_infer_json(model: str, header: Any, blob: memoryview) -> InferRequest:
@@ -357,22 +454,22 @@ def parse_infer_json(model: str, header: Any, blob: memoryview) -> InferRequest:
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise InvalidArgumentError("'inputs' must be a non-empty list")
     parameters = _parameters(header, "request")
+    check_request_parameters(parameters)
     inputs: list[InputTensor] = []
     at = 0
     for n, item in enumerate(raw_inputs):
         where = f"inputs[{n}]"
         if not isinstance(item, dict):
             raise InvalidArgumentError(f"{where} must be an object")
-        name, datatype = item.get("name"), item.get("datatype")
-        if not isinstance(name, str) or not isinstance(datatype, str):
-            raise InvalidArgumentError(f"{where} needs a string 'name' and 'datatype'")
-        tensor = InputTensor(name, datatype, parse_shape(item.get("shape"), where))
+        tensor = input_tensor(item.get("name"), item.get("datatype"), item.get("shape"), where)
         params = _parameters(item, where)
         tensor.region = region_of(params, where)
-        size = params.get("binary_data_size")
-        if size is not None:
-            if not isinstance(size, int) or size < 0:
-                raise InvalidArgumentError(f"{where}: 'binary_data_size' must be an integer ≥ 0")
+        if "binary_data_size" in params:
+            if tensor.region is not None:
+                raise InvalidArgumentError(
+                    f"{where}: 'binary_data_size' and 'shared_memory_region' both given"
+                )
+            size = count_of(params, "binary_data_size", where)
             if at + size > len(blob):
                 raise InvalidArgumentError(
                     f"{where}: binary_data_size {size} goes past the end of the body "
@@ -389,7 +486,7 @@ def parse_infer_json(model: str, header: Any, blob: memoryview) -> InferRequest:
         raise InvalidArgumentError(
             f"the body has {len(blob) - at} bytes of binary data that no input claims"
         )
-    binary_default = bool(parameters.get("binary_data_output", False))
+    binary_default = flag_of(parameters, "binary_data_output", "parameters")
     outputs: list[OutputRequest] | None = None
     raw_outputs = header.get("outputs")
     if raw_outputs is not None:
@@ -401,14 +498,19 @@ def parse_infer_json(model: str, header: Any, blob: memoryview) -> InferRequest:
             if not isinstance(item, dict) or not isinstance(item.get("name"), str):
                 raise InvalidArgumentError(f"{where} needs a string 'name'")
             params = _parameters(item, where)
-            binary = bool(params.get("binary_data", binary_default))
-            outputs.append(OutputRequest(item["name"], binary, region_of(params, where)))
-    request_id = header.get("id")
+            binary = flag_of(params, "binary_data", where, binary_default)
+            outputs.append(OutputRequest(item["name"], binary, output_region(params, where)))
     return InferRequest(
-        model, inputs, outputs,
-        id=str(request_id)[:256] if request_id is not None else None,
+        model, inputs, outputs, id=request_id(header.get("id")),
         binary_output=binary_default, timeout_s=timeout_of(parameters),
     )  # fmt: skip
+
+
+def output_region(parameters: dict[str, Any], where: str) -> RegionRef | None:
+    """An asked output's region (Triton's ``classification`` is not offered: refused)."""
+    if "classification" in parameters:
+        raise InvalidArgumentError(f"{where}: 'classification' is not supported")
+    return region_of(parameters, where)
 
 
 def _parameters(item: dict[str, Any], where: str) -> dict[str, Any]:
@@ -423,8 +525,14 @@ def timeout_of(parameters: dict[str, Any]) -> float | None:
     timeout = parameters.get("timeout")
     if timeout is None:
         return None
-    if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout < 0:
-        raise InvalidArgumentError("'timeout' must be a number of microseconds ≥ 0")
+    if (
+        not isinstance(timeout, int | float)
+        or isinstance(timeout, bool)
+        or not 0 <= timeout <= MAX_TIMEOUT_US  # (NaN fails it too)
+    ):
+        raise InvalidArgumentError(
+            f"parameters: 'timeout' must be a number of microseconds in 0..{MAX_TIMEOUT_US}"
+        )
     return float(timeout) / 1e6 or None
 
 
@@ -438,12 +546,7 @@ def input_array(tensor: InputTensor, dtype: np.dtype) -> np.ndarray:
                 f"{list(tensor.shape)} of {tensor.datatype} takes {expected}"
             )
         return np.frombuffer(tensor.raw, dtype=dtype).reshape(tensor.shape)
-    try:
-        array = np.asarray(tensor.data, dtype=dtype)
-    except (TypeError, ValueError, OverflowError):
-        raise InvalidArgumentError(
-            f"input {tensor.name!r}: 'data' is not a list of {tensor.datatype} values"
-        ) from None
+    array = _json_array(tensor, dtype)
     if array.size != math.prod(tensor.shape):
         raise InvalidArgumentError(
             f"input {tensor.name!r}: {array.size} values in 'data', but shape "
@@ -452,20 +555,88 @@ def input_array(tensor: InputTensor, dtype: np.dtype) -> np.ndarray:
     return array.reshape(tensor.shape)
 
 
+def _json_array(tensor: InputTensor, dtype: np.dtype) -> np.ndarray:
+    """JSON ``data`` (a list, maybe nested) as an array of ``dtype``: each value of a kind the
+    datatype takes (no strings, nulls or objects; no floats for integers, no numbers for
+    BOOL) and within its range."""
+    bad = InvalidArgumentError(
+        f"input {tensor.name[:100]!r}: 'data' must be a list of {tensor.datatype} values"
+    )
+    if not isinstance(tensor.data, list):
+        raise bad
+    try:
+        found = np.asarray(tensor.data)
+    except (TypeError, ValueError, OverflowError, RecursionError):
+        raise bad from None
+    if found.size == 0:
+        return found.astype(dtype)
+    if found.dtype.kind not in _JSON_KINDS[dtype.kind]:
+        raise bad
+    if dtype.kind in "iu":
+        limits = np.iinfo(dtype)
+        if found.min() < limits.min or found.max() > limits.max:
+            raise InvalidArgumentError(
+                f"input {tensor.name[:100]!r}: a value in 'data' is outside {tensor.datatype}'s "
+                f"range {limits.min}..{limits.max}"
+            )
+    array = found.astype(dtype)
+    if dtype.kind == "f" and not np.isfinite(array).all():
+        raise InvalidArgumentError(
+            f"input {tensor.name[:100]!r}: a value in 'data' is outside {tensor.datatype}'s range"
+        )
+    return array
+
+
 def bytes_elements(tensor: InputTensor) -> list[bytes]:
-    """A BYTES input's elements (binary: each after a 4-byte little-endian length)."""
+    """A BYTES input's elements, as many as its shape takes (JSON: strings, maybe in nested
+    lists; gRPC contents: bytes; binary: each after a 4-byte little-endian length)."""
     if tensor.raw is None:
-        data = tensor.data if isinstance(tensor.data, list) else [tensor.data]
-        flat = np.asarray(data, dtype=object).reshape(-1)
-        return [e.encode() if isinstance(e, str) else bytes(e) for e in flat]
+        elements = _json_elements(tensor)
+    else:
+        elements = _binary_elements(tensor.name, tensor.raw)
+    if len(elements) != math.prod(tensor.shape):
+        raise InvalidArgumentError(
+            f"input {tensor.name[:100]!r}: {len(elements)} BYTES elements, but shape "
+            f"{list(tensor.shape)} takes {math.prod(tensor.shape)}"
+        )
+    return elements
+
+
+def _json_elements(tensor: InputTensor) -> list[bytes]:
+    if not isinstance(tensor.data, list):
+        raise InvalidArgumentError(
+            f"input {tensor.name[:100]!r}: 'data' of a BYTES input must be a list of strings"
+        )
     elements: list[bytes] = []
-    view, at = memoryview(tensor.raw), 0
+    _flatten_strings(tensor.name, tensor.data, 1, elements)
+    return elements
+
+
+def _flatten_strings(name: str, items: list[Any], depth: int, into: list[bytes]) -> None:
+    for item in items:
+        if isinstance(item, str):
+            into.append(item.encode())
+        elif isinstance(item, bytes):  # (gRPC's bytes_contents)
+            into.append(item)
+        elif isinstance(item, list) and depth < MAX_RANK:
+            _flatten_strings(name, item, depth + 1, into)
+        else:
+            kind = "lists nested too deep" if isinstance(item, list) else type(item).__name__
+            raise InvalidArgumentError(
+                f"input {name[:100]!r}: 'data' of a BYTES input holds {kind}; each element "
+                "must be a string"
+            )
+
+
+def _binary_elements(name: str, raw: bytes | memoryview) -> list[bytes]:
+    elements: list[bytes] = []
+    view, at = memoryview(raw), 0
     while at < len(view):
         if at + 4 > len(view):
-            raise InvalidArgumentError(f"input {tensor.name!r}: a BYTES element is cut short")
+            raise InvalidArgumentError(f"input {name[:100]!r}: a BYTES element is cut short")
         (size,) = _LENGTH.unpack_from(view, at)
         if at + 4 + size > len(view):
-            raise InvalidArgumentError(f"input {tensor.name!r}: a BYTES element is cut short")
+            raise InvalidArgumentError(f"input {name[:100]!r}: a BYTES element is cut short")
         elements.append(bytes(view[at + 4 : at + 4 + size]))
         at += 4 + size
     return elements

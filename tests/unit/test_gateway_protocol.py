@@ -3,6 +3,8 @@ the error mapping, encoded images and shared-memory regions."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import struct
 from multiprocessing import shared_memory
 from pathlib import Path
@@ -149,31 +151,112 @@ def test_regions_bounds_and_names(tmp_path: Path, segment: shared_memory.SharedM
     regions = Regions(tmp_path / "regions", allowed=True)
     regions.register("r", "/duomotest_region", 1024, 2048)
     segment.buf[1024 + 16 : 1024 + 20] = b"abcd"
-    view = regions.view(protocol.RegionRef("r", 16, 4), 4)
-    assert bytes(view) == b"abcd"
-    view.release()
+    assert regions.span(protocol.RegionRef("r", 16, 4), 4).read() == b"abcd"
     assert regions.status("r") == [
         {"name": "r", "key": "duomotest_region", "offset": 1024, "byte_size": 2048}
     ]
     # a second worker sees the registration (the records are shared)
     other = Regions(tmp_path / "regions", allowed=True)
-    assert bytes(other.view(protocol.RegionRef("r", 16, 4), 4)) == b"abcd"
+    assert other.span(protocol.RegionRef("r", 16, 4), 4).read() == b"abcd"
+    other.span(protocol.RegionRef("r", 20, 4), 4).write(memoryview(b"wxyz"))
+    assert bytes(segment.buf[1024 + 20 : 1024 + 24]) == b"wxyz"
     with pytest.raises(InvalidArgumentError, match="past its registered byte_size"):
-        regions.view(protocol.RegionRef("r", 2000, 100), 100)
+        regions.span(protocol.RegionRef("r", 2000, 100), 100)
     with pytest.raises(InvalidArgumentError, match="needs 100 bytes"):
-        regions.view(protocol.RegionRef("r", 0, 10), 100)
+        regions.span(protocol.RegionRef("r", 0, 10), 100)
     with pytest.raises(InvalidArgumentError, match="less than offset"):
         regions.register("big", "duomotest_region", 0, 8192)
+    with pytest.raises(InvalidArgumentError, match="already registered"):
+        other.register("r", "duomotest_region", 0, 16)
     for key in ("/duomo-0123", "../etc/passwd", "a/b", ""):
         with pytest.raises(InvalidArgumentError):
             regions.register("bad", key, 0, 16)
     regions.unregister("r")
     with pytest.raises(InvalidArgumentError, match="no shared-memory region"):
-        other.view(protocol.RegionRef("r", 0, 4), 4)
+        other.span(protocol.RegionRef("r", 0, 4), 4)
     regions.close()
     other.close()
     with pytest.raises(UnavailableError, match="allow_shm"):
         Regions(tmp_path / "off", allowed=False).register("r", "duomotest_region", 0, 16)
+
+
+def held_segments(key: str) -> list[str]:
+    """This process's descriptors open on /dev/shm/``key``."""
+    fds = Path("/proc/self/fd")
+    found = []
+    for fd in fds.iterdir():
+        with contextlib.suppress(OSError):
+            if os.readlink(fd).startswith(f"/dev/shm/{key}"):
+                found.append(fd.name)
+    return found
+
+
+def test_a_shrunk_region_is_refused_not_faulted(
+    tmp_path: Path, segment: shared_memory.SharedMemory
+) -> None:
+    """Reads and writes go through the descriptor, checked against the size now: a segment
+    truncated after registration is INVALID_ARGUMENT (a mapping would have been SIGBUS)."""
+    regions = Regions(tmp_path / "regions", allowed=True)
+    regions.register("r", "duomotest_region", 0, 4096)
+    fd = os.open("/dev/shm/duomotest_region", os.O_RDWR)
+    try:
+        os.ftruncate(fd, 100)
+        with pytest.raises(InvalidArgumentError, match="holds 100 bytes now"):
+            regions.span(protocol.RegionRef("r", 0, 4096), 4096)
+        with pytest.raises(InvalidArgumentError, match="holds 100 bytes now"):
+            regions.span(protocol.RegionRef("r", 96, 8), 8)
+        assert regions.span(protocol.RegionRef("r", 96, 4), 4).read() == bytes(4)
+        span = regions.span(protocol.RegionRef("r", 0, 64), 64)
+        os.ftruncate(fd, 10)  # shrunk between the check and the read
+        with pytest.raises(InvalidArgumentError, match="became smaller"):
+            span.read()
+        os.ftruncate(fd, 4096)
+    finally:
+        os.close(fd)
+    regions.close()
+
+
+def test_what_a_region_is_not(tmp_path: Path, segment: shared_memory.SharedMemory) -> None:
+    """The descriptor decides: a hard link to a segment, a FIFO or a symbolic link in /dev/shm
+    are refused whatever their name; a registered segment that is unlinked or replaced stops
+    being served, and its descriptor is closed."""
+    regions = Regions(tmp_path / "regions", allowed=True)
+    link = Path("/dev/shm/duomotest_link")
+    fifo = Path("/dev/shm/duomotest_fifo")
+    symlink = Path("/dev/shm/duomotest_symlink")
+    mine = len(held_segments("duomotest_region"))  # (the fixture's own: its fd and its mapping's)
+    try:
+        os.link("/dev/shm/duomotest_region", link)
+        with pytest.raises(InvalidArgumentError, match="2 names"):
+            regions.register("linked", "duomotest_link", 0, 16)
+        with pytest.raises(InvalidArgumentError, match="2 names"):
+            regions.register("original", "duomotest_region", 0, 16)
+        link.unlink()
+        os.mkfifo(fifo)
+        with pytest.raises(InvalidArgumentError, match="not a regular file"):
+            regions.register("fifo", "duomotest_fifo", 0, 16)
+        symlink.symlink_to("/dev/shm/duomotest_region")
+        with pytest.raises(InvalidArgumentError, match="cannot open"):
+            regions.register("symlink", "duomotest_symlink", 0, 16)
+        regions.register("r", "duomotest_region", 0, 16)
+        other = Regions(tmp_path / "regions", allowed=True)
+        other.span(protocol.RegionRef("r", 0, 4), 4)
+        assert len(held_segments("duomotest_region")) == mine + 2  # one per "worker"
+        os.link("/dev/shm/duomotest_region", link)  # a second name later: refused at use
+        with pytest.raises(InvalidArgumentError, match="no longer names"):
+            other.span(protocol.RegionRef("r", 0, 4), 4)
+        assert len(held_segments("duomotest_region")) == mine + 1  # (it closed its own)
+        link.unlink()
+        other.span(protocol.RegionRef("r", 0, 4), 4)  # one name again: served again
+        regions.unregister("r")
+        assert len(held_segments("duomotest_region")) == mine + 1  # the other's, until a sweep
+        other.sweep()
+        assert len(held_segments("duomotest_region")) == mine
+        other.close()
+    finally:
+        for path in (link, fifo, symlink):
+            path.unlink(missing_ok=True)
+        regions.close()
 
 
 def test_a_png_header_is_read_before_anything_is_decoded() -> None:
