@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from ipc.errors import ErrorCode, InvalidArgumentError, NotFoundError, UnavailableError
-from ipc.wire import MAX_RANK
+from ipc.wire import MAX_RANK, MAX_TIMEOUT_US  # (a day: longer is a mistake, not a deadline)
 
 VERSION = "1"  # the one version every model has on the wire
 SERVER_NAME = "duomo"
@@ -68,7 +68,6 @@ NUMPY_TYPES = {v: np.dtype(k) for k, v in DATATYPES.items()}
 WIRE_DATATYPES = frozenset(NUMPY_TYPES) | {"BYTES"}
 MAX_DIM = 0xFFFFFFFF  # a dimension in the slot header is 32 bits
 MAX_ID_CHARS = 256
-MAX_TIMEOUT_US = 86_400 * 10**6  # a day: longer is a mistake, not a deadline
 MAX_UINT64 = 2**64 - 1
 MAX_LENGTH_DIGITS = 18  # a length header (int() refuses thousands of digits; 18 is an exabyte)
 # the kinds of JSON values a numeric datatype takes (by numpy kind of the datatype)

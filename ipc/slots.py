@@ -44,6 +44,7 @@ from ipc.framing import notice_packer
 from ipc.ring import SlotRing, TensorPlacement, read_tensors
 from ipc.wire import (
     DESCRIPTORS,
+    MAX_TIMEOUT_US,
     SlotState,
     TensorDesc,
     dtype_code,
@@ -57,6 +58,8 @@ if TYPE_CHECKING:
 
 _DONE = int(SlotState.DONE)
 STAGES = ("queue", "preprocess", "infer", "postprocess")  # an answer's stage timings, in order
+PRIORITY_MIN, PRIORITY_MAX = -(1 << 15), (1 << 15) - 1  # the header's field (the supervisor
+# clamps to the range a config may use)
 NOTICE_GRACE_S = 5.0  # how long past its own deadline a request waits for the supervisor
 log = logging.getLogger("duomo.client")
 
@@ -475,6 +478,15 @@ class Slot:
         if descriptors is None:
             descriptors = pack_descriptors(written[n] for n in self.handle._inputs)
             self._descriptors = descriptors
+        if timeout_s and not 0 < timeout_s <= MAX_TIMEOUT_US / 1e6:  # (NaN fails too)
+            raise InvalidArgumentError(
+                f"timeout_s must be a number of seconds in (0, {MAX_TIMEOUT_US // 10**6}], "
+                f"not {timeout_s!r}"
+            )
+        if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+            raise InvalidArgumentError(
+                f"priority must be an integer in {PRIORITY_MIN}..{PRIORITY_MAX}, not {priority!r}"
+            )
         self._seq = next(self.handle._seq) & 0xFFFFFFFF
         timeout_us = int(timeout_s * 1e6) if timeout_s else 0
         count, block = descriptors

@@ -48,6 +48,8 @@ from enum import IntEnum
 
 import numpy as np
 
+from ipc.errors import InvalidArgumentError
+
 PROTOCOL_VERSION = 1
 MAGIC = b"DUO1"
 FRAME = struct.Struct("<IB")
@@ -89,6 +91,8 @@ DTYPES: tuple[np.dtype, ...] = tuple(
 DTYPE_CODES = {dt: i for i, dt in enumerate(DTYPES)}
 MAX_INPUTS = 4
 MAX_RANK = 6
+MAX_DIM = 0xFFFFFFFF  # a dimension's field
+MAX_TIMEOUT_US = 24 * 3600 * 10**6  # a request's timeout: at most one day
 
 _FIXED = struct.Struct("<4sHHIHhHHQQIIII")
 # The fields a producer sets, read in one call: _FIXED up to the timeout, status and flags skipped.
@@ -113,9 +117,11 @@ def pack_descriptors(inputs: Iterable[TensorDesc]) -> tuple[int, bytes]:
     for desc in inputs:
         rank = len(desc.shape)
         if count == MAX_INPUTS:
-            raise ValueError(f"at most {MAX_INPUTS} inputs per request")
+            raise InvalidArgumentError(f"at most {MAX_INPUTS} inputs per request")
         if rank > MAX_RANK:
-            raise ValueError(f"rank {rank} is above {MAX_RANK}")
+            raise InvalidArgumentError(f"rank {rank} is above {MAX_RANK}")
+        if not all(0 <= d <= MAX_DIM for d in desc.shape):
+            raise InvalidArgumentError(f"shape {list(desc.shape)} has a dimension out of range")
         _TENSOR.pack_into(
             block, count * _TENSOR.size, desc.dtype, rank, *desc.shape, *_ZERO_DIMS[rank:]
         )

@@ -50,6 +50,7 @@ from ipc.wire import (
     DESCRIPTORS,
     DTYPES,
     MAGIC,
+    MAX_TIMEOUT_US,
     PROTOCOL_VERSION,
     SlotHeader,
     SlotState,
@@ -63,7 +64,6 @@ from worker.request import Outcome, Request, StageTimings
 from worker.served_model import ServedModel
 
 log = structlog.get_logger("duomo.attachment")
-MAX_TIMEOUT_US = 24 * 3600 * 10**6
 PRIORITY_LIMIT = 1000  # producers' priorities are clamped to the range a config may use
 _SUBMITTED = int(SlotState.SUBMITTED)
 

@@ -22,7 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ipc.client import Client
-from ipc.errors import ResourceExhaustedError
+from ipc.errors import InvalidArgumentError, ResourceExhaustedError
 from ipc.framing import FrameReader, json_frame, notice_frame, parse_json, recv_frame
 from ipc.ring import RingLayout, SlotRing, read_tensors
 from ipc.wire import (
@@ -170,6 +170,24 @@ def test_a_producer_cannot_shrink_the_ring_the_supervisor_reads(
         assert "bad slot header" in bytes(ring.output(1)[:used]).decode()
         os.close(fd)
         ring.close()
+    served(sup)
+
+
+def test_a_timeout_or_priority_the_header_cannot_hold_is_the_caller_s_error(
+    guarded: tuple[SupervisorProcess, int],
+) -> None:
+    """A producer's own bad values fail in its process with INVALID_ARGUMENT, before anything
+    is sent (the gateway sent a timeout of 1e30 µs here and got a ``struct.error``)."""
+    sup, _ = guarded
+    with Client(sup.socket) as client:
+        affine = client.model("affine", slots=1)
+        x = np.ones((1, 4), dtype=np.float32)
+        for timeout_s in (1e30, float("nan"), float("inf"), -1.0, 86_401.0):
+            with pytest.raises(InvalidArgumentError, match="timeout_s must be"):
+                affine.infer(x, timeout_s=timeout_s)
+        with pytest.raises(InvalidArgumentError, match="priority must be"):
+            affine.infer(x, priority=1 << 20)
+        assert affine.infer(x, timeout_s=86_400.0, priority=5)["y"][0, 0] == 3.0
     served(sup)
 
 

@@ -114,3 +114,16 @@ def test_tensor_records_round_trip_and_refuse_to_overflow() -> None:
     write_tensors(area, [a, b])
     with pytest.raises(ValueError, match="past the result"):
         read_tensors(area, 2, used - 1)
+
+
+def test_descriptors_out_of_the_header_s_range_are_invalid_arguments() -> None:
+    """What cannot be written into the header is the caller's error, not a ``struct.error``."""
+    from ipc.errors import InvalidArgumentError
+    from ipc.wire import MAX_DIM, TensorDesc, pack_descriptors
+
+    with pytest.raises(InvalidArgumentError, match="rank 7 is above 6"):
+        pack_descriptors([TensorDesc(1, (1,) * 7)])
+    with pytest.raises(InvalidArgumentError, match="dimension out of range"):
+        pack_descriptors([TensorDesc(1, (1, MAX_DIM + 1))])
+    with pytest.raises(InvalidArgumentError, match="at most 4 inputs"):
+        pack_descriptors([TensorDesc(1, (1,))] * 5)
