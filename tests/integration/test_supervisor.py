@@ -422,13 +422,19 @@ def test_slots_given_up_early_come_back(hostile_target: SupervisorProcess) -> No
         from supervisor.image_files import read_image
 
         frame = read_image(IMAGES / "coffee.png")
-        for _ in range(4):  # a frame-dropping producer: wait briefly, give up, move on
-            slot = classify.slot(timeout_s=30)
+        given_up = 0
+        for _ in range(100):  # a frame-dropping producer: wait briefly, give up, move on
+            slot = classify.slot(timeout_s=30)  # a slot given up comes back with its answer
             slot.write(frame)
             slot.submit(timeout_s=30)
-            with pytest.raises(DeadlineExceededError):
+            try:  # (answered within 0.1 ms only when this thread lost the core meanwhile)
                 slot.wait(timeout_s=0.0001)
+            except DeadlineExceededError:
+                given_up += 1
             slot.release()
+            if given_up == 4:  # twice each of its two slots
+                break
+        assert given_up == 4
         # the answers arrive later and free the slots for whoever asks next
         assert classify.infer(frame, timeout_s=30)["top"][0]["label"] == "espresso"
 
