@@ -3,9 +3,10 @@
 ``start`` / ``stop`` / ``status`` / ``reload`` / ``load`` / ``unload`` manage a supervisor;
 ``infer`` sends image files to a running supervisor (or, with ``-c CONFIG``, runs the model
 in-process without one); ``check`` reports the environment (Ascend driver, CANN, pyACL, ORT
-providers) and validates a config without loading anything; ``inspect`` describes one model
-file. Every command that talks to a supervisor takes ``--socket`` (default: ``$DUOMO_SOCKET`` or
-the standard runtime dir), so several can run side by side.
+providers), validates a config and opens each model file with its backend's cheapest check
+(``check_model_file`` in the backend's module); ``inspect`` describes one model file. Every
+command that talks to a supervisor takes ``--socket`` (default: ``$DUOMO_SOCKET`` or the standard
+runtime dir), so several can run side by side.
 Exit codes: 0 success, 1 a request or the supervisor failed, 2 invalid input (bad config,
 unknown model, bad arguments), 3 ``stop`` finished but its grace period cut accepted requests.
 """
@@ -25,7 +26,7 @@ from ipc.client import Client
 from ipc.errors import DuomoError, ErrorCode, NotFoundError
 from ipc.logs import LEVELS, configure_logging
 from ipc.runtime_dir import default_socket_path
-from supervisor.config import ConfigError, LoadedConfig, load_config
+from supervisor.config import ConfigError, LoadedConfig, ResolvedModel, load_config
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 DEFAULT_CONFIG = Path("configs/default.yaml")
@@ -57,6 +58,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(err.render(), file=sys.stderr)
         print(f"{args.config}: invalid", file=sys.stderr)
         return EXIT_INVALID
+    unloadable: list[tuple[str, str]] = []
     for name, model in loaded.models.items():
         files = ", ".join(f"{role}={path}" for role, path in model.files.items())
         print(
@@ -64,10 +66,41 @@ def cmd_check(args: argparse.Namespace) -> int:
             f"instances={model.config.instances} max_batch={model.config.max_batch} "
             f"files: {files}"
         )
+        for field, path, verdict, opened in _check_model_files(name, model):
+            if opened:
+                print(f"    {field.rsplit('.', 1)[-1]}: {verdict}")
+            else:
+                unloadable.append((field, f"{path}: {verdict}"))
     for field, why in loaded.warnings:
         print(f"  warning: {field}: {why}")
+    if unloadable:
+        print(ConfigError(loaded.path, unloadable).render(), file=sys.stderr)
+        print(f"{args.config}: invalid", file=sys.stderr)
+        return EXIT_INVALID
     print(f"{loaded.path}: OK ({len(loaded.models)} models)")
     return EXIT_OK
+
+
+def _check_model_files(name: str, model: ResolvedModel) -> list[tuple[str, Path, str, bool]]:
+    """Each of the model's files opened by its backend's cheapest check (``check_model_file``
+    in the backend's module): (field, path, what the check found, whether it passed). A file
+    that is not there is left out: the config's check has already said so (an ``.om`` not
+    built yet is a warning)."""
+    from worker.backends import acl_backend, ort_backend
+
+    checks = {"onnxruntime": ort_backend.check_model_file, "acl": acl_backend.check_model_file}
+    check = checks[model.config.backend]
+    found = []
+    for role, path in model.files.items():
+        one = model.config.file is not None
+        field = f"models[{name}].file" if one else f"models[{name}].files.{role}"
+        if not path.is_file():
+            continue
+        try:
+            found.append((field, path, check(path), True))
+        except ValueError as err:
+            found.append((field, path, str(err), False))
+    return found
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:

@@ -65,3 +65,16 @@ def test_a_model_that_fails_to_load_is_a_message_not_a_traceback(tmp_path: Path)
     run = duomo("infer", "-c", str(config), "b", str(IMAGES / "coffee.png"))
     assert run.returncode == 2
     assert "model 'b' failed to load" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_inspect_describes_a_demo_model(demo_config: object) -> None:
+    run = duomo("inspect", str(ROOT / "models" / "classify" / "efficientnet_lite0.onnx"))
+    assert run.returncode == 0, run.stderr
+    inputs = json.loads(run.stdout)["inputs"]
+    assert inputs == [{"name": "input", "dtype": "float32", "dims": ["?", 3, 224, 224]}]
+
+
+def test_check_opens_every_model_file_of_the_demo(demo_config: object) -> None:
+    run = duomo("check", "-c", str(DEMO_CONFIG))
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.count("loads in onnxruntime") == 5  # ocr's three, face, classify

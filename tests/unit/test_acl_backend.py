@@ -435,12 +435,13 @@ def test_the_ascend_configs_validate(name: str, capsys: pytest.CaptureFixture[st
 
 
 def test_inspect_onnx_and_om(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """(A demo model's inspection: tests/integration/test_cli_infer.py; this one needs none.)"""
     from supervisor.cli import main
-    from tests.conftest import ROOT
+    from tests.unit.test_model_file_check import identity_model
 
-    assert main(["inspect", str(ROOT / "models/classify/efficientnet_lite0.onnx")]) == 0
+    assert main(["inspect", str(identity_model(tmp_path / "identity.onnx"))]) == 0
     onnx = json.loads(capsys.readouterr().out)
-    assert onnx["inputs"] == [{"name": "input", "dtype": "float32", "dims": ["?", 3, 224, 224]}]
+    assert onnx["inputs"] == [{"name": "x", "dtype": "float32", "dims": [1]}]
     om = write_model(tmp_path / "affine.om", **AFFINE)
     assert main(["inspect", str(om)]) == 2  # no CANN here
     assert "needs the CANN runtime" in capsys.readouterr().err

@@ -10,6 +10,7 @@ import yaml
 
 from supervisor.cli import main
 from supervisor.config import ConfigError, load_config
+from tests.unit.test_model_file_check import identity_model
 
 
 def write_config(tmp_path: Path, models: list[dict[str, object]], **top: object) -> Path:
@@ -167,6 +168,7 @@ def test_invalid_yaml_and_non_mapping(tmp_path: Path) -> None:
 
 def test_check_command_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     good = write_config(tmp_path, [classify()])
+    identity_model(tmp_path / "a.onnx")  # `check` opens it (tests/unit/test_model_file_check.py)
     assert main(["check", "-c", str(good)]) == 0
     assert "OK (1 models)" in capsys.readouterr().out
     bad = tmp_path / "bad.yaml"

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from ipc.errors import ErrorCode, InvalidArgumentError
+from supervisor.config import load_config
 from supervisor.control_messages import (
     MESSAGES,
     Attach,
@@ -23,7 +24,7 @@ from supervisor.control_messages import (
     parse_control,
 )
 from supervisor.server import Supervisor
-from tests.conftest import demo_variant
+from tests.unit.test_config import classify, write_config
 
 
 def test_each_operation_becomes_its_message() -> None:
@@ -89,7 +90,8 @@ class Asking:
 
 @pytest.fixture
 def supervisor(tmp_path: Path) -> Supervisor:
-    return Supervisor(demo_variant(tmp_path, ["classify"]), tmp_path / "duomo.sock")
+    config = load_config(write_config(tmp_path, [classify()]))  # no model is loaded: no file read
+    return Supervisor(config, tmp_path / "duomo.sock")
 
 
 def test_the_supervisor_handles_every_operation(supervisor: Supervisor) -> None:

@@ -540,3 +540,22 @@ class AclSession(BufferedSession):
 
 
 __all__ = ["AclBackend", "AclOptions", "AclSession", "atc_sidecar"]
+
+
+def check_model_file(path: Path) -> str:
+    """What can be known of an ``.om`` without loading it: that it is there, readable and not
+    empty. Whether it loads needs the CANN runtime and a device (``duomo inspect`` or ``duomo
+    start`` on the Ascend host); the answer says so rather than guess from the bytes. Raises
+    ``ValueError`` with the reason. Called by ``duomo check``."""
+    try:
+        with path.open("rb") as file:
+            first = file.read(1)
+    except OSError as err:
+        raise ValueError(f"cannot read it: {err.strerror or err}") from None
+    if not first:
+        raise ValueError("the file is empty (run tools/atc_convert.py again)")
+    size_mb = path.stat().st_size / 2**20
+    return (
+        f"readable, {size_mb:.1f} MiB; not loaded: that needs the CANN runtime "
+        "(duomo inspect FILE on the Ascend host)"
+    )

@@ -363,3 +363,25 @@ def _quiet_ort_logging(ort: Any) -> None:
         if not _logger_quieted:
             ort.set_default_logger_severity(3)
             _logger_quieted = True
+
+
+def check_model_file(path: Path) -> str:
+    """Whether ONNX Runtime can load ``path``, checked the cheapest honest way: a session on the
+    CPU with graph optimisation off, one thread and no arena, dropped at once (6–55 ms for each
+    demo model; parsing the protobuf alone would miss what only a load finds: unknown operators,
+    an opset this install lacks, missing external data). Returns what was checked; raises
+    ``ValueError`` with ONNX Runtime's reason. Called by ``duomo check``."""
+    import onnxruntime as ort
+
+    _quiet_ort_logging(ort)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.intra_op_num_threads = 1
+    so.inter_op_num_threads = 1
+    so.enable_cpu_mem_arena = False
+    so.log_severity_level = 3
+    try:
+        ort.InferenceSession(str(path), sess_options=so, providers=[_CPU])
+    except Exception as err:  # onnxruntime's errors (InvalidProtobuf, Fail, …) share no other base
+        raise ValueError(f"onnxruntime cannot load it: {err}") from None
+    return "loads in onnxruntime"
