@@ -540,4 +540,7 @@ def _refuse_live_supervisor(path: Path) -> None:
         return
     finally:
         probe.close()
-    raise RuntimeError(f"a supervisor is already serving at {path}")
+    raise RuntimeError(
+        f"a supervisor is already serving at {path}: to start another one beside it, give it "
+        f"its own socket (duomo start --socket PATH); to stop this one: duomo stop --socket {path}"
+    )

@@ -526,6 +526,9 @@ def test_a_second_start_on_a_live_socket_leaves_the_first_alone(
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert run.returncode != 0 and "already serving" in run.stderr
+    # and what to do about it: another socket for a second one, or stop this one
+    assert "duomo start --socket PATH" in run.stderr
+    assert f"duomo stop --socket {hostile_target.socket}" in run.stderr
     assert hostile_target.socket.exists()
     assert hostile_target.socket.with_name("duomo.sock.key").exists()
     still_serving(hostile_target)
