@@ -5,6 +5,8 @@
 #   make test   - install, fetch the models, lint, type-check and run the whole test suite
 #                 (it first installs the programs the tests drive: see TOOLS; a test that
 #                 skips fails with CI=true, as in CI: tests/conftest.py)
+#   make unit   - the unit tier alone (tests/unit), in seconds: no models, no Debian tools; the
+#                 edit-test loop
 #   make bench  - the benchmark of docs/benchmarks.md (installs Triton and Mosec into .bench/)
 # Everything lives in .venv; the models in models/ (both ignored by git).
 
@@ -15,7 +17,7 @@ STAMP  := $(VENV)/.installed
 IMAGES := tests/fixtures/images
 SOCKET ?= /tmp/duomo-demo-$(shell id -u)/duomo.sock
 
-.PHONY: demo test models lint tools bench clean
+.PHONY: demo test unit models lint tools bench clean
 
 # the demo's last look: the success counters on the supervisor's /metrics (configs/default.yaml)
 export SHOW_METRICS = import urllib.request; text = urllib.request.urlopen("http://127.0.0.1:8002/metrics").read().decode(); print(*(line for line in text.splitlines() if line.startswith("duomo_inference_request_success_total")), sep="\n")
@@ -67,6 +69,9 @@ tools: $(STAMP)
 
 test: models lint tools
 	$(BIN)/python -m pytest -q -rs
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest tests/unit -q -rs
 
 bench: models
 	$(BIN)/duomo bench $(BENCH_ARGS)
