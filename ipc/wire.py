@@ -21,15 +21,16 @@ No pickle, anywhere.
 A ring's life in JSON control messages (each request carries an ``id``; its reply echoes it with
 ``ok`` and, on failure, ``code`` and ``message``)::
 
-    {"op": "attach", "model": M, "slots": N}          -> {"ring": R, "shm": NAME, "layout": {...}}
+    {"op": "attach", "model": M, "slots": N}          -> {"ring": R, "layout": {...},
+                                                          "descriptor": true} + the ring's
+                                                          sealed memfd (SCM_RIGHTS)
     {"op": "attach", ..., "inputs": {"image": BYTES}} -> the same, those input areas holding
                                                          at least BYTES (a producer's larger frame)
-    {"op": "mapped", "ring": R}                        the client mapped it: the name is unlinked
     {"op": "detach", "ring": R}                        done with it (the reply may go unread)
 
 ``inputs`` is optional (a client that never sends it is served as before): those areas are
 made at least that large, rounded up to a MiB, and charged in full against the client's
-``/dev/shm`` limits. INVALID_ARGUMENT for an input the model does not have or one of fixed
+limits on ring memory. INVALID_ARGUMENT for an input the model does not have or one of fixed
 shape asked to hold more than its largest tensor; RESOURCE_EXHAUSTED, with the numbers, when
 the limits leave no room for the ring.
 

@@ -288,7 +288,7 @@ def render_status(status: dict[str, Any]) -> str:
         lines.append(
             f"clients {len(status['clients'])} of {limits['max_connections']}, "
             f"{status['shm_bytes'] / 2**20:.1f} of {limits['shm_total_bytes'] / 2**20:.0f} MiB "
-            f"of /dev/shm committed, {status['connections_refused']} connection(s) refused, "
+            f"of ring memory committed, {status['connections_refused']} connection(s) refused, "
             f"{status['clients_cut_off']} cut off"
         )
     for g in status.get("gateways", []):
