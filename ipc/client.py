@@ -81,7 +81,7 @@ READ_SLICE_S = 0.25
 _READ_SLICE = struct.pack("ll", int(READ_SLICE_S), int(READ_SLICE_S % 1 * 1e6))
 READ_BYTES = 1 << 16
 # room for the descriptors one read may bring: the kernel ends a read after the frame that
-# carried one, and the supervisor sends one per frame; a few more are read and closed
+# carried one, and the supervisor sends one per frame (room for a few, to spare)
 _ANCILLARY_BYTES = socket.CMSG_SPACE(4 * array("i").itemsize)
 
 
