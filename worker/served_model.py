@@ -38,7 +38,7 @@ import numpy as np
 import structlog
 
 from ipc.errors import DeadlineExceededError, UnavailableError
-from worker.backends.base import Backend, ModelSession, NotEnoughDeviceMemory, SessionSettings
+from worker.backends.base import Backend, ModelSession, NotEnoughDeviceMemoryError, SessionSettings
 from worker.batch_window import BatchWindow
 from worker.batcher import Batcher, IdleReader
 from worker.config_model import StrictModel
@@ -83,7 +83,7 @@ class DeviceMemoryError(ModelLoadError):
     """An instance's own estimate (ACL ``query_size``) did not fit the device memory its budgets
     leave on ``device``; nothing was allocated, so the engine may make room and load again."""
 
-    def __init__(self, model: str, why: str, short: NotEnoughDeviceMemory) -> None:
+    def __init__(self, model: str, why: str, short: NotEnoughDeviceMemoryError) -> None:
         super().__init__(model, why)
         self.needed = short.needed
         self.room = short.room
@@ -257,7 +257,7 @@ class ServedModel:
             if error is not None:
                 self.batcher.retire_workers()  # the loaded ones close their sessions and end
                 cause = worker.load_error
-                if isinstance(cause, NotEnoughDeviceMemory):
+                if isinstance(cause, NotEnoughDeviceMemoryError):
                     raise DeviceMemoryError(self.spec.name, error, cause) from cause
                 raise ModelLoadError(self.spec.name, error) from cause
         self.workers = workers

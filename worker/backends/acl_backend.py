@@ -58,7 +58,7 @@ from worker.backends.acl_runtime import (
 from worker.backends.base import (
     Backend,
     BufferedSession,
-    NotEnoughDeviceMemory,
+    NotEnoughDeviceMemoryError,
     SessionSettings,
     TensorSpec,
 )
@@ -204,7 +204,7 @@ class AclSession(BufferedSession):
         work, weight, ret = rt.query_size(str(self.path))
         rt.check(ret, f"mdl.query_size({self.path.name})")
         if self._room is not None and work + weight > self._room:
-            raise NotEnoughDeviceMemory(self.path, work + weight, self._room, self.device)
+            raise NotEnoughDeviceMemoryError(self.path, work + weight, self._room, self.device)
         model_id, ret = rt.load_from_file(str(self.path))
         if ret != ACL_SUCCESS:
             hint = ""

@@ -43,7 +43,7 @@ class SessionSettings:
     varying_shapes: bool = False  # its input shapes change from request to request
 
 
-class NotEnoughDeviceMemory(RuntimeError):
+class NotEnoughDeviceMemoryError(RuntimeError):
     """A model's own size estimate (ACL ``query_size``) does not fit the room its budgets leave;
     raised before anything is allocated, so the engine can make room and try again."""
 
