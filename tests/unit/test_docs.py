@@ -3,8 +3,7 @@ and the same fenced code blocks, each links the other, and every relative link (
 ``#anchor``) resolves.
 
 The pages: ``README.md`` ↔ ``README.zh-CN.md``, and each ``docs/NAME.md`` ↔ ``docs/zh/NAME.md``.
-Anchors follow GitHub's rule: the heading lower-cased, punctuation other than ``-`` and ``_``
-dropped (CJK characters kept), spaces made ``-``.
+Headings and anchors (GitHub's rule) come from ``tests.doc_pages``.
 """
 
 from __future__ import annotations
@@ -14,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.doc_pages import FENCE, anchors, headings, without_code
+
 ROOT = Path(__file__).resolve().parents[2]
 ENGLISH = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-FENCE = re.compile(r"^(```+)[^\n]*\n.*?^\1[ \t]*$", re.S | re.M)
-HEADING = re.compile(r"^(#{1,6}) (.+?)[ \t]*$", re.M)
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
@@ -25,23 +24,6 @@ def twin(page: Path) -> Path:
     if page == ROOT / "README.md":
         return ROOT / "README.zh-CN.md"
     return page.parent / "zh" / page.name
-
-
-def without_code(text: str) -> str:
-    return FENCE.sub("", text)
-
-
-def headings(text: str) -> list[str]:
-    """Each heading's level (``##``), in order."""
-    return [m.group(1) for m in HEADING.finditer(without_code(text))]
-
-
-def anchors(text: str) -> set[str]:
-    found = set()
-    for m in HEADING.finditer(without_code(text)):
-        title = re.sub(r"`|\*\*?", "", m.group(2)).strip().lower()
-        found.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
-    return found
 
 
 def relative_links(page: Path) -> list[str]:
