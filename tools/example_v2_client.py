@@ -19,12 +19,9 @@ from pathlib import Path
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from PIL import Image
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from supervisor.image_files import read_image  # noqa: E402
-
 IMAGE = ROOT / "tests" / "fixtures" / "images" / "coffee.png"
 
 
@@ -38,7 +35,7 @@ def main() -> int:
     server = http.get_server_metadata()
     print(f"v2 server {server['name']} {server['version']} at {args.http}: "
           f"{', '.join(m['name'] for m in http.get_model_repository_index())}")  # fmt: skip
-    image = read_image(IMAGE)
+    image = np.asarray(Image.open(IMAGE).convert("RGB"))  # uint8 H×W×3, as a remote caller reads it
     pixels = httpclient.InferInput("IMAGE", list(image.shape), "UINT8")
     pixels.set_data_from_numpy(image)
     started = time.perf_counter()

@@ -15,19 +15,25 @@ design, the same on every machine — nothing can be installed to run ``make tes
 an Ascend card, or a cluster — and its reason is documented in this file, so this test is marked
 ``skip_by_design`` and its skips stay skips in CI. A command in ``RUN`` whose program is missing
 is not skipped: it fails.
+The ``curl`` examples of ``docs/gateway.md`` need a supervisor with its gateway:
+``test_the_gateway_curl_examples`` runs each of their blocks whole, in ``bash``, against one
+(on a free port instead of the documented 8000), and checks the answer.
 ``docs/adding-a-model.md`` is left out: ``tests/integration/test_adding_a_model.py`` runs every
 block of that guide.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
+import socket
 import subprocess
+from pathlib import Path
 
 import pytest
 
-from tests.integration.harness import ROOT
+from tests.integration.harness import ROOT, running_supervisor, write_config
 
 pytestmark = pytest.mark.integration
 FENCE = re.compile(r"^(```+)(bash|sh)[^\n]*\n(.*?)^\1[ \t]*$", re.S | re.M)
@@ -41,6 +47,11 @@ RUN: list[tuple[str, float]] = [
     (r"\.venv/bin/duomo check", 60),
     (r"\.venv/bin/duomo check -c configs/ascend-\w+\.yaml", 60),
 ]
+CURL_PAGE = ROOT / "docs" / "gateway.md"
+CURL_RUN_BELOW = (
+    "a line of the gateway's curl examples, which need a running gateway: "
+    "test_the_gateway_curl_examples runs each of their blocks whole against one"
+)
 # (a regular expression the whole command matches, why it is not run here)
 NOT_RUN: list[tuple[str, str]] = [
     (r"make test", "it is what CI runs (.ci/run), this test among its tests"),
@@ -59,6 +70,16 @@ NOT_RUN: list[tuple[str, str]] = [
     ),
     (r"podman-compose -f deploy/compose\.yaml .*", "test_containers.py runs this layout"),
     (r"kubectl .*", "needs a cluster; tests/unit/test_manifests.py validates the manifests"),
+    *(
+        (pattern, CURL_RUN_BELOW)
+        for pattern in (
+            r"curl -s 127\.0\.0\.1:8000/v2/\S+ .*",
+            r"image=tests/fixtures/images/\S+",
+            r"size=\$\(wc -c < \$image\)",
+            r"header='\{.*",
+            r"\{ printf .*\} \| curl -s 127\.0\.0\.1:8000/v2/\S+ .*",
+        )
+    ),
 ]
 
 
@@ -99,3 +120,34 @@ def test_every_command_is_run_or_says_why_not(page: str, command: str) -> None:
     assert done.returncode == 0, (
         f"{page}: {command!r} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
     )
+
+
+def curl_blocks() -> list[str]:
+    """The bash blocks of ``docs/gateway.md`` that call the gateway with curl."""
+    blocks = [m.group(3) for m in FENCE.finditer(CURL_PAGE.read_text("utf-8"))]
+    return [block for block in blocks if "curl " in block]
+
+
+def free_address() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_the_gateway_curl_examples(tmp_path: Path, demo_config: object) -> None:
+    blocks = curl_blocks()
+    assert len(blocks) == 2, "a JSON example and a binary one"
+    http_at, grpc_at = free_address(), free_address()
+    config = write_config(tmp_path, ["classify"], gateway={"http": http_at, "grpc": grpc_at})
+    with running_supervisor(config):
+        answers = []
+        for block in blocks:
+            done = subprocess.run(
+                ["bash", "-euo", "pipefail", "-c", block.replace("127.0.0.1:8000", http_at)],
+                cwd=ROOT, capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            assert done.returncode == 0, f"{block}\nexited {done.returncode}: {done.stderr}"
+            (output,) = json.loads(done.stdout)["outputs"]
+            assert (output["name"], output["datatype"], output["shape"]) == ("RESULT", "BYTES", [1])
+            answers.append(json.loads(output["data"][0])["top"][0])
+    assert answers[1]["index"] == 967, "the coffee photo, as the page says (espresso)"
