@@ -84,7 +84,18 @@ class HostBuffers:
 
 
 class ModelSession(ABC):
-    """One loaded model file, used by exactly one worker thread."""
+    """One loaded model file, used by exactly one worker thread.
+
+    ``inputs`` and ``outputs`` describe its tensors (``TensorSpec``; ``None`` for a dimension
+    of any size). An executor writes a batch into ``input_buffer`` (memory the session reuses,
+    so nothing is allocated per batch) and calls ``run``, whose outputs stay valid until the
+    next ``run``; ``close`` releases the runtime objects on the same thread.
+
+    Example:
+        x = session.input_buffer("x", (2, 4))  # a view of the session's own memory
+        x[:] = rows
+        y = session.run({"x": x})["y"]
+    """
 
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
@@ -175,7 +186,21 @@ class BufferedSession(ModelSession):
 
 
 class Backend(ABC):
-    """A runtime initialised once per process."""
+    """A runtime initialised once per process: it opens model files into sessions.
+
+    The engine creates one per config (``create_backend``: ``onnxruntime`` or ``acl``, each
+    imported only when used); every model instance calls ``open`` on its own worker thread and
+    uses the ``ModelSession`` it returns only there (for ACL the context is per thread). After
+    an unload or eviction the engine calls ``release_free_memory``; ``close`` comes last, once
+    every session is closed. A new runtime is one subclass and one case in ``create_backend``.
+
+    Example:
+        class EchoBackend(Backend):  # a test double: each session returns its inputs
+            name = "echo"
+
+            def open(self, path: Path, settings: SessionSettings) -> ModelSession:
+                return EchoSession(path)  # a ModelSession subclass
+    """
 
     name: str
 

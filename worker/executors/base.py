@@ -100,6 +100,34 @@ class _Stage:
 
 
 class Executor(ABC):
+    """A task's plugin: pre-processing, the runs of its sessions, and post-processing.
+
+    A model worker opens one executor per instance (``open``: one ``ModelSession`` per name
+    in ``roles``, from the config entry's ``files``) on its own thread and uses it only there.
+    For each request the worker takes the payload out of its slot (``payload_from_slot``, laid
+    out by ``slot_spec``) and calls ``prepare``, which validates it (``InvalidArgumentError``
+    fails that request alone); then ``execute`` runs a batch of prepared items and returns one
+    result or one ``DuomoError`` per item. ``Params`` is the pydantic model of the entry's
+    ``params`` (``extra="forbid"``). A config names a new task by its class
+    (``task: "package.module:Class"``); the guide is docs/adding-a-model.md.
+
+    Example:
+        class ScoreExecutor(Executor):  # one model (role "model"): an image in, a score out
+            def prepare(self, payload: Any) -> np.ndarray:
+                return as_rgb_image(payload)
+
+            def execute(self, items: Sequence[Any], timer: StageTimer) -> list[Any]:
+                session = self.sessions["model"]
+                name = session.inputs[0].name
+                with timer.stage("preprocess"):
+                    batch = session.input_buffer(name, (len(items), 3, 224, 224))
+                    for row, image in zip(batch, items):
+                        row[...] = cv2.resize(image, (224, 224)).transpose(2, 0, 1) / 255
+                with timer.stage("infer"):
+                    scores = session.run({name: batch})[session.outputs[0].name]
+                return [{"score": float(score)} for score in scores[:, 0]]
+    """
+
     roles: ClassVar[tuple[str, ...]] = ("model",)
     varying_shape_roles: ClassVar[tuple[str, ...]] = ()  # roles fed a new shape per request
     Params: ClassVar[type[StrictModel]] = NoParams
