@@ -1,19 +1,25 @@
-"""The engine: one backend init and the registry of served models, with their lifecycle.
+"""The engine: the budgeted load, eviction and the in-process API over the served models.
 
 Used by ``duomo infer`` and the benchmark in-process, and by the supervisor process as its core.
-It owns the desired state (the config) and every lifecycle step across models, one at a time
+It owns the running config and every lifecycle step across models, one at a time
 (``_lifecycle``): ``start`` loads the ``preload`` models; ``load`` / ``unload`` act on one model;
-``reload`` applies a new config's difference; loads on demand (``preload: false`` or evicted
-models a request is waiting for), and with ``preload_policy: predictive`` loads ahead of the
-request its ``TransitionModel`` expects next (``supervisor.preload``), run on a short-lived
-thread. Every load is measured (``supervisor.memory``) and held to the model's
-``memory_budget_mb`` and its devices' budgets, evicting least-recently-used idle ``evictable``
-models on a device when it does not fit there.
+``reload`` applies a new config's difference. Every load (``_load``) is measured
+(``supervisor.memory``) and held to the model's ``memory_budget_mb`` and its devices' budgets,
+evicting least-recently-used idle ``evictable`` models on a device when it does not fit there;
+the model is told the device memory the budgets leave it as an argument of its ``load``.
 
-Two jobs live beside it: where models compute (``supervisor.placement``: a thread plan and
-compute gate per pool of cores, a gate per accelerator, each instance's device) and what memory
-they are charged and which idle models make room (``supervisor.memory.MemoryLedger``, per
-device).
+The rooms of a model's life, each its own module:
+
+- ``supervisor.registry.ModelRegistry``: names → ``ServedModel``, built from the config (one
+  backend per kind), a reload's difference and swap, the retired models' hand-over;
+- ``supervisor.background_loads.BackgroundLoads``: loads on demand (a request waits for an
+  unloaded model) and, with ``preload_policy: predictive``, ahead of the request its
+  ``TransitionModel`` expects next, on short-lived threads; it is handed ``_load`` as a callable;
+- ``worker.served_model.ServedModel``: one model's state machine, worker generations and
+  admission;
+- ``supervisor.placement`` (where models compute: a thread plan and compute gate per pool of
+  cores, a gate per accelerator, each instance's device) and ``supervisor.memory.MemoryLedger``
+  (what memory models are charged, per device, and which idle ones make room).
 
 Concurrency:
 
@@ -26,7 +32,7 @@ model instance thread  load + warm-up, then batches: prepare →      ``Request.
 (one per instance)     execute (holds the ``ComputeGate``) → post   the caller's callback /
                                                                    ``Future``
 lifecycle caller       ``start``/``load``/``unload``/``reload``,    ``_lifecycle`` lock; models'
-(control, on-demand)   measured, budgeted, one at a time            ``lifecycle`` locks
+(control, background)  measured, budgeted, one at a time            ``lifecycle`` locks
 =====================  ==========================================  ==========================
 """
 
@@ -34,32 +40,25 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Any
 
 import structlog
 
-from ipc.errors import (
-    DuomoError,
-    InvalidArgumentError,
-    NotFoundError,
-    ResourceExhaustedError,
-    UnavailableError,
-    echoed,
-)
+from ipc.errors import DuomoError, ResourceExhaustedError, UnavailableError
+from supervisor.background_loads import BackgroundLoads
 from supervisor.config import LoadedConfig, ResolvedModel
 from supervisor.device_telemetry import DeviceTelemetry
 from supervisor.lending import IdleSpin
-from supervisor.memory import Footprint, MemoryLedger, MemoryUse, mb, resident_bytes, trim_heap
+from supervisor.memory import Footprint, MemoryLedger, MemoryUse, mb, resident_bytes
 from supervisor.placement import HOST, Placements
-from supervisor.preload import TransitionModel
-from worker.backends import Backend, create_backend
+from supervisor.registry import ModelRegistry
 from worker.executors.image_ops import limit_opencv_threads
+from worker.model_spec import SERVING, DeviceMemoryError, ModelState
 from worker.model_worker import Activity
 from worker.request import Outcome
-from worker.served_model import SERVING, DeviceMemoryError, ModelSpec, ModelState, ServedModel
+from worker.served_model import ServedModel
 from worker.thread_budget import ComputeGate, ThreadPlan
 
 log = structlog.get_logger("duomo.engine")
@@ -68,22 +67,24 @@ LOAD_TIMEOUT_S = 300.0
 
 class Engine:
     def __init__(self, loaded: LoadedConfig, only: Iterable[str] | None = None) -> None:
-        self.models: dict[str, ServedModel] = {}
         self.placements = Placements(loaded)  # thread plans and compute gates
-        self.memory = MemoryLedger(self.models, loaded, self._release_memory)
-        self.loaded = loaded
-        self._wanted = list(only) if only is not None else list(loaded.models)
-        self._only = only is not None  # ``duomo infer -c``: these models, loaded at once
-        self._backends: dict[str, Backend] = {}
-        self._lifecycle = threading.RLock()
-        self._signatures: dict[str, tuple[Any, ...]] = {}  # name -> what its model was built from
-        self._demand_lock = threading.Lock()
-        self._demanded: set[str] = set()  # loading for a waiting request, or ahead of one
-        self.predictor = TransitionModel()  # preload_policy: predictive
-        self._closed = False
         self.activity = Activity()  # instances at work: an idle worker spins only while none is
         # every batcher's idle reader; its ``lending`` is the reactor's once the supervisor runs
         self.idle_spin = IdleSpin(self.activity.idle, lambda: self.loaded.config.idle_spin_us)
+        self.registry = ModelRegistry(self.placements, self.idle_spin, self.activity)
+        self.models = self.registry.models  # (the same dict, for its readers)
+        self.memory = MemoryLedger(self.models, loaded, self.registry.release_memory)
+        self.loaded = loaded
+        self._wanted = list(only) if only is not None else list(loaded.models)
+        self._only = only is not None  # ``duomo infer -c``: these models, loaded at once
+        self._lifecycle = threading.RLock()
+        self.background = BackgroundLoads(
+            lambda model, keep: self._load(model, keep=keep),
+            self._lifecycle,
+            self.models,
+            lambda: self.loaded.config,
+        )
+        self._closed = False
         self.telemetry = DeviceTelemetry(())  # the devices' self-reports, once started
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -99,7 +100,7 @@ class Engine:
             self.placements.start(self._wanted)
             limit_opencv_threads()
             for name in self._wanted:
-                self.models[name] = self._build(name, self.loaded)
+                self.registry.add(self._build(name, self.loaded))
             self.telemetry = DeviceTelemetry((d.id, d.kind) for d in self.loaded.config.devices)
             try:
                 for name in self._wanted:
@@ -137,7 +138,7 @@ class Engine:
         with self._lifecycle:
             model = self.model(name)
             cut = model.unload()
-            self._release_memory()
+            self.registry.release_memory()
             return {"model": name, "answered_unavailable": cut}
 
     def reload(self, new: LoadedConfig, only: str | None = None) -> dict[str, list[str]]:
@@ -152,35 +153,17 @@ class Engine:
         with self._lifecycle:
             self._refuse_if_closed()
             names = list(new.models)
-            if _device_layout(new) != _device_layout(self.loaded):
-                raise InvalidArgumentError(
-                    "the devices changed (ids, kinds, cores, runs_at_once or overdraft): they are "
-                    "set at start; restart the supervisor to change them (a memory_budget_mb "
-                    "change reloads)"
-                )
-            if only is not None and only not in new.models and only not in self.models:
-                raise NotFoundError(f"no model named {echoed(only)} in {new.path} or being served")
-            added = [n for n in names if n not in self.models]
-            removed = [n for n in self.models if n not in new.models]
-            changed = [
-                n
-                for n in names
-                if n in self.models
-                and (n == only or self._signature(new.models[n]) != self._signatures[n])
-            ]
-            if only is not None:
-                added, removed, changed = (
-                    [n for n in group if n == only] for group in (added, removed, changed)
-                )
+            diff = self.registry.diff(self.loaded, new, only)
+            added, removed, changed = diff.added, diff.removed, diff.changed
             plans = self.placements.replan(new, names)
             previous_plans, self.placements.plans = self.placements.plans, plans
             fresh: dict[str, ServedModel] = {}
             try:
                 for name in added + changed:
-                    fresh[name] = model = self._build(name, new)
                     old = self.models.get(name)
-                    if old is not None and not old.auto_load:
-                        model.auto_load = False  # an operator's unload still holds
+                    # an operator's unload still holds
+                    held = old is not None and not old.auto_load
+                    fresh[name] = model = self._build(name, new, unloaded_by_operator=held)
                     # load what serves now or has requests waiting, and what should have
                     # loaded but has not (a fixed model)
                     fresh_start = old is None or old.state is ModelState.FAILED
@@ -194,10 +177,7 @@ class Engine:
                     model.stop(0.0)
                 raise
             old_models = [self.models[n] for n in changed + removed]
-            self.models.update(fresh)
-            for name in removed:
-                del self.models[name]
-                self._signatures.pop(name, None)
+            self.registry.swap(fresh, removed)
             if only is None:
                 self.loaded = new
             else:  # the rest of the running config stays as it was
@@ -206,12 +186,8 @@ class Engine:
                     models[only] = new.models[only]
                 self.loaded = LoadedConfig(self.loaded.path, self.loaded.config, models)
             self._wanted = list(self.models)
-        for old in old_models:
-            replacement = self.models.get(old.spec.name)
-            if replacement is not None and old.state not in SERVING and old.pending:
-                _hand_over_queue(old, replacement)  # it has no workers to finish them itself
-            old.stop()  # finishes what it accepted (outside the lock: others may load)
-        self._release_memory()
+        self.registry.retire(old_models)  # they finish what they accepted (others may load)
+        self.registry.release_memory()
         summary = {"added": added, "removed": removed, "replaced": changed}
         log.info("engine reloaded", **summary)
         return summary
@@ -234,7 +210,7 @@ class Engine:
         devices = model.spec.devices
         for device in devices:
             memory.make_room(model, device, memory.expected(name, device, budget), exclude)
-        self._release_memory()
+        self.registry.release_memory()
         before = resident_bytes()
         try:
             self._load_within_room(model, budget)
@@ -261,14 +237,14 @@ class Engine:
                 f"{mb(budget)}"
             )
             model.fail(why)  # it would not fit on the next try either: an operator decides
-            self._release_memory()
+            self.registry.release_memory()
             raise ResourceExhaustedError(f"model {name!r} {why}")
         try:
             for device in devices:
                 memory.make_room(model, device, charged[device], exclude)
         except ResourceExhaustedError:
             model.unload("does not fit its device's memory budget", by_operator=False)
-            self._release_memory()
+            self.registry.release_memory()
             raise
         log.info(
             "model loaded", model=name, host_mb=round(footprint.host_bytes / 2**20, 1),
@@ -278,158 +254,27 @@ class Engine:
     def _load_within_room(self, model: ServedModel, budget: int | None) -> None:
         """Load, telling an accelerator's sessions how much device memory the budgets leave
         them on their device (``MemoryLedger.rooms``)."""
-        model.device_room_bytes = self.memory.rooms(model, budget)
-        model.load(LOAD_TIMEOUT_S)
-
-    def _on_demand(self, model: ServedModel) -> None:
-        """A request waits for an unloaded model: load it on a short-lived thread (once)."""
-        name = model.spec.name
-
-        def failed(err: Exception) -> None:  # the waiting requests are answered with the reason
-            log.error("load on demand failed", model=name, error=str(err))
-            if model.state is ModelState.UNLOADED:
-                model.fail_queued(f"model {name!r} could not be loaded: {err}")
-
-        self._in_background(
-            model, "load", lambda: self._load_keeping_what_comes_next(model), failed
-        )
-
-    def _in_background(
-        self,
-        model: ServedModel,
-        label: str,
-        load: Callable[[], None],
-        failed: Callable[[Exception], None],
-    ) -> None:
-        """Run ``load`` under the lifecycle lock on a short-lived thread, one at a time per
-        model (``_demanded``), unless the model was replaced or unloaded by an operator
-        meanwhile; ``failed`` takes what it raised. Afterwards a request still waiting for the
-        model, unloaded, gets a load on demand."""
-        name = model.spec.name
-        with self._demand_lock:
-            if name in self._demanded or self._closed:
-                return
-            self._demanded.add(name)
-
-        def run() -> None:
-            try:
-                with self._lifecycle:
-                    if self.models.get(name) is model and not self._closed and model.auto_load:
-                        load()
-            except Exception as err:
-                failed(err)
-            finally:
-                with self._demand_lock:
-                    self._demanded.discard(name)
-                if model.pending and model.state is ModelState.UNLOADED and model.auto_load:
-                    self._on_demand(model)  # more arrived after a failure: try again
-
-        threading.Thread(target=run, name=f"duomo-{label}-{name}", daemon=True).start()
-
-    def _load_keeping_what_comes_next(self, model: ServedModel) -> None:
-        """A load on demand. With ``preload_policy: predictive`` it first tries to make room
-        without evicting the models likely to be asked for next, then as LRU would."""
-        name = model.spec.name
-        if self.loaded.config.preload_policy != "predictive":
-            self._load(model)
-            return
-        keep = set(self._likely_next(name))
-        try:
-            self._load(model, keep=keep)
-        except ResourceExhaustedError:
-            if not keep or model.state is not ModelState.UNLOADED:
-                raise
-            self._load(model)
-
-    def _predict_after(self, model: ServedModel) -> None:
-        """``preload_policy: predictive``, on every request's path: learn the transition, and
-        when the model changed, load in the background each unloaded model likely enough to
-        come next (``predictive_threshold``)."""
-        name = model.spec.name
-        if self.predictor.observe(name) is None:
-            return  # the same model again, or the first request
-        likely = self._likely_next(name)
-        for other, chance in likely.items():
-            candidate = self.models.get(other)
-            if (
-                candidate is not None
-                and candidate.state is ModelState.UNLOADED
-                and candidate.auto_load
-            ):
-                keep = {after for after, p in likely.items() if p >= chance and after != other}
-                self._preload(candidate, after=name, keep=keep | {name})
-
-    def _likely_next(self, name: str) -> dict[str, float]:
-        """The models at least ``predictive_threshold`` likely to be asked for next after
-        ``name``, with their probabilities."""
-        threshold = self.loaded.config.predictive_threshold
-        return {n: p for n, p in self.predictor.likely_after(name).items() if p >= threshold}
-
-    def _preload(self, model: ServedModel, after: str, keep: set[str]) -> None:
-        """Load ``model`` ahead of its request on a short-lived thread (once at a time, like a
-        load on demand), evicting no model in ``keep`` (``after`` and those at least as likely
-        to come after it), no busy one, and never past a budget."""
-
-        def load() -> None:
-            if model.state is ModelState.UNLOADED:
-                model.predicted = True  # (a request from now on is a hit)
-                self._load(model, keep=keep)
-                model.predicted_loads += 1
-
-        def failed(err: Exception) -> None:  # no room (or it failed): the request will load it
-            model.predicted = False
-            log.info("predictive preload skipped", model=model.spec.name, after=after, why=str(err))
-
-        self._in_background(model, "preload", load, failed)
+        model.load(LOAD_TIMEOUT_S, device_room=self.memory.rooms(model, budget))
 
     def _refuse_if_closed(self) -> None:
         if self._closed:
             raise UnavailableError("the supervisor is shutting down")
 
-    def _release_memory(self) -> None:
-        """After models went away: backends hand back what their shared pools no longer use,
-        then the C heap is trimmed."""
-        for backend in list(self._backends.values()):
-            backend.release_free_memory()
-        trim_heap()
-
     # -- building ---------------------------------------------------------------------------
 
-    def _build(self, name: str, loaded: LoadedConfig) -> ServedModel:
-        resolved = loaded.models[name]
-        cfg = resolved.config
-        backend = self._backends.get(cfg.backend)
-        if backend is None:
-            backend = create_backend(cfg.backend, getattr(loaded.config.backends, cfg.backend))
-            self._backends[cfg.backend] = backend
-        spec = ModelSpec(
-            name=name,
-            task=cfg.task,
-            executor=resolved.executor,
-            params=resolved.params,
-            files=resolved.files,
-            instances=cfg.instances,
-            max_batch=cfg.max_batch,
-            max_delay_s=0.0 if cfg.max_delay_ms == "auto" else cfg.max_delay_ms / 1e3,
-            adaptive_delay=cfg.max_delay_ms == "auto",
-            queue_size=cfg.queue_size,
-            priority=cfg.priority,
-            priority_aging_per_s=cfg.priority_aging_per_s,
-            compute_weight=cfg.compute_weight,
-            health=cfg.health,
-            placements=tuple(self.placements.placement(name, cfg, i) for i in range(cfg.instances)),
-        )
-        self._signatures[name] = self._signature(resolved)
-        on_demand = None if self._only else self._on_demand
+    def _build(
+        self, name: str, loaded: LoadedConfig, unloaded_by_operator: bool = False
+    ) -> ServedModel:
+        """The registry's new model for ``name``, its loads on demand and predictions ours
+        (``background``), unless only named models are served (``duomo infer -c``)."""
+        on_demand = None if self._only else self.background.demand
         predictive = loaded.config.preload_policy == "predictive" and not self._only
-        return ServedModel(
-            spec,
-            backend,
-            {d: self.placements.gate_for(cfg.backend, d) for d in cfg.device_ids},
+        return self.registry.build(
+            name,
+            loaded,
             on_demand=on_demand,
-            idle_reader=self.idle_spin,
-            activity=self.activity,
-            on_request=self._predict_after if predictive else None,
+            on_request=self.background.observe if predictive else None,
+            unloaded_by_operator=unloaded_by_operator,
         )
 
     @property
@@ -463,34 +308,14 @@ class Engine:
         if model is not None:
             model.batcher.wake_idle()
 
-    @staticmethod
-    def _signature(resolved: ResolvedModel) -> tuple[Any, ...]:
-        """What a model was built from: its entry, its executor class and its files' sizes and
-        times. A user's executor module whose file changed is imported again by the config
-        loader (``resolve_executor``), so its class is a new object and the model a changed one."""
-
-        def stamp(path: Path) -> tuple[int, int]:
-            try:
-                st = path.stat()
-            except OSError:
-                return (0, 0)
-            return (st.st_size, st.st_mtime_ns)
-
-        files = tuple(sorted((role, str(p), stamp(p)) for role, p in resolved.files.items()))
-        return (resolved.config, resolved.executor, files)
-
     def _resolved(self, name: str) -> ResolvedModel:
         return self.loaded.models[name]
 
     # -- requests ---------------------------------------------------------------------------
 
     def model(self, name: str) -> ServedModel:
-        try:
-            return self.models[name]
-        except KeyError:
-            raise NotFoundError(
-                f"no model named {echoed(name)} (serving: {sorted(self.models)})"
-            ) from None
+        """The model served under ``name``; NotFoundError naming those served if none is."""
+        return self.registry.model(name)
 
     def submit(
         self, name: str, payload: Any, priority: int | None = None, deadline_s: float | None = None
@@ -593,13 +418,12 @@ class Engine:
         deadline = time.monotonic() + grace_s
         with self._lifecycle:
             self._closed = True
+            self.background.close()
             models = list(self.models.values())
         cut = 0
         for model in models:
             cut += model.stop(max(0.0, deadline - time.monotonic()))
-        for backend in self._backends.values():
-            backend.close()
-        self._backends.clear()
+        self.registry.close_backends()
         self.telemetry.close()
         return cut
 
@@ -609,20 +433,3 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _device_layout(loaded: LoadedConfig) -> list[dict[str, Any]]:
-    """What of the devices is fixed at start: all but their memory budgets."""
-    return [d.model_dump(exclude={"memory_budget_mb"}) for d in loaded.config.devices]
-
-
-def _hand_over_queue(old: ServedModel, new: ServedModel) -> None:
-    """Requests waiting for an unloaded model that a reload replaced go to its replacement when
-    their payloads fit it (same slot layout); otherwise ``stop`` answers them UNAVAILABLE."""
-    if not (old.layout_known and new.layout_known and old.slot_spec() == new.slot_spec()):
-        return
-    for request in old.batcher.drain():
-        try:  # answered through the old request: its client's callback, its bookkeeping
-            new.submit(request.payload, request.deliver, request.priority, request.deadline_s)
-        except DuomoError as err:
-            request.complete(error=err)

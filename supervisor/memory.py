@@ -27,7 +27,8 @@ import structlog
 
 from ipc.errors import ResourceExhaustedError
 from supervisor.config import LoadedConfig, ResolvedModel
-from worker.served_model import SERVING, ServedModel
+from worker.model_spec import SERVING
+from worker.served_model import ServedModel
 
 log = structlog.get_logger("duomo.memory")
 MB = 1 << 20

@@ -27,7 +27,7 @@ from prometheus_client.utils import floatToGoString
 
 from ipc.errors import ErrorCode
 from supervisor.engine import Engine
-from worker.served_model import ModelState
+from worker.model_spec import ModelState
 from worker.stats import TOTALS, HistogramState
 
 FAILURE_REASONS = tuple(code.name for code in ErrorCode if code is not ErrorCode.OK)
@@ -181,9 +181,9 @@ class DuomoCollector(Collector):
             evictions.add_metric([name], model.evictions)
             for cause, count in list(model.restart_attempts.items()):
                 restarts.add_metric([name, cause], count)
-            predicted.add_metric([name], model.predicted_loads)
-            hits.add_metric([name], model.prediction_hits)
-            wasted.add_metric([name], model.predictions_wasted)
+            predicted.add_metric([name], model.predictions.loads)
+            hits.add_metric([name], model.predictions.hits)
+            wasted.add_metric([name], model.predictions.wasted)
         yield from (success, failure, items, executions, *durations.values(), latency, batch)
         yield from (pending, state, memory, budget, loads, load_time, evictions, restarts)
         yield from (predicted, hits, wasted)

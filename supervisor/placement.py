@@ -21,7 +21,7 @@ from collections.abc import Mapping
 
 from ipc.errors import NotFoundError
 from supervisor.config import DeviceConfig, LoadedConfig, ModelConfig, pool_cores, thread_budget
-from worker.served_model import Placement
+from worker.model_spec import Placement
 from worker.thread_budget import ComputeGate, InstanceDemand, ThreadPlan, plan_threads
 
 Pool = int | None  # a pool of cores: a cpu device's own (its id), or the host's shared one

@@ -23,7 +23,8 @@ import structlog
 
 from supervisor.engine import Engine
 from worker.health import Observation, Verdict, assess
-from worker.served_model import SERVING, ModelState, ServedModel
+from worker.model_spec import SERVING, ModelState
+from worker.served_model import ServedModel
 
 log = structlog.get_logger("duomo.watchdog")
 

@@ -1,12 +1,14 @@
 """One configured model being served: its state machine, batcher, instance threads and statistics.
 
-Created by the engine from a ``ModelSpec`` and kept for as long as the config declares the model;
-its workers come and go. The engine calls the lifecycle methods (one at a time per model, under
-``lifecycle``): ``load`` starts every instance on its own thread and returns once all are
-warmed up; ``unload`` lets them go; ``reinitialize`` (from the watchdog) replaces them after
-failures or a hang; ``stop`` ends the model for good. ``submit`` (or ``enqueue``, for a request
-built by the caller) queues a request from any thread and returns at once; the outcome arrives
-through the request's callback.
+Built by the registry (``supervisor.registry``) from a ``ModelSpec`` (``worker.model_spec``) and
+kept for as long as the config declares the model; its workers come and go. What it needs comes
+in as arguments: the hooks it calls on a request (``on_demand``, ``on_request``) at construction,
+the device memory its budgets leave it with each ``load``. The engine calls the lifecycle
+methods (one at a time per model, under ``lifecycle``): ``load`` starts every instance on its
+own thread and returns once all are warmed up; ``unload`` lets them go; ``reinitialize``
+(from the watchdog) replaces them after failures or a hang; ``stop`` ends the model for good.
+``submit`` (or ``enqueue``, for a request built by the caller) queues a request from any thread
+and returns at once; the outcome arrives through the request's callback.
 
 States::
 
@@ -15,7 +17,7 @@ States::
        └──────── UNLOADING ←─────┘ (unload, eviction)           stop → STOPPED
 
 What ``submit`` does in each state: READY, DEGRADED, LOADING queue the request. UNLOADED
-(``preload: false`` or evicted) queues it and asks the engine to load the model (``on_demand``);
+(``preload: false`` or evicted) queues it and asks for a load (``on_demand``: the background loads);
 the request waits, bounded by its deadline — unless an operator unloaded the model, then it is
 UNAVAILABLE. REINITIALIZING queues or refuses by ``health.while_reinitializing``. FAILED,
 UNLOADING by an operator and STOPPED refuse with UNAVAILABLE and the reason. No accepted request
@@ -29,9 +31,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from enum import Enum
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,9 +40,16 @@ from ipc.errors import DeadlineExceededError, UnavailableError
 from worker.backends.base import Backend, ModelSession, NotEnoughDeviceMemoryError, SessionSettings
 from worker.batch_window import BatchWindow
 from worker.batcher import Batcher, IdleReader
-from worker.config_model import StrictModel
 from worker.executors.base import Executor, SlotSpec
-from worker.health import HealthPolicy, RestartHistory, Verdict
+from worker.health import RestartHistory, Verdict
+from worker.model_spec import (
+    SERVING,
+    DeviceMemoryError,
+    ModelLoadError,
+    ModelSpec,
+    ModelState,
+    PredictedLoads,
+)
 from worker.model_worker import Activity, ModelWorker
 from worker.request import Outcome, Request
 from worker.stats import Buckets, ModelStats
@@ -56,83 +62,6 @@ LOAD_BOUNDS_S = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)  # a load, war
 RESTART_CAUSES = tuple(v.value.lower() for v in Verdict if v.needs_restart)
 
 
-class ModelState(str, Enum):
-    UNLOADED = "UNLOADED"
-    LOADING = "LOADING"
-    READY = "READY"
-    DEGRADED = "DEGRADED"
-    REINITIALIZING = "REINITIALIZING"
-    FAILED = "FAILED"
-    UNLOADING = "UNLOADING"
-    STOPPED = "STOPPED"
-
-
-SERVING = (ModelState.READY, ModelState.DEGRADED)
-
-
-class ModelLoadError(RuntimeError):
-    """A model's instances could not be loaded (or timed out); the message names the model and
-    ``__cause__`` is the instance's own error."""
-
-    def __init__(self, model: str, why: str) -> None:
-        super().__init__(f"model {model!r} {why}")
-        self.model = model
-
-
-class DeviceMemoryError(ModelLoadError):
-    """An instance's own estimate (ACL ``query_size``) did not fit the device memory its budgets
-    leave on ``device``; nothing was allocated, so the engine may make room and load again."""
-
-    def __init__(self, model: str, why: str, short: NotEnoughDeviceMemoryError) -> None:
-        super().__init__(model, why)
-        self.needed = short.needed
-        self.room = short.room
-        self.device = short.device
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where one instance runs: its device, its intra-op threads, and the cores its threads are
-    pinned to (a cpu device's own; none: any of the process's)."""
-
-    device: int = 0
-    intra_op_threads: int = 1
-    cores: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """Everything the worker layer needs to serve one model (resolved from the config)."""
-
-    name: str
-    task: str
-    executor: type[Executor]
-    params: StrictModel
-    files: Mapping[str, Path]
-    instances: int = 1
-    max_batch: int = 1
-    max_delay_s: float = 0.0
-    adaptive_delay: bool = False  # ``max_delay_ms: auto``: the window follows health.slo_p99_ms
-    queue_size: int = 64
-    priority: int = 0
-    priority_aging_per_s: float = 0.0
-    intra_op_threads: int = 1
-    health: HealthPolicy = field(default_factory=HealthPolicy)
-    compute_weight: float = 1.0  # its share of the device's compute time, relative to others'
-    # instance i's place (``models[].device``, round-robin); none given: all on device 0
-    placements: tuple[Placement, ...] = ()
-
-    def placement(self, index: int) -> Placement:
-        if self.placements:
-            return self.placements[index]
-        return Placement(0, self.intra_op_threads)
-
-    @property
-    def devices(self) -> tuple[int, ...]:
-        """The devices its instances run on, in the order of their first instance."""
-        return tuple(dict.fromkeys(self.placement(i).device for i in range(self.instances)))
-
-
 class ServedModel:
     def __init__(
         self,
@@ -143,7 +72,11 @@ class ServedModel:
         idle_reader: IdleReader | None = None,
         activity: Activity | None = None,
         on_request: Callable[[ServedModel], None] | None = None,
+        unloaded_by_operator: bool = False,
     ) -> None:
+        """``on_demand`` loads it for a waiting request (``supervisor.background_loads``; none:
+        only an operator loads it), ``on_request`` hears of every request (the predictor), and
+        ``unloaded_by_operator`` carries an operator's unload over to a model built again."""
         self.spec = spec
         self._backend = backend
         # its place at each of its devices' compute gates, by device (a model built again
@@ -155,8 +88,8 @@ class ServedModel:
             for device, gate in (gates or {}).items()
         }
         self._activity = activity  # the process's count of instances at work
-        self._on_demand = on_demand  # asks the engine to load this model for a waiting request
-        self._on_request = on_request  # tells the engine's predictor (preload_policy)
+        self._on_demand = on_demand  # asks for a load of this model for a waiting request
+        self._on_request = on_request  # tells the predictor (preload_policy)
         self.stats = ModelStats()
         self.window: BatchWindow | None = None  # ``max_delay_ms: auto``
         slo_ms = spec.health.slo_p99_ms
@@ -177,7 +110,8 @@ class ServedModel:
         self.abandoned: list[ModelWorker] = []  # hung workers let go of; they end on their own
         self.state = ModelState.UNLOADED
         self.lifecycle = threading.RLock()  # load / unload / reinitialize / stop: one at a time
-        self.auto_load = on_demand is not None  # False once an operator unloads the model
+        # False once an operator unloads the model (``auto_load``)
+        self._auto_load = on_demand is not None and not unloaded_by_operator
         self.last_error: str | None = None
         self.last_used_s = 0.0  # monotonic time of the last submit (LRU eviction)
         self.consecutive_failures = 0
@@ -185,19 +119,14 @@ class ServedModel:
         self.evictions = 0
         self.reinitializations = 0  # since start (``restarts`` only keeps the window)
         self.load_seconds = Buckets(LOAD_BOUNDS_S)  # successful loads: the model switch latency
-        # predictive preload: loads made ahead of a request, those a request then used, and
-        # those unloaded again unused; ``predicted`` while a predicted load awaits its request
-        self.predicted_loads = 0
-        self.prediction_hits = 0
-        self.predictions_wasted = 0
-        self.predicted = False
+        self.predictions = PredictedLoads()  # preload_policy: predictive
         self.restart_attempts = dict.fromkeys(RESTART_CAUSES, 0)  # by cause, since built
         self.restarts = RestartHistory(spec.health)
         self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self._pending = 0  # accepted and not yet answered: queued + being processed
         self._pending_lock = threading.Lock()
-        # device memory its budgets leave it on each device, set by the engine before a load
-        self.device_room_bytes: dict[int, int | None] = {}
+        # device memory its budgets leave it on each device, as of its last ``load``
+        self._device_room: dict[int, int | None] = {}
         self._slot_spec: SlotSpec | None = None  # kept across unloads: attached clients stay
         self._payload_builder: Callable[[dict[str, np.ndarray], memoryview], Any] | None = None
 
@@ -225,7 +154,7 @@ class ServedModel:
             intra_op_threads=place.intra_op_threads,
             gate=self.gates.get(place.device),
             device=place.device,
-            device_room_bytes=self.device_room_bytes.get(place.device),
+            device_room_bytes=self._device_room.get(place.device),
             cores=place.cores,
         )
         return spec.executor.open(spec.params, spec.files, spec.max_batch, self._backend, settings)
@@ -269,8 +198,12 @@ class ServedModel:
         self.consecutive_failures = 0
         self.last_error = None
 
-    def load(self, timeout_s: float = 300.0) -> None:
+    def load(
+        self, timeout_s: float = 300.0, device_room: Mapping[int, int | None] | None = None
+    ) -> None:
         """Load and warm up every instance; a model already serving is left as it is.
+        ``device_room``: on an accelerator, the device memory its budgets leave it on each of
+        its devices (``MemoryLedger.rooms``; a re-initialization keeps what the load had).
 
         On failure the model returns to UNLOADED (FAILED if it had failed before), requests
         that were waiting for it are answered UNAVAILABLE with the reason, and
@@ -283,6 +216,7 @@ class ServedModel:
                 return
             if self.state is ModelState.STOPPED:
                 raise UnavailableError(f"model {self.spec.name!r} is stopped")
+            self._device_room = dict(device_room or {})
             before = self.state
             self.set_state(ModelState.LOADING)
             self.batcher.reopen()
@@ -293,13 +227,13 @@ class ServedModel:
                 self.last_error = str(err)
                 after = ModelState.FAILED if before is ModelState.FAILED else ModelState.UNLOADED
                 self.set_state(after, self.last_error)
-                if after is ModelState.FAILED or not self.auto_load:
+                if after is ModelState.FAILED or not self._auto_load:
                     self.batcher.close()  # refused from now on, atomically with ``put``
-                if not isinstance(err, DeviceMemoryError) or not self.auto_load:
+                if not isinstance(err, DeviceMemoryError) or not self._auto_load:
                     self.fail_queued(f"model {self.spec.name!r} could not be loaded: {err}")
                 raise
             self.restarts.clear()
-            self.auto_load = self._on_demand is not None
+            self._auto_load = self._on_demand is not None
             self.load_seconds.observe(time.monotonic() - started)
             self.loads += 1
             self.set_state(ModelState.READY)
@@ -313,13 +247,13 @@ class ServedModel:
             if self.state is ModelState.STOPPED:
                 return 0
             if by_operator:
-                self.auto_load = False
+                self._auto_load = False
                 self.batcher.close()  # refused from now on, atomically with ``put``
             cut = 0
             if self.state is not ModelState.UNLOADED:
                 self.set_state(ModelState.UNLOADING, reason)
                 cut = self._retire_workers()
-            self._prediction_unused()
+            self.predictions.unused()
             cut += self.fail_queued(f"model {self.spec.name!r} was unloaded")
             self.set_state(ModelState.UNLOADED, reason)
             return cut
@@ -346,19 +280,13 @@ class ServedModel:
                 self.set_state(ModelState.UNLOADING, "evicted to make room")
             self._retire_workers()
             self.evictions += 1
-            self._prediction_unused()
+            self.predictions.unused()
             self.set_state(ModelState.UNLOADED, "evicted to make room")
-            if self.pending and self.auto_load and self._on_demand is not None:
+            if self.pending and self._auto_load and self._on_demand is not None:
                 self._on_demand(self)  # requests arrived while it unloaded: load it again
             return True
         finally:
             self.lifecycle.release()
-
-    def _prediction_unused(self) -> None:
-        """Unloaded: a predicted load that no request used was wasted."""
-        if self.predicted:
-            self.predicted = False
-            self.predictions_wasted += 1
 
     def _retire_workers(self) -> int:
         """End this generation of workers: idle ones at once, busy ones after their batch. One
@@ -498,7 +426,7 @@ class ServedModel:
         state = self.state
         if state not in SERVING and state is not ModelState.LOADING:
             waits = (
-                self.auto_load
+                self._auto_load
                 if state in (ModelState.UNLOADED, ModelState.UNLOADING)
                 else state is ModelState.REINITIALIZING
                 and self.spec.health.while_reinitializing == "wait"
@@ -506,9 +434,8 @@ class ServedModel:
             if not waits:
                 raise UnavailableError(self._refusal(state))
         self.last_used_s = request.enqueued_s
-        if self.predicted:
-            self.predicted = False
-            self.prediction_hits += 1
+        if self.predictions.awaiting:  # (one attribute read on the request's path)
+            self.predictions.used()
         request.on_counted = self._count
         request.on_finished = self._finished
         with self._pending_lock:
@@ -520,7 +447,7 @@ class ServedModel:
             with self._pending_lock:
                 self._pending -= 1
             raise
-        if self.state is ModelState.UNLOADED and self.auto_load and self._on_demand is not None:
+        if self.state is ModelState.UNLOADED and self._auto_load and self._on_demand is not None:
             self._on_demand(self)  # read after queueing: an eviction cannot slip in between
         if self._on_request is not None:
             self._on_request(self)
@@ -544,6 +471,12 @@ class ServedModel:
         if state is ModelState.REINITIALIZING:
             return f"model {name!r} is re-initializing ({self.last_error or 'after failures'})"
         return f"model {name!r} is {state.value.lower()}"
+
+    @property
+    def auto_load(self) -> bool:
+        """Whether a request may load it (``on_demand``): not once an operator unloaded it,
+        until it is loaded again."""
+        return self._auto_load
 
     @property
     def pending(self) -> int:
@@ -646,11 +579,7 @@ class ServedModel:
             "evictions": self.evictions,
             "reinitializations": self.reinitializations,
             "restart_attempts": dict(self.restart_attempts),
-            "predictive": {
-                "loads": self.predicted_loads,
-                "hits": self.prediction_hits,
-                "wasted": self.predictions_wasted,
-            },
+            "predictive": self.predictions.to_dict(),
             "abandoned_workers": sum(1 for w in self.abandoned if w.alive),
             "last_error": self.last_error,
             "idle_s": round(now - self.last_used_s, 1) if self.last_used_s else None,

@@ -14,8 +14,9 @@ from tests.conftest import poll
 from worker.backends.ort_backend import OrtBackend
 from worker.executors.base import Executor, NoParams, StageTimer
 from worker.health import HealthPolicy
+from worker.model_spec import ModelSpec, ModelState
 from worker.request import Outcome, Request
-from worker.served_model import ModelSpec, ModelState, ServedModel
+from worker.served_model import ServedModel
 
 
 class GatedExecutor(Executor):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.preload import DECAY, TransitionModel
+from supervisor.background_loads import DECAY, TransitionModel
 
 pytestmark = pytest.mark.unit
 
