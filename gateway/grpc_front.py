@@ -111,8 +111,8 @@ class GrpcFront(service_pb2_grpc.GRPCInferenceServiceServicer):
         views = (
             [await self.link.view(request.name)] if request.name else list(self.link.views.values())
         )
-        status = (await self.link.control("status"))["status"]["models"]
-        stats = [protocol.model_statistics(v, status.get(v.name, {})) for v in views]
+        statuses = await self.link.model_statuses(request.name or None)
+        stats = [protocol.model_statistics(v, statuses.get(v.name)) for v in views]
         return json_format.ParseDict({"model_stats": stats}, service_pb2.ModelStatisticsResponse())
 
     @guarded

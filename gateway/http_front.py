@@ -240,10 +240,10 @@ class HttpFront:
 
     async def _stats(self, name: str | None) -> Reply:
         views = [await self.link.view(name)] if name is not None else list(self.link.views.values())
-        status = (await self.link.control("status"))["status"]["models"]
+        statuses = await self.link.model_statuses(name)  # (name's alone: not all of them)
         return _json({
             "model_stats": [
-                protocol.model_statistics(v, status.get(v.name, {})) for v in views
+                protocol.model_statistics(v, statuses.get(v.name)) for v in views
             ]
         })  # fmt: skip
 

@@ -34,6 +34,7 @@ from ipc.errors import (
     ResourceExhaustedError,
     UnavailableError,
 )
+from ipc.status_records import ModelInfo, ModelStatus, SupervisorStatus
 
 log = structlog.get_logger("duomo.gateway.link")
 T = TypeVar("T")
@@ -113,23 +114,24 @@ class SupervisorLink:
         loop = asyncio.get_running_loop()
         client = await loop.run_in_executor(None, functools.partial(Client, self.socket_path))
         try:
-            models = await loop.run_in_executor(None, client.models)
+            listed = await loop.run_in_executor(None, client.models)
+            models = [ModelInfo.from_dict(info) for info in listed]
             handles = {}
             for info in models:  # attach what is loaded now; the rest when first asked for
-                if "inputs" in info and info.get("state") in ("READY", "DEGRADED"):
-                    handles[info["name"]] = await loop.run_in_executor(
-                        None, functools.partial(client.model, info["name"], self.slots)
+                if info.loaded and info.state in ("READY", "DEGRADED"):
+                    handles[info.name] = await loop.run_in_executor(
+                        None, functools.partial(client.model, info.name, self.slots)
                     )
-            status = await loop.run_in_executor(None, client.status)
+            status = SupervisorStatus.from_dict(await loop.run_in_executor(None, client.status))
         except BaseException:
             client.close()
             raise
         self._fd = client.read_in_loop()
         loop.add_reader(self._fd, self._readable)
         self.client = client
-        self.supervisor_pid = int(status["pid"])
+        self.supervisor_pid = status.pid
         self._handles = handles
-        self.views = {str(info["name"]): model_view(info) for info in models}
+        self.views = {info.name: model_view(info) for info in models}
         self._lost.clear()
         self._connected.set()
 
@@ -171,7 +173,17 @@ class SupervisorLink:
 
     async def refresh(self) -> None:
         reply = await self.control("models")
-        self.views = {str(info["name"]): model_view(info) for info in reply["models"]}
+        models = (ModelInfo.from_dict(info) for info in reply["models"])
+        self.views = {info.name: model_view(info) for info in models}
+
+    async def model_statuses(self, name: str | None = None) -> dict[str, ModelStatus]:
+        """Every model's status by name; with ``name``, that model's alone, asked for alone
+        (NOT_FOUND when it is not served)."""
+        if name is not None:
+            reply = await self.control("status", model=name)
+            return {name: ModelStatus.from_dict(reply.get("model_status"))}
+        reply = await self.control("status")
+        return SupervisorStatus.from_dict(reply.get("status")).models
 
     async def view(self, name: str) -> ModelView:
         """``name``'s wire view (the models are read again once for a name not known)."""

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from ipc.errors import ErrorCode, InvalidArgumentError, NotFoundError, UnavailableError
+from ipc.status_records import ModelInfo, ModelStatus, TimedCount
 from ipc.wire import MAX_RANK, MAX_TIMEOUT_US  # (a day: longer is a mistake, not a deadline)
 
 VERSION = "1"  # the one version every model has on the wire
@@ -152,12 +153,12 @@ IMAGE_TASKS = ("classification", "face_detection", "ocr")
 STAT_KINDS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
 
 
-def model_view(info: dict[str, Any]) -> ModelView:
-    """The wire view of one entry of the supervisor's ``models`` reply."""
-    name, task = str(info["name"]), str(info["task"])
-    platform = PLATFORMS.get(str(info.get("backend")), "onnxruntime_onnx")
-    state = str(info.get("state", "UNKNOWN"))
-    slot_inputs = info.get("inputs")
+def model_view(info: ModelInfo) -> ModelView:
+    """The wire view of one entry of the supervisor's ``models`` reply. A backend not in
+    ``PLATFORMS`` (or none: a model a reload removed) shows as ONNX Runtime's platform."""
+    name, task, state = info.name, info.task, info.state
+    platform = PLATFORMS.get(str(info.backend), "onnxruntime_onnx")
+    slot_inputs = info.inputs
     if slot_inputs is None:  # never loaded: only the image tasks' contract is known
         image = task in IMAGE_TASKS
         return ModelView(
@@ -165,25 +166,23 @@ def model_view(info: dict[str, Any]) -> ModelView:
             (_image_input(),) if image else (), (_result_output(),) if image else (),
             json_result=image, known=image,
         )  # fmt: skip
-    json_result = info.get("result") == "json"
-    batched = bool(info.get("batched")) and not json_result
+    json_result = info.result == "json"
+    batched = bool(info.batched) and not json_result
     inputs = []
     for slot_input in slot_inputs:
-        slot_name, dtype = str(slot_input["name"]), str(slot_input["dtype"])
+        slot_name, dtype = slot_input.name, slot_input.dtype
         if json_result and slot_name == "image" and dtype == "uint8":
             inputs.append(_image_input())
             continue
-        inputs.append(
-            TensorInfo(slot_name, DATATYPES[dtype], _dims(slot_input["shape"]), slot_name)
-        )
+        inputs.append(TensorInfo(slot_name, DATATYPES[dtype], _dims(slot_input.shape), slot_name))
     if json_result:
         outputs: tuple[TensorInfo, ...] = (_result_output(),)
     else:
         outputs = tuple(
-            TensorInfo(str(o["name"]), DATATYPES[str(o["dtype"])], _dims(o["shape"]))
-            for o in info.get("output_tensors", [])
+            TensorInfo(o.name, DATATYPES[o.dtype], _dims(o.shape))
+            for o in info.output_tensors or ()
         )
-    max_batch = int(info.get("max_batch", 1)) if batched else 0
+    max_batch = info.max_batch if batched else 0
     return ModelView(
         name, task, platform, state, max_batch, tuple(inputs), outputs, json_result, known=True
     )
@@ -244,24 +243,28 @@ def model_config(view: ModelView) -> dict[str, Any]:
     return config
 
 
-def model_statistics(view: ModelView, status: dict[str, Any]) -> dict[str, Any]:
-    """Triton's statistics for one model from its entry in the supervisor's ``status``."""
-    totals = status.get("totals", {})
-
-    def stat(kind: str) -> dict[str, int]:
-        entry = totals.get(kind, {})
-        return {"count": int(entry.get("count", 0)), "ns": int(entry.get("ns", 0))}
-
+def model_statistics(view: ModelView, status: ModelStatus | None) -> dict[str, Any]:
+    """Triton's statistics for one model from its status (None: the supervisor no longer
+    lists it, as after a reload removed it: all zero)."""
+    if status is None:
+        zero = TimedCount(0, 0)
+        timed = {kind: zero for kind in STAT_KINDS}
+        last, inferences, executions, batch_sizes = 0, 0, 0, {}
+    else:
+        totals = status.totals
+        timed = {kind: totals.timed[kind] for kind in STAT_KINDS}
+        last, inferences = totals.last_inference_ms, totals.inference_count
+        executions, batch_sizes = totals.execution_count, status.batch_sizes
     return {
         "name": view.name,
         "version": VERSION,
-        "last_inference": int(totals.get("last_inference_ms", 0)),
-        "inference_count": int(totals.get("inference_count", 0)),
-        "execution_count": int(totals.get("execution_count", 0)),
-        "inference_stats": {kind: stat(kind) for kind in STAT_KINDS},
+        "last_inference": last,
+        "inference_count": inferences,
+        "execution_count": executions,
+        "inference_stats": {kind: t.to_dict() for kind, t in timed.items()},
         "batch_stats": [
-            {"batch_size": int(size), "compute_infer": {"count": int(count), "ns": 0}}
-            for size, count in status.get("batch_sizes", {}).items()
+            {"batch_size": int(size), "compute_infer": {"count": count, "ns": 0}}
+            for size, count in batch_sizes.items()
         ],
     }
 

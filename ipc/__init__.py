@@ -10,7 +10,9 @@ A producer needs only this package (and numpy)::
 Imported by producers and by the supervisor; it must never import ``supervisor`` or ``worker``
 and needs nothing heavier than numpy, so a producer starts in milliseconds. ``Client`` (with
 ``ModelHandle`` and ``Slot``) is imported from ``ipc.client`` on first use, so a process that
-only needs the errors (``import ipc.errors``) does not load the client library.
+only needs the errors (``import ipc.errors``) does not load the client library. The records of
+the supervisor's ``models`` and ``status`` replies (``ModelInfo``, ``SupervisorStatus`` …) are
+in ``ipc.status_records``: a producer reads ``SupervisorStatus.from_dict(client.status())``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,14 @@ from ipc.errors import (
     ResourceExhaustedError,
     UnavailableError,
 )
+from ipc.status_records import (
+    ClientStatus,
+    DeviceStatus,
+    ModelInfo,
+    ModelStatus,
+    StatusRecordError,
+    SupervisorStatus,
+)
 
 if TYPE_CHECKING:
     from ipc.client import Client, ModelHandle, Slot
@@ -37,16 +47,22 @@ _FROM_CLIENT = ("Client", "ModelHandle", "Slot")
 
 __all__ = [
     "Client",
+    "ClientStatus",
     "DeadlineExceededError",
+    "DeviceStatus",
     "DuomoError",
     "ErrorCode",
     "InternalError",
     "InvalidArgumentError",
     "ModelChangedError",
     "ModelHandle",
+    "ModelInfo",
+    "ModelStatus",
     "NotFoundError",
     "ResourceExhaustedError",
     "Slot",
+    "StatusRecordError",
+    "SupervisorStatus",
     "UnavailableError",
 ]
 

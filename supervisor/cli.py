@@ -26,6 +26,7 @@ from ipc.client import Client
 from ipc.errors import DuomoError, ErrorCode, NotFoundError
 from ipc.logs import LEVELS, configure_logging
 from ipc.runtime_dir import default_socket_path
+from ipc.status_records import ModelStatus, SupervisorStatus
 from supervisor.config import ConfigError, LoadedConfig, ResolvedModel, load_config
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
@@ -169,10 +170,10 @@ def _reloaded(reply: dict[str, Any]) -> str:
 
 
 def _loaded(model: str, reply: dict[str, Any]) -> str:
-    shown = reply["load"]
-    charged = shown["memory"]["charged_bytes"]
+    shown = ModelStatus.from_dict(reply.get("load"))
+    charged = shown.memory.charged_bytes
     size = f", {charged / 2**20:.0f} MiB charged to its budget" if charged is not None else ""
-    return f"{model}: {shown['state']}{size}"
+    return f"{model}: {shown.state}{size}"
 
 
 def _unloaded(model: str, reply: dict[str, Any]) -> str:
@@ -203,12 +204,13 @@ def cmd_status(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     try:
         with Client(args.socket, timeout_s=10) as client:
-            status = client.status()
+            shown = client.status()
+        status = SupervisorStatus.from_dict(shown)  # (a key missing fails here, loudly)
     except DuomoError as err:
         print(f"duomo status: {err.message}", file=sys.stderr)
         return EXIT_FAILED
     if args.json:
-        print(json.dumps(status, indent=2))
+        print(json.dumps(shown, indent=2))
     else:
         print(render_status(status))
     return EXIT_OK
@@ -246,63 +248,60 @@ def _aligned(
     return out
 
 
-def render_status(status: dict[str, Any]) -> str:
-    rss_mb = status["rss_bytes"] / 2**20
+def render_status(status: SupervisorStatus) -> str:
+    """``duomo status``'s text: the process, each device, the model table (its columns:
+    docs/operations.md), limits, gateway workers and clients."""
+    rss_mb = status.rss_bytes / 2**20
     lines = [
-        f"supervisor pid {status['pid']} on {status['socket']}, up {status['uptime_s']:.0f}s, "
-        f"{rss_mb:.0f} MiB resident, thread budget {status['thread_budget']}",
+        f"supervisor pid {status.pid} on {status.socket}, up {status.uptime_s:.0f}s, "
+        f"{rss_mb:.0f} MiB resident, thread budget {status.thread_budget}",
     ]
-    for device in status.get("devices", []):
-        budget, total = device["budget_bytes"], device.get("total_bytes")
+    for device in status.devices:
+        budget, total = device.budget_bytes, device.total_bytes
         limit = f" of {budget / 2**20:.0f} MiB budget" if budget else ""
         size = f"; {total / 2**20:.0f} MiB in all" if total else ""
-        cores = device.get("cores")
+        cores = device.cores
         pinned = f", cores {','.join(map(str, cores))}" if cores else ""
-        threads = device.get("thread_budget")
-        budget_note = f", thread budget {threads}" if threads and len(status["devices"]) > 1 else ""
+        threads = device.thread_budget
+        budget_note = f", thread budget {threads}" if threads and len(status.devices) > 1 else ""
         lines.append(
-            f"device {device['id']} ({device['kind']}{pinned}{budget_note}): "
-            f"{device['used_bytes'] / 2**20:.0f} MiB charged to loaded models{limit}{size}"
+            f"device {device.id} ({device.kind}{pinned}{budget_note}): "
+            f"{device.used_bytes / 2**20:.0f} MiB charged to loaded models{limit}{size}"
         )
     rows: list[tuple[list[str], str | None]] = []  # a model's cells, and its last error
-    for name, m in status["models"].items():
-        ok = m["outcomes"].get("ok", 0)
-        total = m.get("latency", {}).get("total", {})
-        batches = " ".join(f"{k}:{v}" for k, v in m["batch_sizes"].items()) or "-"
-        charged = (m.get("memory") or {}).get("charged_bytes")
+    for name, m in status.models.items():
+        batches = " ".join(f"{k}:{v}" for k, v in m.batch_sizes.items()) or "-"
+        charged = m.memory.charged_bytes
         size = f"{charged / 2**20:.0f}" if charged is not None else "-"
-        compute = m.get("compute") or {"share": 0.0, "weight": 1.0}
-        share = f"{compute['share']:.0%} (w {compute['weight']:g})"
-        devices = ",".join(str(d) for d in m.get("devices") or [0])
+        compute = m.compute
+        share = f"{compute.share:.0%} (w {compute.weight:g})" if compute is not None else "-"
+        devices = ",".join(str(d) for d in m.devices or [0])
         cells = [
-            name, m["state"], devices, str(m["instances"]), str(m["queue_depth"]),
-            str(m["in_flight"]), str(ok), str(m["requests"] - ok),
-            f"{total.get('p50_ms', 0):.1f}", f"{total.get('p99_ms', 0):.1f}", size,
-            str(m.get("restarts_in_window", 0)), share, batches,
+            name, m.state, devices, str(m.instances), str(m.queue_depth),
+            str(m.in_flight), str(m.ok), str(m.errors),
+            f"{m.latency_ms('p50') or 0:.1f}", f"{m.latency_ms('p99') or 0:.1f}", size,
+            str(m.restarts_in_window), share, batches,
         ]  # fmt: skip
-        error = m.get("last_error") if m["state"] != "READY" else None
+        error = m.last_error if m.state != "READY" else None
         rows.append((cells, f"  {name}: {error}" if error else None))
     lines += _aligned(STATUS_COLUMNS, rows)
-    limits = status.get("limits") or {}
-    if limits:
+    limits = status.limits
+    lines.append(
+        f"clients {len(status.clients)} of {limits['max_connections']}, "
+        f"{status.shm_bytes / 2**20:.1f} of {limits['shm_total_bytes'] / 2**20:.0f} MiB "
+        f"of ring memory committed, {status.connections_refused} connection(s) refused, "
+        f"{status.clients_cut_off} cut off"
+    )
+    for g in status.gateways:
         lines.append(
-            f"clients {len(status['clients'])} of {limits['max_connections']}, "
-            f"{status['shm_bytes'] / 2**20:.1f} of {limits['shm_total_bytes'] / 2**20:.0f} MiB "
-            f"of ring memory committed, {status['connections_refused']} connection(s) refused, "
-            f"{status['clients_cut_off']} cut off"
+            f"gateway worker {g.worker} (pid {g.pid}): {g.condition}, http {g.http}, "
+            f"grpc {g.grpc}, {g.restarts} restart(s)"
         )
-    for g in status.get("gateways", []):
-        state = "running" if g["running"] else ("gave up" if g["gave_up"] else "restarting")
-        lines.append(
-            f"gateway worker {g['worker']} (pid {g['pid']}): {state}, http {g['http']}, "
-            f"grpc {g['grpc']}, {g['restarts']} restart(s)"
-        )
-    for c in status["clients"]:
-        rings = ", ".join(f"{r['model']}×{r['slots']}" for r in c["rings"]) or "no models"
-        lent = " (read by its idle worker)" if c.get("lent") else ""
-        unread = c.get("unread_bytes", 0)
-        waiting = f", {unread} bytes of answers unread" if unread else ""
-        lines.append(f"client {c['id']} (pid {c['pid']}): {rings}{lent}{waiting}")
+    for c in status.clients:
+        rings = ", ".join(f"{r.model}×{r.slots}" for r in c.rings) or "no models"
+        lent = " (read by its idle worker)" if c.lent else ""
+        waiting = f", {c.unread_bytes} bytes of answers unread" if c.unread_bytes else ""
+        lines.append(f"client {c.id} (pid {c.pid}): {rings}{lent}{waiting}")
     return "\n".join(lines)
 
 

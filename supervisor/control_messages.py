@@ -17,7 +17,7 @@ op         fields                                       reply (besides ``ok: tru
 models     —                                            ``models``: one object per model: name,
                                                         task, backend, state, max_batch; once
                                                         loaded also inputs, result, outputs,
-                                                        output_tensors, batched
+                                                        output_tensors, batched (``ModelInfo``)
 attach     ``model`` str; ``slots`` int 1..64 (4);      ``ring`` int, ``layout``
            ``inputs`` {input: bytes ≥ 0} (none): the    (``RingLayout``), ``descriptor: true``:
            room a larger frame needs                    the ring's sealed memfd rides with the
@@ -25,8 +25,10 @@ attach     ``model`` str; ``slots`` int 1..64 (4);      ``ring`` int, ``layout``
                                                         loaded is loaded first (later)
 detach     ``ring`` int                                 — (its queued work is dropped, the
                                                         segment unmapped once nothing reads it)
-status     —                                            ``status``: the supervisor's state
-                                                        (``Supervisor.status``)
+status     ``model`` str (none: the whole supervisor)   ``status``: the supervisor's state
+                                                        (``ipc.status_records.SupervisorStatus``);
+                                                        with ``model``, ``model_status``: that
+                                                        model's alone (``ModelStatus``)
 stop       ``wait`` bool (false)                        — at once; with ``wait``, once stopped:
                                                         ``cut`` int, the requests cut
 reload     ``model`` str (none: the whole config)       ``added``, ``removed``, ``replaced``:
@@ -176,6 +178,11 @@ class Detach(RingMessage):
 @dataclass(frozen=True)
 class Status(ControlMessage):
     op = "status"
+    model: str | None = None  # None: the whole supervisor; else that model's status alone
+
+    @classmethod
+    def parse(cls, fields: Fields) -> Status:
+        return cls(model=fields.optional_text("model"))
 
 
 @dataclass(frozen=True)

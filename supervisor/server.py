@@ -58,6 +58,16 @@ from ipc.errors import (
     echoed,
 )
 from ipc.runtime_dir import ensure_private_dir, key_path, pid_path, write_key
+from ipc.status_records import (
+    ClientStatus,
+    DeviceStatus,
+    GatewayWorkerStatus,
+    ModelInfo,
+    ModelStatus,
+    RingStatus,
+    SupervisorStatus,
+    TensorRecord,
+)
 from supervisor.attachment import Attachment, layout_for, ring_charge
 from supervisor.config import ConfigError, LoadedConfig, load_config
 from supervisor.connection import Connection
@@ -342,7 +352,8 @@ class Supervisor:
         self.control_jobs.submit(ControlJob(caller.conn, caller.message, job, request.what))
 
     def _on_models(self, caller: Caller, request: Models) -> Reply:
-        return {"ok": True, "models": [self._model_info(n) for n in list(self.engine.models)]}
+        models = [self._model_info(n).to_dict() for n in list(self.engine.models)]
+        return {"ok": True, "models": models}
 
     def _on_attach(self, caller: Caller, request: Attach) -> Reply | None:
         if self.engine.model(request.model).layout_known:  # NotFoundError for an unknown model
@@ -430,7 +441,9 @@ class Supervisor:
         return attachment
 
     def _on_status(self, caller: Caller, request: Status) -> Reply:
-        return {"ok": True, "status": self.status(asking=caller.conn)}
+        if request.model is not None:  # NotFoundError for a model not served
+            return {"ok": True, "model_status": self.model_status(request.model).to_dict()}
+        return {"ok": True, "status": self.status(asking=caller.conn).to_dict()}
 
     def _on_stop(self, caller: Caller, request: Stop) -> Reply | None:
         if request.wait:  # answered once the queued work is done or cut (``shutdown``)
@@ -452,79 +465,88 @@ class Supervisor:
     def _on_ping(self, caller: Caller, request: Ping) -> Reply:
         return {"ok": True}
 
-    def _model_info(self, name: str) -> dict[str, Any]:
+    def _model_info(self, name: str) -> ModelInfo:
+        """One model of the ``models`` reply; its slot layout once known."""
         model = self.engine.model(name)
         resolved = self.loaded.models.get(name)
-        info: dict[str, Any] = {
-            "name": name,
-            "task": model.spec.task,
-            "backend": resolved.config.backend if resolved else None,
-            "state": model.state.value,
-            "max_batch": model.spec.max_batch,
-        }
-        if model.layout_known:  # else it loads when first attached
-            spec = model.slot_spec()
-            info["inputs"] = [
-                {"name": i.name, "dtype": i.dtype.name, "shape": list(i.shape)} for i in spec.inputs
-            ]
-            info["result"] = spec.result
-            info["outputs"] = list(spec.outputs)
-            info["output_tensors"] = [
-                {"name": o.name, "dtype": o.dtype.name, "shape": list(o.shape)}
-                for o in spec.output_specs
-            ]
-            info["batched"] = spec.max_rows is not None  # inputs' first dimension is the batch
-        return info
+        head = (
+            name,
+            model.spec.task,
+            resolved.config.backend if resolved else None,
+            model.state.value,
+            model.spec.max_batch,
+        )
+        if not model.layout_known:  # it loads when first attached
+            return ModelInfo(*head)
+        spec = model.slot_spec()
+        return ModelInfo(
+            *head,
+            inputs=tuple(TensorRecord(i.name, i.dtype.name, tuple(i.shape)) for i in spec.inputs),
+            result=spec.result,
+            outputs=tuple(spec.outputs),
+            output_tensors=tuple(
+                TensorRecord(o.name, o.dtype.name, tuple(o.shape)) for o in spec.output_specs
+            ),
+            batched=spec.max_rows is not None,  # inputs' first dimension is the batch
+        )
 
-    def status(self, asking: Connection | None = None) -> dict[str, Any]:
+    def model_status(self, name: str) -> ModelStatus:
+        """``name``'s status alone (NotFoundError when it is not served)."""
+        self.engine.model(name)
+        shown = self.engine.status()["models"].get(name)
+        if shown is None:  # (removed by a reload meanwhile)
+            raise NotFoundError(f"no model named {echoed(name)}")
+        return ModelStatus.from_dict(shown)
+
+    def status(self, asking: Connection | None = None) -> SupervisorStatus:
         """The supervisor's state. ``clients`` leaves out the connection ``asking`` when it holds
         no ring: the ``duomo status`` command (or its ``--watch`` view) is no client of the
-        models; a producer that asks sees its own rings."""
+        models; a producer that asks sees its own rings. The engine's view (a dict, as the
+        engine keeps it) is read into its records here, so a key it renames fails at once."""
         process = self._process
         clients = []
         for conn in self.reactor.connections if self.reactor else []:
             if conn is asking and not conn.attachments:
                 continue
             slots, shm_bytes = self.shm.held(conn.id)
-            clients.append(
-                {
-                    "id": conn.id,
-                    "pid": conn.pid,
-                    "lent": conn.lent,  # read by its model's idle worker (see Reactor)
-                    "slots": slots,
-                    "shm_bytes": shm_bytes,
-                    "unread_bytes": conn.unread_bytes,  # waiting in its outbox
-                    "unread_peak_bytes": conn.unread_peak_bytes,
-                    "rings": [
-                        {
-                            "ring": a.ring_id,
-                            "model": a.model_name,
-                            "slots": a.layout.slots,
-                            "in_flight": a.in_flight,
-                            "answered": a.answered,
-                        }
-                        for a in conn.attachments.values()
-                    ],
-                }
+            rings = tuple(
+                RingStatus(a.ring_id, a.model_name, a.layout.slots, a.in_flight, a.answered)
+                for a in conn.attachments.values()
             )
-        return {
-            "pid": os.getpid(),
-            "socket": str(self.socket_path),
-            "config": str(self.loaded.path),
-            "uptime_s": round(time.time() - self._started_s, 1),
-            "rss_bytes": process.memory_info().rss,
-            "threads": process.num_threads(),
-            "open_fds": process.num_fds(),
-            "mapped_rings": self.reactor.mapped_rings if self.reactor else 0,
-            "shm_bytes": self.shm.total_bytes,
-            "connections_refused": self.reactor.refused_total if self.reactor else 0,
-            "clients_cut_off": self.reactor.cut_off_total if self.reactor else 0,
-            "control_jobs_waiting": self.control_jobs.waiting,
-            "limits": self.limits.to_dict(),
-            "gateways": self.gateways.status() if self.gateways is not None else [],
-            **self.engine.status(),
-            "clients": clients,
-        }
+            clients.append(
+                ClientStatus(
+                    id=conn.id,
+                    pid=conn.pid,
+                    lent=conn.lent,  # read by its model's idle worker (see Reactor)
+                    slots=slots,
+                    shm_bytes=shm_bytes,
+                    unread_bytes=conn.unread_bytes,  # waiting in its outbox
+                    unread_peak_bytes=conn.unread_peak_bytes,
+                    rings=rings,
+                )
+            )
+        engine = self.engine.status()
+        gateways = self.gateways.status() if self.gateways is not None else []
+        return SupervisorStatus(
+            pid=os.getpid(),
+            socket=str(self.socket_path),
+            config=str(self.loaded.path),
+            uptime_s=round(time.time() - self._started_s, 1),
+            rss_bytes=process.memory_info().rss,
+            threads=process.num_threads(),
+            open_fds=process.num_fds(),
+            mapped_rings=self.reactor.mapped_rings if self.reactor else 0,
+            shm_bytes=self.shm.total_bytes,
+            connections_refused=self.reactor.refused_total if self.reactor else 0,
+            clients_cut_off=self.reactor.cut_off_total if self.reactor else 0,
+            control_jobs_waiting=self.control_jobs.waiting,
+            limits=self.limits.to_dict(),
+            gateways=tuple(GatewayWorkerStatus.from_dict(g) for g in gateways),
+            thread_budget=engine["thread_budget"],
+            devices=tuple(DeviceStatus.from_dict(d) for d in engine["devices"]),
+            models={n: ModelStatus.from_dict(m) for n, m in engine["models"].items()},
+            clients=tuple(clients),
+        )
 
 
 def _refuse_live_supervisor(path: Path) -> None:

@@ -40,6 +40,7 @@ from rich.text import Text
 
 from ipc.client import Client
 from ipc.errors import DuomoError
+from ipc.status_records import DeviceStatus, ModelStatus, SupervisorStatus
 
 STATUS_TIMEOUT_S = 5.0  # the longest one poll waits for the supervisor's reply
 PLAIN_WIDTH = 140  # a plain frame's least width
@@ -81,30 +82,30 @@ class Frame:
     """What one redraw shows: the supervisor's status, or why there is none."""
 
     socket: Path
-    status: dict[str, Any] | None = None
+    status: SupervisorStatus | None = None
     rates: dict[str, ModelRates] = field(default_factory=dict)
     problem: str = ""  # why the last poll failed (then ``status`` is None)
     own_pid: int = 0  # this view's own connection is not counted among the clients
 
 
 def model_rates(
-    before: dict[str, Any] | None, after: dict[str, Any], elapsed_s: float
+    before: SupervisorStatus | None, after: SupervisorStatus, elapsed_s: float
 ) -> dict[str, ModelRates]:
     """Requests answered per second and mean batch size per model between two status snapshots.
 
     A rate needs both snapshots from one supervisor process (a new one starts from zero); the
     mean batch is over the interval's executions, or over all of them when there were none."""
-    same = before is not None and before["pid"] == after["pid"] and elapsed_s > 0
+    same = before is not None and before.pid == after.pid and elapsed_s > 0
     rates = {}
-    for name, m in after["models"].items():
-        old = before["models"].get(name) if same and before is not None else None
-        inferences, executions = m["totals"]["inference_count"], m["totals"]["execution_count"]
+    for name, m in after.models.items():
+        old = before.models.get(name) if same and before is not None else None
+        inferences, executions = m.totals.inference_count, m.totals.execution_count
         per_s = None
-        if old is not None and m["requests"] >= old["requests"]:
-            per_s = (m["requests"] - old["requests"]) / elapsed_s
-            if executions > old["totals"]["execution_count"]:
-                inferences -= old["totals"]["inference_count"]
-                executions -= old["totals"]["execution_count"]
+        if old is not None and m.requests >= old.requests:
+            per_s = (m.requests - old.requests) / elapsed_s
+            if executions > old.totals.execution_count:
+                inferences -= old.totals.inference_count
+                executions -= old.totals.execution_count
         rates[name] = ModelRates(per_s, inferences / executions if executions else None)
     return rates
 
@@ -116,15 +117,15 @@ class StatusPoller:
         self.socket = socket
         self.timeout_s = timeout_s
         self._client: Client | None = None
-        self._last: dict[str, Any] | None = None
+        self._last: SupervisorStatus | None = None
         self._last_at_s = 0.0
 
     def poll(self) -> Frame:
         try:
             if self._client is None:
                 self._client = Client(self.socket, timeout_s=self.timeout_s)
-            status = self._client.status()
-        except (DuomoError, OSError) as err:
+            status = SupervisorStatus.from_dict(self._client.status())
+        except (DuomoError, OSError) as err:  # (a reply of the wrong shape too: it says why)
             self.close()
             return Frame(self.socket, problem=getattr(err, "message", None) or str(err))
         now_s = time.monotonic()
@@ -143,35 +144,34 @@ def render(frame: Frame, plain: bool = False) -> RenderableType:
     if frame.status is None:
         return Text(f"reconnecting to {frame.socket} … ({frame.problem})", style="bold yellow")
     s = frame.status
-    clients = [c for c in s["clients"] if c["pid"] != frame.own_pid]
+    clients = [c for c in s.clients if c.pid != frame.own_pid]
     lines: list[RenderableType] = [
         Text.assemble(
             ("duomo ", "bold"),
-            f"pid {s['pid']} on {s['socket']} · up {_duration(s['uptime_s'])} · "
-            f"{_size(s['rss_bytes'])} resident · thread budget {s['thread_budget']} · "
+            f"pid {s.pid} on {s.socket} · up {_duration(s.uptime_s)} · "
+            f"{_size(s.rss_bytes)} resident · thread budget {s.thread_budget} · "
             f"{len(clients)} client(s) attached",
         ),
         Text(),
-        _FittedModelsTable(s["models"], frame.rates, plain),
+        _FittedModelsTable(s.models, frame.rates, plain),
     ]
-    for name, m in s["models"].items():
-        if m.get("last_error"):
-            style = "dim" if m["state"] == "READY" else "red"
-            line = f"{name} last error: {m['last_error']}"
+    for name, m in s.models.items():
+        if m.last_error:
+            style = "dim" if m.state == "READY" else "red"
+            line = f"{name} last error: {m.last_error}"
             lines.append(Text(line, style=style, no_wrap=True, overflow="ellipsis"))
-    lines += [Text(), _devices_table(s["devices"], plain), Text()]
-    for g in s.get("gateways", []):
-        state = "running" if g["running"] else "gave up" if g["gave_up"] else "restarting"
+    lines += [Text(), _devices_table(s.devices, plain), Text()]
+    for g in s.gateways:
         lines.append(
             Text.assemble(
-                f"gateway worker {g['worker']} (pid {g['pid']}): ",
-                (state, GATEWAY_STYLES[state]),
-                f", http {g['http']}, grpc {g['grpc']}, {g['restarts']} restart(s)",
+                f"gateway worker {g.worker} (pid {g.pid}): ",
+                (g.condition, GATEWAY_STYLES[g.condition]),
+                f", http {g.http}, grpc {g.grpc}, {g.restarts} restart(s)",
             )
         )
     for c in clients[:CLIENTS_LISTED]:
-        models = ", ".join(f"{r['model']}×{r['slots']}" for r in c["rings"]) or "no models"
-        line = f"client {c['id']} (pid {c['pid']}): {models}"
+        models = ", ".join(f"{r.model}×{r.slots}" for r in c.rings) or "no models"
+        line = f"client {c.id} (pid {c.pid}): {models}"
         lines.append(Text(line, no_wrap=True, overflow="ellipsis"))
     if len(clients) > CLIENTS_LISTED:
         lines.append(Text(f"… and {len(clients) - CLIENTS_LISTED} more client(s)"))
@@ -184,7 +184,7 @@ def plain_frame(frame: Frame, at: datetime.datetime) -> str:
     out = io.StringIO()
     width = PLAIN_WIDTH
     if frame.status is not None:
-        table = _models_table(frame.status["models"], frame.rates, plain=True)
+        table = _models_table(frame.status.models, frame.rates, plain=True)
         measuring = Console(file=io.StringIO(), width=UNLIMITED_WIDTH)
         width = max(width, measuring.measure(table).maximum)
     console = Console(file=out, color_system=None, width=width, highlight=False)
@@ -210,7 +210,9 @@ class _FittedModelsTable:
     names fold onto more lines (down to ``NAME_CELLS`` wide) before rich cuts every column
     short, so the numbers stay whole and two long names that begin alike stay apart."""
 
-    def __init__(self, models: dict[str, Any], rates: dict[str, ModelRates], plain: bool) -> None:
+    def __init__(
+        self, models: dict[str, ModelStatus], rates: dict[str, ModelRates], plain: bool
+    ) -> None:
         self.models, self.rates, self.plain = models, rates, plain
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
@@ -225,47 +227,45 @@ class _FittedModelsTable:
         yield table
 
 
-def _models_table(models: dict[str, Any], rates: dict[str, ModelRates], plain: bool) -> Table:
+def _models_table(
+    models: dict[str, ModelStatus], rates: dict[str, ModelRates], plain: bool
+) -> Table:
     table = _table(plain, *MODEL_COLUMNS)
     for name, m in models.items():
-        ok = m["outcomes"].get("ok", 0)
-        errors = m["requests"] - ok + sum((m.get("refused") or {}).values())  # refused: never run
-        total = (m.get("latency") or {}).get("total") or {}
         rate = rates.get(name, ModelRates(None, None))
-        memory = m.get("memory") or {}
         table.add_row(
             Text(name, style="bold"),
-            Text(m["state"], style=STATE_STYLES.get(m["state"], "")),
-            ",".join(str(d) for d in m.get("devices") or [0]),
+            Text(m.state, style=STATE_STYLES.get(m.state, "")),
+            ",".join(str(d) for d in m.devices or [0]),
             _number(rate.requests_per_s, ".1f"),
-            str(m["requests"]),
-            Text(str(errors), style="red" if errors else ""),
-            _number(total.get("p50_ms"), ".1f"),
-            _number(total.get("p99_ms"), ".1f"),
-            str(m["queue_depth"]),
-            str(m["in_flight"]),
+            str(m.requests),
+            Text(str(m.errors), style="red" if m.errors else ""),  # failed + refused
+            _number(m.latency_ms("p50"), ".1f"),
+            _number(m.latency_ms("p99"), ".1f"),
+            str(m.queue_depth),
+            str(m.in_flight),
             _number(rate.mean_batch, ".1f"),
-            str(sum((m.get("restart_attempts") or {}).values())),
-            _memory(memory.get("charged_bytes"), memory.get("budget_bytes"), plain),
+            str(sum(m.restart_attempts.values())),
+            _memory(m.memory.charged_bytes, m.memory.budget_bytes, plain),
         )
     return table
 
 
-def _devices_table(devices: list[dict[str, Any]], plain: bool) -> Table:
+def _devices_table(devices: tuple[DeviceStatus, ...], plain: bool) -> Table:
     table = _table(plain, "device", "used", "budget", "total", "telemetry")
     for d in devices:
-        budget, total = d["budget_bytes"], d.get("total_bytes")
+        budget, total = d.budget_bytes, d.total_bytes
         table.add_row(
-            f"{d['id']} ({d['kind']}{_cores(d.get('cores'))})",
-            _memory(d["used_bytes"], budget or total, plain, show_limit=False),
+            f"{d.id} ({d.kind}{_cores(d.cores)})",
+            _memory(d.used_bytes, budget or total, plain, show_limit=False),
             _size(budget) if budget else "-",
             _size(total) if total else "-",
-            _telemetry(d.get("telemetry") or {}),
+            _telemetry(d.telemetry),
         )
     return table
 
 
-def _cores(cores: list[int] | None) -> str:
+def _cores(cores: tuple[int, ...] | None) -> str:
     return f", cores {','.join(str(c) for c in cores)}" if cores else ""
 
 

@@ -3,6 +3,7 @@ and across a supervisor restart on the same socket."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -18,6 +19,8 @@ from pathlib import Path
 import pytest
 
 from ipc.client import Client
+from ipc.errors import NotFoundError
+from ipc.status_records import ModelInfo, ModelStatus, SupervisorStatus
 from supervisor.config import LoadedConfig
 from tests.conftest import IMAGES, ROOT
 from tests.integration.harness import (
@@ -52,6 +55,27 @@ def send_requests(sup: SupervisorProcess, count: int) -> None:
         classify = client.model("classify", slots=1)
         for _ in range(count):
             assert classify.infer(image, timeout_s=60)["top"]
+
+
+def test_the_replies_on_the_wire_are_the_records_exactly(supervisor: SupervisorProcess) -> None:
+    """A running supervisor's ``status`` and ``models`` read back key for key (in order), and
+    ``status`` for one model answers with that model's status alone."""
+    send_requests(supervisor, 2)
+    with Client(supervisor.socket, timeout_s=60) as client:
+        shown = client.status()
+        models = client.models()
+        one = client.request("status", model="classify")
+        with pytest.raises(NotFoundError):
+            client.request("status", model="no-such-model")
+    status = SupervisorStatus.from_dict(shown)
+    assert json.dumps(status.to_dict()) == json.dumps(shown)
+    assert [json.dumps(ModelInfo.from_dict(m).to_dict()) for m in models] == [
+        json.dumps(m) for m in models
+    ]
+    assert "status" not in one
+    alone = ModelStatus.from_dict(one["model_status"])
+    assert alone.to_dict() == one["model_status"]
+    assert alone.requests >= 2 and alone.state == status.models["classify"].state == "READY"
 
 
 def requests_shown(screen: str) -> int | None:

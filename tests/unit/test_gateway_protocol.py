@@ -17,19 +17,20 @@ from gateway import protocol
 from gateway.images import decode_into
 from gateway.regions import Regions
 from ipc.errors import ErrorCode, InvalidArgumentError, NotFoundError, UnavailableError
+from ipc.status_records import ModelInfo
 from tests.conftest import IMAGES
 
-RAW_INFO = {
+RAW_INFO = ModelInfo.from_dict({
     "name": "affine", "task": "raw", "backend": "onnxruntime", "state": "READY", "max_batch": 4,
     "inputs": [{"name": "x", "dtype": "float32", "shape": [None, 4]}], "result": "tensors",
     "outputs": ["y"], "output_tensors": [{"name": "y", "dtype": "float32", "shape": [None, 4]}],
     "batched": True,
-}  # fmt: skip
-IMAGE_INFO = {
+})  # fmt: skip
+IMAGE_INFO = ModelInfo.from_dict({
     "name": "classify", "task": "classification", "backend": "acl", "state": "READY",
     "max_batch": 8, "inputs": [{"name": "image", "dtype": "uint8", "shape": [None, None, None]}],
     "result": "json", "outputs": [], "output_tensors": [], "batched": False,
-}  # fmt: skip
+})  # fmt: skip
 
 
 def test_how_models_look_on_the_wire() -> None:
@@ -50,10 +51,10 @@ def test_how_models_look_on_the_wire() -> None:
     assert config["max_batch_size"] == 4 and config["dynamic_batching"] == {}
     assert config["input"] == [{"name": "x", "data_type": "TYPE_FP32", "dims": [4]}]
     # never loaded: an image task's contract is known, a raw model's is not
-    unloaded = protocol.model_view({"name": "ocr", "task": "ocr", "state": "UNLOADED"})
+    unloaded = protocol.model_view(ModelInfo("ocr", "ocr", "onnxruntime", "UNLOADED", 1))
     assert unloaded.image_task and protocol.model_metadata(unloaded)["name"] == "ocr"
     with pytest.raises(UnavailableError, match="load it first"):
-        protocol.model_metadata(protocol.model_view({"name": "r", "task": "raw"}))
+        protocol.model_metadata(protocol.model_view(ModelInfo("r", "raw", None, "UNLOADED", 1)))
 
 
 def test_every_error_code_has_one_http_and_one_grpc_status() -> None:

@@ -5,43 +5,49 @@ from __future__ import annotations
 
 from typing import Any
 
+from ipc.status_records import SupervisorStatus
 from supervisor.cli import render_status
+from tests.status_fixtures import device_entry, model_entry, status_entry
 
 MIB = 2**20
 LONG_NAME = "face-detection-retinaface-r50-1080p-fp16"  # 40 characters
 
 
 def model(state: str = "READY", **fields: Any) -> dict[str, Any]:
-    """One model's entry in ``status`` with the fields ``render_status`` reads."""
-    return {
-        "state": state,
-        "devices": [0],
-        "instances": 1,
-        "queue_depth": 0,
-        "in_flight": 0,
-        "requests": 7,
-        "outcomes": {"ok": 7},
-        "latency": {"total": {"p50_ms": 19.5, "p99_ms": 29.6}},
-        "batch_sizes": {"1": 7},
-        "memory": {"charged_bytes": 34 * MIB},
-        "compute": {"share": 0.03, "weight": 1.0},
-        "restarts_in_window": 0,
-        "last_error": None,
-        **fields,
-    }
+    """One model's entry in ``status``, with the values ``render_status`` shows set here."""
+    shown: dict[str, Any] = dict(
+        state=state,
+        devices=[0],
+        instances=1,
+        queue_depth=0,
+        in_flight=0,
+        requests=7,
+        outcomes={"ok": 7},
+        refused={},
+        latency={"total": {"p50_ms": 19.5, "p90_ms": 25.0, "p99_ms": 29.6}},
+        batch_sizes={"1": 7},
+        memory={"charged_bytes": 34 * MIB},
+        compute={"share": 0.03, "weight": 1.0},
+        restarts_in_window=0,
+        last_error=None,
+    )
+    return model_entry(**{**shown, **fields})
 
 
-def status(**models: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "pid": 9816,
-        "socket": "/tmp/duomo.sock",
-        "uptime_s": 7.0,
-        "rss_bytes": 512 * MIB,
-        "thread_budget": 2,
-        "devices": [{"id": 0, "kind": "cpu", "used_bytes": 332 * MIB, "budget_bytes": None}],
-        "models": models,
-        "clients": [],
-    }
+def status(**models: dict[str, Any]) -> SupervisorStatus:
+    return SupervisorStatus.from_dict(
+        status_entry(
+            models,
+            pid=9816,
+            socket="/tmp/duomo.sock",
+            uptime_s=7.0,
+            rss_bytes=512 * MIB,
+            thread_budget=2,
+            devices=[device_entry(id=0, kind="cpu", used_bytes=332 * MIB, budget_bytes=None)],
+            gateways=[],
+            clients=[],
+        )
+    )
 
 
 def table(text: str) -> tuple[str, dict[str, str]]:

@@ -11,7 +11,15 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from ipc.status_records import SupervisorStatus
 from supervisor.status_watch import Frame, ModelRates, model_rates, plain_frame, render
+from tests.status_fixtures import (
+    client_entry,
+    device_entry,
+    gateway_entry,
+    model_entry,
+    status_entry,
+)
 
 MIB = 2**20
 AT = datetime.datetime(2025, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc)
@@ -20,68 +28,72 @@ AT = datetime.datetime(2025, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc)
 def model(
     requests: int, ok: int, inferences: int, executions: int, **fields: Any
 ) -> dict[str, Any]:
-    """One model's entry in ``status`` with the fields the view reads."""
-    return {
+    """One model's entry in ``status``, with the values the view shows set here."""
+    shown: dict[str, Any] = {
         "state": "READY",
         "requests": requests,
         "outcomes": {"ok": ok} if ok else {},
+        "refused": {},
         "queue_depth": 0,
         "in_flight": 0,
         "reinitializations": 0,
         "last_error": None,
         "totals": {"inference_count": inferences, "execution_count": executions},
-        "latency": {"total": {"p50_ms": 18.7, "p99_ms": 24.8}},
+        "latency": {"total": {"p50_ms": 18.7, "p90_ms": 20.0, "p99_ms": 24.8}},
         "memory": {"charged_bytes": 38 * MIB, "budget_bytes": None},
-        **fields,
     }
+    return model_entry(**{**shown, **fields})
 
 
 def status(pid: int = 100, **models: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "pid": pid,
-        "socket": "/run/duomo/duomo.sock",
-        "uptime_s": 3725.4,
-        "rss_bytes": 275 * MIB,
-        "thread_budget": 8,
-        "devices": [{"id": 0, "kind": "cpu", "used_bytes": 331 * MIB, "budget_bytes": None}],
-        "models": models,
-        "gateways": [
-            {
-                "worker": 0,
-                "pid": 7,
-                "running": True,
-                "gave_up": False,
-                "restarts": 0,
-                "http": "127.0.0.1:8000",
-                "grpc": "127.0.0.1:8001",
-            },
+    return status_entry(
+        models,
+        pid=pid,
+        socket="/run/duomo/duomo.sock",
+        uptime_s=3725.4,
+        rss_bytes=275 * MIB,
+        thread_budget=8,
+        devices=[device_entry(id=0, kind="cpu", used_bytes=331 * MIB, budget_bytes=None)],
+        gateways=[
+            gateway_entry(
+                worker=0, pid=7, running=True, gave_up=False, restarts=0,
+                http="127.0.0.1:8000", grpc="127.0.0.1:8001",
+            ),
         ],
-        "clients": [
-            {"id": 1, "pid": 7, "rings": [{"model": "classify", "slots": 16}]},
-            {"id": 2, "pid": 4242, "rings": []},
+        clients=[
+            client_entry(id=1, pid=7, rings=[{"model": "classify", "slots": 16}]),
+            client_entry(id=2, pid=4242, rings=[]),
         ],
-    }
+    )  # fmt: skip
+
+
+def record(shown: dict[str, Any]) -> SupervisorStatus:
+    return SupervisorStatus.from_dict(shown)
 
 
 def test_rates_between_two_snapshots_of_one_supervisor() -> None:
     before = status(classify=model(10, 10, inferences=10, executions=10))
     after = status(classify=model(30, 28, inferences=30, executions=15))
-    assert model_rates(before, after, elapsed_s=2.0) == {"classify": ModelRates(10.0, 4.0)}
+    assert model_rates(record(before), record(after), elapsed_s=2.0) == {
+        "classify": ModelRates(10.0, 4.0)
+    }
 
 
 def test_no_rate_without_an_earlier_snapshot_of_the_same_process() -> None:
     after = status(classify=model(30, 30, inferences=30, executions=15))
-    assert model_rates(None, after, 1.0)["classify"] == ModelRates(None, 2.0)  # all-time batch
+    assert model_rates(None, record(after), 1.0)["classify"] == ModelRates(
+        None, 2.0
+    )  # all-time batch
     restarted = status(pid=101, classify=model(3, 3, inferences=3, executions=3))
-    assert model_rates(after, restarted, 1.0)["classify"].requests_per_s is None
+    assert model_rates(record(after), record(restarted), 1.0)["classify"].requests_per_s is None
 
 
 def test_mean_batch_over_all_time_when_nothing_ran_in_the_interval() -> None:
     before = status(classify=model(8, 8, inferences=8, executions=2))
-    rates = model_rates(before, copy.deepcopy(before), elapsed_s=0.5)
+    rates = model_rates(record(before), record(copy.deepcopy(before)), elapsed_s=0.5)
     assert rates == {"classify": ModelRates(0.0, 4.0)}
     idle = status(face=model(0, 0, inferences=0, executions=0))
-    assert model_rates(idle, idle, 1.0)["face"] == ModelRates(0.0, None)
+    assert model_rates(record(idle), record(idle), 1.0)["face"] == ModelRates(0.0, None)
 
 
 def test_plain_frame_shows_the_table_without_escape_codes() -> None:
@@ -97,7 +109,7 @@ def test_plain_frame_shows_the_table_without_escape_codes() -> None:
         telemetry={"utilization": 0.42, "temperature_c": 55.0, "power_w": 120.4},
     )  # fmt: skip
     rates = {"classify": ModelRates(12.5, 2.0), "face": ModelRates(None, None)}
-    text = plain_frame(Frame(Path("/s"), shown, rates, own_pid=4242), AT)
+    text = plain_frame(Frame(Path("/s"), record(shown), rates, own_pid=4242), AT)
 
     lines = text.splitlines()
     assert lines[0] == "-- duomo status at 2025-01-02T03:04:05+00:00 --"
@@ -118,11 +130,15 @@ def test_plain_frame_shows_the_table_without_escape_codes() -> None:
     assert "client 1 (pid 7): classify×16" in text and "client 2" not in text
 
 
-@pytest.mark.parametrize("devices", [[{"id": 0, "kind": "cpu", "used_bytes": 0}], []])
-def test_plain_frame_copes_with_missing_optional_fields(devices: list[dict[str, Any]]) -> None:
-    shown = status(classify=model(0, 0, 0, 0, memory=None, latency={"total": {}}))
+NO_READINGS = {"cores": None, "total_bytes": None, "telemetry": {}}
+
+
+@pytest.mark.parametrize("devices", [[device_entry(used_bytes=0, **NO_READINGS)], []])
+def test_plain_frame_copes_with_null_optional_fields(devices: list[dict[str, Any]]) -> None:
+    unmeasured = {"charged_bytes": None, "budget_bytes": None}
+    shown = status(classify=model(0, 0, 0, 0, memory=unmeasured, latency={"total": {}}))
     shown["devices"] = [{**d, "budget_bytes": None} for d in devices]
-    lines = plain_frame(Frame(Path("/s"), shown), AT).splitlines()
+    lines = plain_frame(Frame(Path("/s"), record(shown)), AT).splitlines()
     row = next(line for line in lines if line.startswith("classify"))
     assert " ".join(row.split()) == "classify READY 0 - 0 0 - - 0 0 - 0 -"  # (device 0)
 
@@ -145,7 +161,7 @@ def test_a_long_model_name_keeps_the_columns_aligned_and_nothing_is_cut() -> Non
         )},
     )  # fmt: skip
     rates = {"classify": ModelRates(12.5, 2.0), LONG_NAME: ModelRates(1234.5, 3.0)}
-    frame = Frame(Path("/s"), shown, rates)
+    frame = Frame(Path("/s"), record(shown), rates)
 
     lines = plain_frame(frame, AT).splitlines()  # piped: as wide as the table needs
     title = next(line for line in lines if line.startswith("model "))

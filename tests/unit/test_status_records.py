@@ -1,0 +1,157 @@
+"""``ipc.status_records``: each record reads the documented JSON back exactly (key for key, in
+order), a missing or mistyped key is an error naming the record and the key, and ``duomo
+status`` and its ``--watch`` view count a model's errors the same way."""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ipc.errors import DuomoError, ErrorCode, InvalidArgumentError
+from ipc.status_records import (
+    ClientStatus,
+    DeviceStatus,
+    GatewayWorkerStatus,
+    ModelInfo,
+    ModelStatus,
+    StatusRecordError,
+    SupervisorStatus,
+)
+from supervisor.cli import render_status
+from supervisor.control_messages import Status, parse_control
+from supervisor.status_watch import Frame, plain_frame
+from tests.status_fixtures import DOCUMENTED_MODELS, DOCUMENTED_STATUS, model_entry, status_entry
+
+
+def test_the_documented_status_reads_back_exactly() -> None:
+    status = SupervisorStatus.from_dict(DOCUMENTED_STATUS)
+    assert status.to_dict() == DOCUMENTED_STATUS
+    assert json.dumps(status.to_dict()) == json.dumps(DOCUMENTED_STATUS)  # the keys' order too
+    classify = status.models["classify"]
+    assert classify.totals.timed["success"].count == 1 and classify.memory.loaded
+    assert classify.compute is not None and classify.latency_ms("p99") == 9.112
+
+
+@pytest.mark.parametrize(
+    ("record", "entry"),
+    [
+        (ModelStatus, DOCUMENTED_STATUS["models"]["classify"]),
+        (DeviceStatus, DOCUMENTED_STATUS["devices"][0]),
+        (ClientStatus, DOCUMENTED_STATUS["clients"][0]),
+        (GatewayWorkerStatus, DOCUMENTED_STATUS["gateways"][0]),
+        *((ModelInfo, info) for info in DOCUMENTED_MODELS),
+    ],
+)
+def test_each_record_reads_its_documented_entry_back_exactly(
+    record: Any, entry: dict[str, Any]
+) -> None:
+    assert json.dumps(record.from_dict(entry).to_dict()) == json.dumps(entry)
+
+
+def test_models_reply_before_and_after_a_load() -> None:
+    loaded, raw, unloaded = (ModelInfo.from_dict(info) for info in DOCUMENTED_MODELS)
+    assert loaded.loaded and loaded.result == "json" and loaded.batched is False
+    assert raw.output_tensors is not None and raw.output_tensors[0].shape == (None, 4)
+    assert not unloaded.loaded and "inputs" not in unloaded.to_dict()
+
+
+def test_the_load_reply_is_a_model_status_without_compute_shares() -> None:
+    entry = model_entry()
+    del entry["compute"]
+    shown = ModelStatus.from_dict(entry)
+    assert shown.compute is None and shown.to_dict() == entry
+
+
+def without(entry: dict[str, Any], *path: str | int) -> dict[str, Any]:
+    """``entry`` with the key at ``path`` removed."""
+    copied = copy.deepcopy(entry)
+    inner: Any = copied
+    for step in path[:-1]:
+        inner = inner[step]
+    del inner[path[-1]]
+    return copied
+
+
+@pytest.mark.parametrize(
+    ("path", "record", "key"),
+    [
+        (("pid",), "SupervisorStatus", "pid"),
+        (("models", "classify", "requests"), "ModelStatus", "requests"),
+        (("models", "classify", "refused"), "ModelStatus", "refused"),
+        (("models", "classify", "totals", "inference_count"), "Totals", "inference_count"),
+        (("models", "classify", "memory", "charged_bytes"), "ModelMemory", "charged_bytes"),
+        (("devices", 0, "used_bytes"), "DeviceStatus", "used_bytes"),
+        (("clients", 0, "rings", 0, "answered"), "RingStatus", "answered"),
+        (("gateways", 0, "running"), "GatewayWorkerStatus", "running"),
+    ],
+)
+def test_a_missing_key_is_an_error_naming_the_record_and_the_key(
+    path: tuple[str | int, ...], record: str, key: str
+) -> None:
+    with pytest.raises(StatusRecordError) as raised:
+        SupervisorStatus.from_dict(without(DOCUMENTED_STATUS, *path))
+    assert raised.value.message == f"status record {record}: missing key {key!r}"
+    assert isinstance(raised.value, DuomoError) and raised.value.code is ErrorCode.INTERNAL
+
+
+def test_a_model_info_missing_a_key_is_an_error() -> None:
+    with pytest.raises(StatusRecordError, match="ModelInfo: missing key 'max_batch'"):
+        ModelInfo.from_dict(without(DOCUMENTED_MODELS[2], "max_batch"))
+    # once loaded, every loaded-only key is there
+    with pytest.raises(StatusRecordError, match="ModelInfo: missing key 'batched'"):
+        ModelInfo.from_dict(without(DOCUMENTED_MODELS[0], "batched"))
+
+
+def test_a_key_of_the_wrong_type_is_an_error() -> None:
+    wrong = copy.deepcopy(DOCUMENTED_STATUS)
+    wrong["models"]["classify"]["requests"] = "7"
+    with pytest.raises(StatusRecordError, match="ModelStatus: key 'requests' must be an integer"):
+        SupervisorStatus.from_dict(wrong)
+    with pytest.raises(StatusRecordError, match="SupervisorStatus: expected an object"):
+        SupervisorStatus.from_dict(None)
+
+
+def test_errors_are_failed_after_queueing_plus_refused_at_admission() -> None:
+    shown = ModelStatus.from_dict(
+        model_entry(
+            requests=10,
+            outcomes={"ok": 7, "internal": 2, "deadline_exceeded": 1},
+            refused={"resource_exhausted": 4, "invalid_argument": 1},
+        )
+    )
+    assert (shown.ok, shown.errors) == (7, 3 + 5)
+
+
+def test_the_table_and_the_watch_show_the_same_errors_for_a_model_with_both_kinds() -> None:
+    entry = model_entry(
+        requests=400,
+        outcomes={"ok": 189, "internal": 211},
+        refused={"resource_exhausted": 185},
+    )
+    status = SupervisorStatus.from_dict(status_entry({"ocr": entry}, gateways=[], clients=[]))
+    lines = render_status(status).splitlines()
+    title = next(line for line in lines if line.startswith("model "))
+    row = next(line for line in lines if line.startswith("ocr "))
+    end = title.index(" errors") + len(" errors")
+    table_errors = int(row[:end].split()[-1])
+
+    at = datetime.datetime(2025, 1, 2, tzinfo=datetime.timezone.utc)
+    frame = plain_frame(Frame(Path("/s"), status), at).splitlines()
+    title = next(line for line in frame if line.startswith("model "))
+    row = next(line for line in frame if line.startswith("ocr "))
+    end = title.index(" errors") + len(" errors")
+    watch_errors = int(row[:end].split()[-1])
+
+    assert table_errors == watch_errors == 211 + 185
+
+
+def test_a_status_message_may_name_one_model() -> None:
+    assert parse_control({"op": "status"}) == Status(model=None)
+    assert parse_control({"op": "status", "model": "ocr"}) == Status(model="ocr")
+    with pytest.raises(InvalidArgumentError, match="'status' message: 'model'"):
+        parse_control({"op": "status", "model": 3})
