@@ -144,7 +144,7 @@ class DuomoConfig(StrictModel):
     gateway: GatewayConfig | None = None  # the KServe v2 gateway, started by ``duomo start``
     metrics: MetricsConfig | None = None  # /metrics and the health probes, off when absent
     # how unloaded models come back: on their request only (lru), or also in the background
-    # when the request stream says they are next (predictive: supervisor.preload)
+    # when the request stream says they are next (predictive: supervisor.background_loads)
     preload_policy: Literal["lru", "predictive"] = "lru"
     predictive_threshold: float = Field(default=0.5, gt=0, le=1)
     models: list[ModelConfig] = Field(min_length=1)

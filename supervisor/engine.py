@@ -56,6 +56,7 @@ from supervisor.placement import HOST, Placements
 from supervisor.registry import ModelRegistry
 from worker.executors.image_ops import limit_opencv_threads
 from worker.model_spec import SERVING, DeviceMemoryError, ModelState
+from worker.model_status import model_status
 from worker.model_worker import Activity
 from worker.request import Outcome
 from worker.served_model import ServedModel
@@ -348,7 +349,7 @@ class Engine:
 
     def _model_status(self, name: str, model: ServedModel) -> dict[str, Any]:
         """The model's own status with its memory against its budget and its config flags."""
-        shown = model.status()
+        shown = model_status(model)
         resolved = self.loaded.models.get(name)
         last = self.memory.measured.get(name)
         use = self.memory.model_memory(name, model)

@@ -34,6 +34,7 @@ from worker.backends.ort_backend import (
     provider_device_options,
     provider_options_for,
 )
+from worker.model_status import instance_placements
 
 AFFINE = {
     "inputs": [{"name": "x", "dtype": "float32", "format": "ND", "dims": [-1, 4]}],
@@ -561,10 +562,10 @@ def test_a_model_on_two_devices_runs_on_both_and_releases_each_in_order(
         for _ in range(200):  # until both instances have served batches
             futures = [engine.submit("both", x) for _ in range(8)]
             assert all(f.result(10)["y"][0, 0] == 3.0 for f in futures)
-            if all(p["batches"] for p in model.placements()):
+            if all(p["batches"] for p in instance_placements(model)):
                 break
-        assert [p["device"] for p in model.placements()] == [0, 1]
-        assert all(p["batches"] > 0 for p in model.placements())
+        assert [p["device"] for p in instance_placements(model)] == [0, 1]
+        assert all(p["batches"] > 0 for p in instance_placements(model))
         status = engine.status()
         charged = status["models"]["both"]["memory"]["charged_bytes_by_device"]
         assert charged["0"] > 0 and charged["1"] > 0
