@@ -2,11 +2,12 @@
 
 Created by the reactor on ``attach``, laid out by ``layout_for``: the model's slot spec, with
 the input areas a producer asked to grow for a larger frame (``attach``'s ``inputs``; charged
-in full by ``ring_charge``). ``submit`` runs when a "slot ready" notice arrives, on the
-thread reading the client's connection (the reactor, or the model's idle worker it is lent to:
-one at a time, see ``Reactor``): it copies the slot header out of shared memory once,
-validates every field against the model's slot layout (the client may rewrite the header
-afterwards; only the copy is used), builds numpy views of the inputs and queues the request.
+in full by ``ring_charge``). ``submit`` runs when a "slot ready" notice arrives, called by the
+intake (``supervisor.intake``) on the thread reading the client's connection (the reactor, or
+the model's idle worker it is lent to: one at a time, see ``supervisor.lending``): it copies
+the slot header out of shared memory once, validates every field against the model's slot
+layout (the client may rewrite the header afterwards; only the copy is used), builds numpy
+views of the inputs and queues the request.
 Input descriptors byte-equal to the ones last accepted for that slot were validated then: their
 payload is reused as it is.
 ``_complete`` runs on the model's worker thread: it writes the result (or the error) into the

@@ -4,12 +4,12 @@ what is waiting to be sent to it.
 Created by the reactor on ``accept``; written to from any thread (the reactor's replies, the
 model workers' "slot done" notices, control jobs' replies) through ``send``, which never blocks.
 
-**Its state** is two enums, because two different things change it. ``Stage`` is its life,
+**Its state** is in two parts, because two different things change it. ``Stage`` is its life,
 which only moves forward (the reactor authenticates it and drops it; any thread that sends may
-cut it off). ``Reading`` is who reads its socket, the reactor or its model's idle worker
-(lending: ``supervisor.lending``, under its ``owner`` lock). Their members are also module
-names (``OPEN``, ``LENT``, …): every request's path reads them, and an enum's attribute costs
-about 0.1 µs on Python 3.11.
+cut it off); its members are also module names (``OPEN``, ``DROPPED``, …): every request's
+path reads them, and an enum's attribute costs about 0.1 µs on Python 3.11. Who reads its
+socket, the reactor or its model's idle worker, is its ``loan``: lending's state, defined and
+changed by ``supervisor.lending`` (``Loan``), under the connection's ``owner`` lock.
 
 **The send rule.** A frame goes straight to the socket while nothing is waiting before it.
 What the socket does not take (its buffer is full: the client has not read yet) waits in the
@@ -48,8 +48,8 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from enum import Enum, IntEnum
-from typing import Any
+from enum import IntEnum
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -58,6 +58,9 @@ from ipc.framing import FrameReader, FrameTooLargeError, json_frame
 from ipc.wire import CHALLENGE_BYTES, MAX_JSON_BYTES, FrameKind
 from supervisor.attachment import Attachment
 from supervisor.limits import Limits
+
+if TYPE_CHECKING:
+    from supervisor.lending import Loan
 
 log = structlog.get_logger("duomo.connection")
 _PEERCRED = struct.Struct("3i")
@@ -91,24 +94,7 @@ class Stage(IntEnum):
     DROPPED = 4  # the reactor let go of it; its socket closes once no idle worker reads it
 
 
-class Reading(Enum):
-    """Who reads a connection's socket: the reactor, or its model's idle worker (lending).
-    Every change is made by ``supervisor.lending``, under the connection's ``owner`` lock::
-
-        REACTOR ─lend→ LENT ─give back→ REACTOR
-                         └─give back with what only the reactor handles→ LEFT_TO_REACTOR
-        LEFT_TO_REACTOR ─the reactor reads it→ REACTOR
-    """
-
-    REACTOR = "reactor"  # the reactor, in its epoll
-    LENT = "lent"  # its model's idle worker, out of the reactor's epoll
-    # the reactor, which must read it before it is lent again: the worker left it a control
-    # message, several frames or part of one (``carried``), or EOF
-    LEFT_TO_REACTOR = "left to reactor"
-
-
 CHALLENGED, OPEN, CLOSING, CUT, DROPPED = Stage
-REACTOR, LENT, LEFT_TO_REACTOR = Reading
 
 
 class Connection:
@@ -121,7 +107,10 @@ class Connection:
         challenge: bytes,
         limits: Limits,
         on_blocked: Callable[[Connection], None],
+        loan: Loan,
     ) -> None:
+        """``on_blocked``: answers wait in its outbox (the reactor watches it for room);
+        ``loan``: its lending state, a fresh ``supervisor.lending.Loan``."""
         self.sock = sock
         self.fd = sock.fileno()
         self.id = conn_id
@@ -134,14 +123,11 @@ class Connection:
         self.auth_deadline = now + limits.auth_timeout_s
         self.last_received_s = now  # the last frame from the client (the idle timeout)
         self.attachments: dict[int, Attachment] = {}
-        # -- who reads it (``Reading``; lending: ``supervisor.lending``), under ``owner`` --
+        # -- who reads it (``loan``: ``supervisor.lending``), under ``owner`` --
         # held while reading the socket and while lending it or giving it back, so one thread
         # reads it at a time; reentrant, since a read may end in ``Reactor._drop``
         self.owner = threading.RLock()
-        self.reading = REACTOR
-        self.model: str | None = None  # the one model its rings attach (lendable), or None
-        self.carried = b""  # data its idle worker read but only the reactor handles
-        self.wanted = False  # an idle worker could not borrow it: told once it can (``settled``)
+        self.loan = loan
         self.pid = _peer_pid(sock)
         self._ring_ids = itertools.count(1)
         # -- sending (under _send_lock) --
@@ -173,7 +159,7 @@ class Connection:
     @property
     def lent(self) -> bool:
         """Its model's idle worker reads it (``status``)."""
-        return self.reading is LENT
+        return self.loan.lent
 
     def authenticate(self) -> None:
         """It answered its challenge (the reactor): every kind of frame is read from now on."""

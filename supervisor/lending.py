@@ -2,19 +2,28 @@
 
 While a model's worker has nothing queued, it borrows the connections whose rings all attach
 its model: it disarms them in the reactor's epoll, waits in ``poll`` on them and its wake-up
-eventfd, queues the lone notice that arrives on its own thread, and gives them back before it
-runs the request. No thread hands the request to another, which on this kind of machine costs
-a wake-up and a cold start per request (docs/design-notes.md, "Lending").
+eventfd, queues the lone notice that arrives on its own thread through the intake it shares
+with the reactor (``supervisor.intake``), and gives them back before it runs the request. No
+thread hands the request to another, which on this kind of machine costs a wake-up and a cold
+start per request (docs/design-notes.md, "Lending").
+
+**A connection's lending state** is its ``Loan`` (``Connection.loan``): who reads it
+(``Reading``), the one model its rings attach, what a worker read that only the reactor
+handles, and whether a worker is waiting to borrow it. Every change of ``Loan.reading`` is
+made here::
+
+    REACTOR ─lend→ LENT ─give back→ REACTOR
+                     └─give back with what only the reactor handles→ LEFT_TO_REACTOR
+    LEFT_TO_REACTOR ─the reactor reads it→ REACTOR
 
 What holds:
 
 - **One reader of a socket at a time.** A connection's ``owner`` lock is held by whichever
-  thread reads it or changes who does (``Connection.reading``; every change is made here), and
-  to attach and detach its rings.
+  thread reads it or changes who does, and to attach and detach its rings.
 - **The worker handles only a lone notice.** Anything else it read (a control message, several
-  frames, part of one) it leaves to the reactor (``carried``), EOF it leaves in the socket, and
-  the connection is not lent again until the reactor has read it (``LEFT_TO_REACTOR``). While
-  the worker is busy, the reactor reads every notice as before.
+  frames, part of one) it leaves to the reactor (``Loan.carried``), EOF it leaves in the
+  socket, and the connection is not lent again until the reactor has read it
+  (``LEFT_TO_REACTOR``). While the worker is busy, the reactor reads every notice as before.
 - **Given back before the batch runs**, on the worker's thread, with one ``epoll_ctl``.
 - **Not lent while answers wait** in its outbox: the reactor watches it for room, and wakes the
   worker that holds it to give it back (``call_workers``).
@@ -30,23 +39,57 @@ next request at once does so within about half a millisecond.
 
 Who calls what: the engine owns the ``IdleSpin``, the idle reader of every model's batcher
 (``worker.batcher.IdleReader``), and shows its counts (``status``: ``idle_spin``). The reactor
-owns the ``Lending``: it dedicates connections as rings attach and detach, asks
-``reactor_reads`` before it reads one, calls ``settled`` once it has read one or emptied its
-outbox, and ``call_workers`` when a lent one has answers waiting. The supervisor joins the two
-(``IdleSpin.lending`` is the reactor's ``Lending.read_when_idle``; ``Lending.wake`` the engine's
-``wake_idle``).
+builds the ``Lending`` with what it needs (its epoll, the intake, its ``read_soon``, and the
+engine's ``wake_idle`` to wake a model's idle workers), dedicates connections as rings attach
+and detach, asks ``reactor_reads`` before it reads one, calls ``settled`` once it has read one
+or emptied its outbox, and ``call_workers`` when a lent one has answers waiting. The
+supervisor hands the reactor's ``Lending.read_when_idle`` to the ``IdleSpin`` while the
+reactor runs (``IdleSpin.read_from``).
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import select
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 
-from supervisor.connection import DROPPED, LEFT_TO_REACTOR, LENT, REACTOR, Connection
+from supervisor.connection import DROPPED, Connection
+from supervisor.intake import Intake
+
+
+class Reading(Enum):
+    """Who reads a connection's socket: the reactor, or its model's idle worker (the state
+    diagram: the module docstring). Its members are also module names (``LENT``, …): every
+    request's path reads them, and an enum's attribute costs about 0.1 µs on Python 3.11."""
+
+    REACTOR = "reactor"  # the reactor, in its epoll
+    LENT = "lent"  # its model's idle worker, out of the reactor's epoll
+    # the reactor, which must read it before it is lent again: the worker left it a control
+    # message, several frames or part of one (``Loan.carried``), or EOF
+    LEFT_TO_REACTOR = "left to reactor"
+
+
+REACTOR, LENT, LEFT_TO_REACTOR = Reading
+
+
+@dataclass(slots=True)
+class Loan:
+    """One connection's lending state (``Connection.loan``), read and changed under the
+    connection's ``owner`` lock, by this module and by the reactor."""
+
+    reading: Reading = REACTOR  # who reads its socket
+    model: str | None = None  # the one model its rings attach (lendable), or None
+    carried: bytes = b""  # what its idle worker read but only the reactor handles
+    wanted: bool = False  # an idle worker could not borrow it: told once it can (``settled``)
+
+    @property
+    def lent(self) -> bool:
+        """Its model's idle worker reads it (``status``)."""
+        return self.reading is LENT
+
 
 # ``Lending.read_when_idle``: (model, wake fd, spin seconds, keep spinning) -> it read
 LentReader = Callable[[str, int, float, Callable[[], bool]], bool]
@@ -85,14 +128,19 @@ class IdleSpin:
         spin_us: Callable[[], int],
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        self.lending: LentReader | None = None  # the reactor's, while it runs
+        self._lending: LentReader | None = None  # the reactor's, while it runs (``read_from``)
         self._at_rest = at_rest  # no instance of the process is at work (``Activity.idle``)
         self._spin_us = spin_us  # ``idle_spin_us``, read at each wait: a reload may change it
         self._clock = clock
         self._waits: dict[str, IdleWaits] = {}  # by model, since start
 
+    def read_from(self, lending: LentReader | None) -> None:
+        """Wait in ``lending`` (the reactor's ``Lending.read_when_idle``, while the reactor
+        runs) from the next wait on; None: in the batcher again (the reactor stops)."""
+        self._lending = lending
+
     def __call__(self, model: str, wake_fd: int) -> bool:
-        lending = self.lending
+        lending = self._lending
         if lending is None:
             return False
         waits = self._waits.get(model)
@@ -118,19 +166,20 @@ class Lending:
     def __init__(
         self,
         epoll: select.epoll,
-        receive: Callable[[Connection], bytes | None],
-        call_soon: Callable[[Callable[[], None]], None],
-        reactor_read: Callable[[Connection], None],
+        intake: Intake,
+        read_soon: Callable[[Connection], None],
+        wake: Callable[[str], None] | None,
     ) -> None:
-        self._epoll = epoll  # the reactor's
-        self._receive = receive  # one read that queues a lone notice (``Reactor._receive``)
-        self._call_soon = call_soon
-        self._reactor_read = reactor_read  # the reactor reads a connection (``_readable``)
+        """``epoll``: the reactor's; ``intake``: the one the reactor reads with;
+        ``read_soon``: has the reactor read a connection on its thread (``Reactor.read_soon``);
+        ``wake``: wakes a model's idle workers (``Engine.wake_idle``; None: there are none)."""
+        self._epoll = epoll
+        self._intake = intake
+        self._read_soon = read_soon
+        self._wake = wake
         # model -> the connections whose rings all attach it (replaced whole, never changed in
         # place: an idle worker reads it from its own thread)
         self._lendable: dict[str, tuple[Connection, ...]] = {}
-        # wakes a model's idle workers (``Engine.wake_idle``; set by the supervisor)
-        self.wake: Callable[[str], None] | None = None
 
     # -- the reactor's side (its thread) ----------------------------------------------------
 
@@ -138,39 +187,43 @@ class Lending:
         """Keep the lendable connections in step with the models ``conn``'s rings attach."""
         models = {a.model_name for a in conn.attachments.values()}
         model = models.pop() if len(models) == 1 and not conn.closed else None
-        if model == conn.model:
+        loan = conn.loan
+        if model == loan.model:
             return
-        if conn.model is not None:
-            rest = tuple(c for c in self._lendable.get(conn.model, ()) if c is not conn)
+        if loan.model is not None:
+            rest = tuple(c for c in self._lendable.get(loan.model, ()) if c is not conn)
             if rest:
-                self._lendable[conn.model] = rest
+                self._lendable[loan.model] = rest
             else:
-                self._lendable.pop(conn.model, None)
+                self._lendable.pop(loan.model, None)
         if model is not None:
             self._lendable[model] = (*self._lendable.get(model, ()), conn)
-        conn.model = model
+        loan.model = model
         self.call_workers(conn)
 
     def reactor_reads(self, conn: Connection) -> bool:
         """With ``conn.owner`` held: whether the reactor may read ``conn`` now (not while it is
         lent, nor once dropped). It then reads what a worker left it first."""
-        if conn.reading is LENT or conn.stage is DROPPED:
+        loan = conn.loan
+        if loan.reading is LENT or conn.stage is DROPPED:
             return False
-        conn.reading = REACTOR
+        loan.reading = REACTOR
         return True
 
     def settled(self, conn: Connection) -> None:
         """With ``conn.owner`` held: the reactor has read ``conn`` or emptied its outbox; a
         worker that wanted it is woken once it can be lent."""
-        if conn.wanted and conn.reader.empty and not conn.closed and not conn.wants_write:
-            conn.wanted = False
+        loan = conn.loan
+        if loan.wanted and conn.reader.empty and not conn.closed and not conn.wants_write:
+            loan.wanted = False
             self.call_workers(conn)
 
     def call_workers(self, conn: Connection) -> None:
         """Wake the idle workers of ``conn``'s model: to borrow it or, the one that has it, to
         give it back (answers wait to be sent on it)."""
-        if conn.model is not None and self.wake is not None:
-            self.wake(conn.model)
+        model = conn.loan.model
+        if model is not None and self._wake is not None:
+            self._wake(model)
 
     # -- the idle worker's side (its thread) --------------------------------------------------
 
@@ -210,41 +263,44 @@ class Lending:
         with conn.owner:  # (waits while the reactor reads it: this worker is idle anyway)
             if conn.closed:
                 return False
-            if conn.reading is not REACTOR or conn.wants_write or not conn.reader.empty:
-                conn.wanted = True  # another worker or the reactor has it: told when done
+            loan = conn.loan
+            if loan.reading is not REACTOR or conn.wants_write or not conn.reader.empty:
+                loan.wanted = True  # another worker or the reactor has it: told when done
                 return False
             try:  # (one-shot: a hang-up meanwhile is reported once, not until it is read)
                 self._epoll.modify(conn.fd, select.EPOLLONESHOT)
             except (OSError, ValueError):  # (ValueError: the reactor has stopped)
                 return False
-            conn.reading = LENT
+            loan.reading = LENT
             return True
 
     def _read(self, conn: Connection) -> bool:
-        """Queue the notice that arrived on a borrowed connection; True when what arrived is
-        the reactor's to handle instead (the data is carried over, EOF stays in the socket)."""
+        """Queue the notice that arrived on a borrowed connection (the intake); True when what
+        arrived is the reactor's to handle instead (the data is carried over, EOF stays in the
+        socket)."""
         with conn.owner:
             if conn.stage is DROPPED:
                 return False
-            data = self._receive(conn)
+            data = self._intake.receive(conn)
             if data is None:
                 return False
-            conn.carried = data  # (b"": EOF, left in the socket for the reactor to read)
+            conn.loan.carried = data  # (b"": EOF, left in the socket for the reactor to read)
             return True
 
     def _give_back(self, conn: Connection, left: bool) -> None:
         with conn.owner:
-            conn.reading = LEFT_TO_REACTOR if left else REACTOR
+            loan = conn.loan
+            loan.reading = LEFT_TO_REACTOR if left else REACTOR
             try:
                 if conn.stage is DROPPED:
                     conn.sock.close()
                 else:  # (one the supervisor stopped writing to: the reactor now reads its EOF)
                     out = select.EPOLLOUT if conn.wants_write else 0  # (answers wait for room)
                     self._epoll.modify(conn.fd, select.EPOLLIN | out)
-                    if conn.carried:  # no event may come for it: the reactor reads it anyway
-                        self._call_soon(functools.partial(self._reactor_read, conn))
-                    elif conn.wanted:  # another model's worker wanted it meanwhile
-                        conn.wanted = False
+                    if loan.carried:  # no event may come for it: the reactor reads it anyway
+                        self._read_soon(conn)
+                    elif loan.wanted:  # another model's worker wanted it meanwhile
+                        loan.wanted = False
                         self.call_workers(conn)
             except (OSError, ValueError):
                 pass

@@ -2,16 +2,18 @@
 
 Owned by ``Supervisor``. It accepts connections, authenticates them (challenge–response, see
 ``ipc.framing``), decodes frames, answers control messages through the supervisor's handler and
-turns "slot ready" notices into queued requests (``Attachment.submit``). It never runs a model:
+turns "slot ready" notices into queued requests through its ``Intake`` (``supervisor.intake``,
+which hands each to ``Attachment.submit``). It never runs a model:
 the only slow thing it does is create a shared-memory segment on ``attach``. It waits in
 ``epoll`` itself (not through ``selectors``): a notice's way from the socket to its model's queue
 is every request's path, and each Python call on it costs about a microsecond when it runs cold
 after an inference.
 
 **Lending.** A connection whose rings all attach one model (the usual producer) is lent to
-that model's idle worker, which reads it itself (``supervisor.lending``; ``read_when_idle`` is
-its entry, handed to the engine by the supervisor). The reactor holds a connection's ``owner``
-lock while it reads it, and reads none that is lent (``Connection.reading``).
+that model's idle worker, which reads it itself with the same intake (``supervisor.lending``;
+``Lending.read_when_idle`` is its entry, handed to the engine's idle spin by the supervisor).
+The reactor holds a connection's ``owner`` lock while it reads it, and reads none that is lent
+(``Connection.loan``).
 
 Workers send "slot done" notices from their own threads through ``Connection.send``, which
 never blocks (its send rule: ``supervisor.connection``). A connection that breaks the protocol
@@ -50,20 +52,13 @@ from typing import Any
 
 import structlog
 
-from ipc.errors import DuomoError, ErrorCode, NotFoundError
+from ipc.errors import ErrorCode
 from ipc.framing import ProtocolError, parse_json, verify
-from ipc.wire import CHALLENGE_BYTES, FRAME, NOTICE, FrameKind, frame
+from ipc.wire import CHALLENGE_BYTES, NOTICE, FrameKind, frame
 from supervisor.attachment import Attachment
-from supervisor.connection import (
-    CHALLENGED,
-    CLOSING,
-    DROPPED,
-    LENT,
-    OPEN,
-    Connection,
-    fitted_json,
-)
-from supervisor.lending import Lending
+from supervisor.connection import CHALLENGED, CLOSING, DROPPED, Connection, fitted_json
+from supervisor.intake import Intake
+from supervisor.lending import LENT, Lending, Loan
 from supervisor.limits import Limits
 
 log = structlog.get_logger("duomo.reactor")
@@ -72,8 +67,6 @@ ACCEPT_BATCH = 64  # connections accepted per turn of the loop
 ACCEPT_BACKOFF_S = 0.1  # out of file descriptors with no spare: accept nothing for this long
 REFUSAL_LOG_S = 10.0  # refused connections are logged at most this often
 MAX_ID_CHARS = 64  # a control message's "id", echoed in its reply: an int or a short string
-NOTICE_FRAME_BYTES = FRAME.size + NOTICE.size
-NOTICE_PREFIX = FRAME.pack(NOTICE.size, FrameKind.NOTICE)
 # accept() failing for want of a descriptor (or of kernel memory): refuse or back off
 _OUT_OF_FDS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
@@ -84,8 +77,15 @@ Handler = Callable[[Connection, dict[str, Any]], dict[str, Any] | None]
 
 class Reactor:
     def __init__(
-        self, listener: socket.socket, key: bytes, handle: Handler, limits: Limits
+        self,
+        listener: socket.socket,
+        key: bytes,
+        handle: Handler,
+        limits: Limits,
+        wake_idle: Callable[[str], None] | None = None,
     ) -> None:
+        """``wake_idle``: wakes a model's idle workers (``Engine.wake_idle``), to borrow a
+        connection or give one back (``supervisor.lending``); None where there are none."""
         self._listener: socket.socket | None = listener
         self._key = key
         self._handle = handle
@@ -95,7 +95,8 @@ class Reactor:
         self._connections: dict[int, Connection] = {}
         self._challenged: dict[int, Connection] = {}  # not authenticated yet, oldest first
         self._by_fd: dict[int, Connection] = {}  # the registered client sockets
-        self.lending = Lending(self._epoll, self._receive, self.call_soon, self._readable)
+        self._intake = Intake()  # notices -> queued requests, shared with the lending
+        self.lending = Lending(self._epoll, self._intake, self.read_soon, wake_idle)
         self._ids = itertools.count(1)
         self._lingering: list[Attachment] = []
         self._thread: threading.Thread | None = None
@@ -118,6 +119,11 @@ class Reactor:
         state does so there only."""
         self._soon.append(fn)
         self._wake()
+
+    def read_soon(self, conn: Connection) -> None:
+        """Read ``conn`` on the reactor thread (from any thread), whether or not an event
+        comes for it: its idle worker gave it back with data only the reactor handles."""
+        self.call_soon(functools.partial(self._readable, conn))
 
     @property
     def connections(self) -> list[Connection]:
@@ -263,7 +269,7 @@ class Reactor:
         sock.setblocking(False)  # the reactor reads only when epoll says so; sends never wait
         conn = Connection(
             sock, next(self._ids), secrets.token_bytes(CHALLENGE_BYTES), self.limits,
-            self._blocked,
+            self._blocked, Loan(),
         )  # fmt: skip
         self._connections[conn.id] = conn
         self._challenged[conn.id] = conn
@@ -329,32 +335,13 @@ class Reactor:
                 self._read(conn)
                 self.lending.settled(conn)
 
-    def _receive(self, conn: Connection) -> bytes | None:
-        """One read of ``conn`` (the reactor's, or a lent connection's worker's); a lone notice,
-        every request's way, is queued here. None when nothing is left to handle, else what
-        arrived instead (b"": EOF, or the connection failed)."""
-        try:
-            data = conn.sock.recv(65536)
-        except (BlockingIOError, InterruptedError, TimeoutError):
-            return None
-        except OSError:
-            return b""
-        if (
-            len(data) == NOTICE_FRAME_BYTES
-            and data.startswith(NOTICE_PREFIX)
-            and conn.stage is OPEN
-            and conn.reader.empty
-        ):
-            self._notice(conn, *NOTICE.unpack_from(data, FRAME.size))
-            return None
-        return data
-
     def _read(self, conn: Connection) -> None:
-        data: bytes | None = conn.carried  # what its idle worker read and left to it, first
+        loan = conn.loan
+        data: bytes | None = loan.carried  # what its idle worker read and left to it, first
         if data:
-            conn.carried = b""
+            loan.carried = b""
         else:
-            data = self._receive(conn)
+            data = self._intake.receive(conn)  # (a lone notice is queued there)
             if data is None:
                 return
         if not data:
@@ -387,7 +374,7 @@ class Reactor:
             conn.close_after_read()
             return
         if kind is FrameKind.NOTICE:
-            self._notice(conn, *NOTICE.unpack(payload))
+            self._intake.notice(conn, *NOTICE.unpack(payload))
         elif kind is FrameKind.JSON:
             message = parse_json(payload)
             message_id = message.get("id")
@@ -417,7 +404,7 @@ class Reactor:
         with conn.owner:
             if conn.stage is DROPPED or not conn.wants_write:
                 return
-            if conn.reading is LENT:  # its worker gives it back, armed for room
+            if conn.loan.reading is LENT:  # its worker gives it back, armed for room
                 self.lending.call_workers(conn)
                 return
             with contextlib.suppress(OSError, ValueError):
@@ -427,20 +414,11 @@ class Reactor:
         if not conn.flush():
             return
         with conn.owner:  # the outbox is empty: stop watching for room
-            if conn.reading is LENT or conn.stage is DROPPED:
+            if conn.loan.reading is LENT or conn.stage is DROPPED:
                 return
             with contextlib.suppress(OSError, ValueError):
                 self._epoll.modify(conn.fd, select.EPOLLIN)
             self.lending.settled(conn)
-
-    def _notice(self, conn: Connection, ring: int, slot: int, seq: int) -> None:
-        attachment = conn.attachments.get(ring)
-        try:
-            if attachment is None:
-                raise NotFoundError(f"no attached ring {ring}")
-            attachment.submit(slot, seq)  # an invalid request is answered in its slot
-        except DuomoError as err:  # no slot to answer in
-            conn.send_error(err.code, err.message, ring=ring, slot=slot)
 
     def attach(self, conn: Connection, ring: int, attachment: Attachment) -> None:
         """Record a ring attached by ``conn`` (on the reactor thread)."""
@@ -469,7 +447,7 @@ class Reactor:
             conn.drop()  # (a lent one's worker wakes up and closes it as it gives it back)
             for ring in list(conn.attachments):
                 self.detach(conn, ring)
-            if conn.reading is not LENT:
+            if conn.loan.reading is not LENT:
                 conn.sock.close()
 
     def _housekeeping(self, now: float) -> None:

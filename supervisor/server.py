@@ -182,11 +182,10 @@ class Supervisor:
         self._own(path)
         listener.listen(self.limits.listen_backlog)
         self.control_jobs.start()
-        self.reactor = Reactor(listener, key, self.handle, self.limits)
+        self.reactor = Reactor(listener, key, self.handle, self.limits, self.engine.wake_idle)
         self.reactor.start()
         # lending: models' idle workers read their producers through the reactor's connections
-        self.engine.idle_spin.lending = self.reactor.lending.read_when_idle
-        self.reactor.lending.wake = self.engine.wake_idle
+        self.engine.idle_spin.read_from(self.reactor.lending.read_when_idle)
         pid_path(path).write_text(f"{os.getpid()}\n")
         self._own(pid_path(path))
         gateway = self.loaded.config.gateway
@@ -258,7 +257,7 @@ class Supervisor:
         cut = self.engine.close(grace_s)
         for caller in self._stop_waiters:
             caller.conn.reply(caller.message, {"ok": True, "cut": cut})
-        self.engine.idle_spin.lending = None
+        self.engine.idle_spin.read_from(None)
         if self.reactor is not None:
             self.reactor.stop()
         for path, inode in self._created.items():

@@ -20,14 +20,16 @@ Workers belong to a generation: ``retire_workers`` ends the current one (its idl
 at once, a busy one after its batch) while queued requests stay for the next generation. That is
 how an unload, a re-initialization or a reload lets go of workers without losing the queue.
 
-A worker sleeps on a lock of its own, which whoever changes the queue releases (``_sleep``,
-``_wake_all``): what ``threading.Condition`` does inside, without its Python wrapper, whose
-four calls per hand-off run on every request's path, cold after every inference. Or, with an
-``IdleReader`` (the supervisor's lending, ``supervisor.lending``) and nothing queued, one idle
-worker at a time waits in the idle reader instead: it reads its model's producers and queues
-what arrives itself, so the request it then takes was never handed from one thread to
-another; ``_wake_all`` wakes it through its ``wake_fd`` (an eventfd, one per worker:
-``batches``).
+A worker waits for its first request in one of two ways (``_wait_for_first``):
+
+- it **sleeps** on a lock of its own, which whoever changes the queue releases (``_sleep``,
+  ``_wake_all``): what ``threading.Condition`` does inside, without its Python wrapper, whose
+  four calls per hand-off run on every request's path, cold after every inference;
+- or, with an ``IdleReader`` (the supervisor's lending, ``supervisor.lending``) and nothing
+  queued, it **waits in the idle reader**: it reads its model's producers and queues what
+  arrives itself, so the request it then takes was never handed from one thread to another.
+  One worker at a time does so: the ``ReaderSeat``, whose handshake with ``_wake_all`` (an
+  eventfd per worker, ``batches``) is stated there.
 """
 
 from __future__ import annotations
@@ -60,6 +62,56 @@ class IdleReader(Protocol):
         ...
 
 
+class ReaderSeat:
+    """The idle-reader handshake: the one worker waiting in the idle reader, and how it is
+    woken. Every field is read and changed under the batcher's lock::
+
+        free ─take→ held ─the queue changes (``_wake_all``): its eventfd is written→ woken
+        held | woken ─leave (the eventfd read again if it was written)→ free
+
+    ``_wake_all`` writes the worker's eventfd once per wait, and never from the worker's own
+    thread (it queues what it reads: waking itself would cost a spare turn). ``look_again``
+    is set by ``Batcher.wake_idle`` (a connection became the model's to read, or the one
+    borrowed must be given back): a worker that found nothing to read looks again instead of
+    sleeping.
+    """
+
+    __slots__ = ("holder", "look_again", "reader", "woken")
+
+    def __init__(self, reader: IdleReader | None) -> None:
+        self.reader = reader
+        self.holder: tuple[int, int] | None = None  # (thread, wake fd) of the worker in it
+        self.woken = False  # its eventfd was written during this wait
+        self.look_again = False
+
+    def free(self) -> bool:
+        """There is an idle reader and no worker waits in it."""
+        return self.reader is not None and self.holder is None
+
+    def take(self, wake_fd: int) -> None:
+        self.holder = (threading.get_ident(), wake_fd)
+        self.look_again = False
+
+    def leave(self) -> bool:
+        """Free the seat; whether its worker was woken meanwhile (its eventfd is read again:
+        the next wait must not end on a spare wake-up)."""
+        assert self.holder is not None
+        wake_fd, woken = self.holder[1], self.woken
+        self.holder = None
+        if woken:
+            self.woken = False
+            with contextlib.suppress(BlockingIOError):
+                os.eventfd_read(wake_fd)
+        return woken
+
+    def wake(self, wake_fd: int) -> None:
+        """Wake the worker in the seat, whose eventfd is ``wake_fd`` (from another thread than
+        its own; once per wait)."""
+        if not self.woken:
+            self.woken = True
+            os.eventfd_write(wake_fd, 1)
+
+
 @dataclass(slots=True)
 class TakenBatch:
     run: list[Request]
@@ -89,11 +141,8 @@ class Batcher:
         self._count = 0
         self._lock = threading.Lock()
         self._sleepers: list[threading.Lock] = []  # one held lock per sleeping worker
-        self._idle_reader = idle_reader
-        self._reader: tuple[int, int] | None = None  # (thread, wake fd) of the one reading
-        self._reader_woken = False
-        self._look_again = False  # ``wake_idle`` came during a wait in the idle reader
-        self._filling = False
+        self._seat = ReaderSeat(idle_reader)  # the one worker waiting in the idle reader
+        self._filling = False  # a worker fills a batch: the others wait
         self._closed = False
         self.generation = 0  # workers started now serve this generation
 
@@ -118,7 +167,7 @@ class Batcher:
             self._count += 1
             if self._window is not None:
                 self._window.record_arrival()
-            if self._sleepers or self._reader is not None:
+            if self._sleepers or self._seat.holder is not None:
                 self._wake_all()
 
     def close(self) -> None:
@@ -132,7 +181,7 @@ class Batcher:
         what they may read (``idle_reader``): a connection became theirs, or the one borrowed
         must be given back (answers wait to be sent on it)."""
         with self._lock:
-            self._look_again = True
+            self._seat.look_again = True
             self._wake_all()
 
     def retire_workers(self) -> int:
@@ -188,49 +237,61 @@ class Batcher:
 
     def next_batch(self, generation: int = 0, wake_fd: int | None = None) -> TakenBatch | None:
         """The next batch for a worker of ``generation``; None when that worker should stop.
-        A worker that gives its ``wake_fd`` may wait in the idle reader."""
+
+        The rule: block for the first request (in the idle reader, for a worker that gives its
+        ``wake_fd``, when it may); then, unless the window is 0 or ``max_batch`` requests are
+        queued, fill until either holds or the window has passed since the first request was
+        enqueued; then take up to ``max_batch`` requests, best first."""
         with self._lock:
             while True:
-                while not self._count or self._filling:
+                while not self._count or self._filling:  # 1. block for the first request
                     if (self._closed and not self._count) or generation != self.generation:
                         return None
-                    if (
-                        wake_fd is not None
-                        and self._idle_reader is not None
-                        and self._reader is None
-                        and not self._count  # (not while another worker fills a batch)
-                    ):
-                        self._look_again = False
-                        if self._wait_in_reader(wake_fd) or self._look_again:
-                            continue
-                    self._sleep(None)
+                    self._wait_for_first(wake_fd)
                 if generation != self.generation:
                     return None
                 delay_s = self.max_delay_s if self._window is None else self._window.delay_s()
-                if delay_s <= 0 or self._count >= self.max_batch:
-                    return self._take()  # nothing to wait for: the batch is what is queued
-                self._filling = True
-                try:
-                    first = self._levels[self._best_level(self._clock())][0]
-                    fill_until = first.enqueued_s + delay_s
-                    late_from, late = fill_until - delay_s / 2, False  # (the second half)
-                    while self._count < self.max_batch and not self._closed:
-                        remaining = fill_until - self._clock()
-                        if remaining <= 0 or generation != self.generation or not self._count:
-                            break
-                        before = self._count
-                        self._sleep(remaining)
-                        late = late or (self._count > before and self._clock() >= late_from)
-                    if self._window is not None:
-                        self._window.record_fill(late or self._count >= self.max_batch)
+                if delay_s > 0 and self._count < self.max_batch:  # 2. fill within the window
+                    self._fill(generation, delay_s)
                     if generation != self.generation:
                         return None  # retired while filling: the queue stays for the next
-                    if self._count:  # (a drain may have emptied it meanwhile)
-                        return self._take()
-                finally:
-                    self._filling = False
-                    if self._sleepers:
-                        self._wake_all()
+                    if not self._count:  # (a drain emptied it meanwhile)
+                        continue
+                return self._take()  # 3. the batch is what is queued, best first
+
+    def _wait_for_first(self, wake_fd: int | None) -> None:
+        """With the lock held and nothing to take: wait in the idle reader if this worker may
+        (it gave its ``wake_fd``, the seat is free, and no other worker is filling a batch),
+        else sleep until the queue changes. The caller looks again either way."""
+        seat = self._seat
+        if wake_fd is not None and not self._count and seat.free():
+            seat.take(wake_fd)
+            if self._wait_in_reader(wake_fd) or seat.look_again:
+                return
+        self._sleep(None)
+
+    def _fill(self, generation: int, delay_s: float) -> None:
+        """With the lock held and a first request queued: wait until ``max_batch`` requests
+        are queued or ``delay_s`` has passed since the first was enqueued (or the batcher is
+        closed, the worker retired, the queue drained). Other workers wait meanwhile."""
+        self._filling = True
+        try:
+            first = self._levels[self._best_level(self._clock())][0]
+            fill_until = first.enqueued_s + delay_s
+            late_from, late = fill_until - delay_s / 2, False  # (the second half)
+            while self._count < self.max_batch and not self._closed:
+                remaining = fill_until - self._clock()
+                if remaining <= 0 or generation != self.generation or not self._count:
+                    break
+                before = self._count
+                self._sleep(remaining)
+                late = late or (self._count > before and self._clock() >= late_from)
+            if self._window is not None:
+                self._window.record_fill(late or self._count >= self.max_batch)
+        finally:
+            self._filling = False
+            if self._sleepers:
+                self._wake_all()
 
     def _sleep(self, timeout_s: float | None) -> None:
         """With the lock held: let it go and sleep until ``_wake_all`` or ``timeout_s``, then
@@ -248,26 +309,22 @@ class Batcher:
                 self._sleepers.remove(wake)
 
     def _wait_in_reader(self, wake_fd: int) -> bool:
-        """With the lock held: wait in the idle reader (without the lock). False only if it
-        had nothing to read and nobody woke it meanwhile: then, and only then, the caller may
-        sleep without looking again (a request queued while the lock was let go woke it
-        through ``wake_fd``, which is consumed here: that wake-up must not be lost)."""
-        assert self._idle_reader is not None
-        self._reader = (threading.get_ident(), wake_fd)
+        """With the lock held and the seat taken: wait in the idle reader (without the lock),
+        then leave the seat. False only if it had nothing to read and nobody woke it
+        meanwhile: then, and only then, the caller may sleep without looking again (a request
+        queued while the lock was let go woke it through ``wake_fd``, which is consumed on
+        leaving: that wake-up must not be lost)."""
+        reader = self._seat.reader
+        assert reader is not None
         self._lock.release()
         read = False
         try:
-            read = self._idle_reader(self.model, wake_fd)
+            read = reader(self.model, wake_fd)
         except Exception:  # a bug there must not end the worker: it sleeps here instead
             log.exception("idle reader failed", model=self.model)
         finally:
             self._lock.acquire()
-            self._reader = None
-            woken = self._reader_woken
-            if woken:
-                self._reader_woken = False
-                with contextlib.suppress(BlockingIOError):
-                    os.eventfd_read(wake_fd)
+            woken = self._seat.leave()
         if read and self._sleepers and not self._count:  # (woken, not by a request: the
             self._wake_all()  # next worker of a new generation, say, reads from now on)
         return read or woken
@@ -278,10 +335,9 @@ class Batcher:
         for wake in self._sleepers:
             wake.release()
         self._sleepers.clear()
-        reader = self._reader
-        if reader is not None and not self._reader_woken and reader[0] != threading.get_ident():
-            self._reader_woken = True
-            os.eventfd_write(reader[1], 1)
+        holder = self._seat.holder  # (the worker in the seat queues what it reads itself)
+        if holder is not None and holder[0] != threading.get_ident():
+            self._seat.wake(holder[1])
 
     def _best_level(self, now: float) -> int:
         """The priority level whose oldest request goes next.

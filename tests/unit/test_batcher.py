@@ -255,7 +255,7 @@ def test_a_request_queued_elsewhere_wakes_the_worker_in_the_idle_reader() -> Non
     got: list[list[str]] = []
     worker = threading.Thread(target=lambda: got.append(names(b.next_batch(0, wake).run)))  # type: ignore[union-attr]
     worker.start()
-    poll(lambda: b._reader is not None)
+    poll(lambda: b._seat.holder is not None)
     b.put(request("x"))  # the engine's in-process path, or another connection's notice
     worker.join(10)
     assert got == [["x"]]
@@ -264,7 +264,7 @@ def test_a_request_queued_elsewhere_wakes_the_worker_in_the_idle_reader() -> Non
     ended: list[object] = []
     worker = threading.Thread(target=lambda: ended.append(b.next_batch(0, wake)))
     worker.start()
-    poll(lambda: b._reader is not None)
+    poll(lambda: b._seat.holder is not None)
     b.close()  # closing (or retiring the workers) ends the wait too
     worker.join(10)
     assert ended == [None]
@@ -291,7 +291,6 @@ def test_a_request_queued_while_the_reader_finds_nothing_is_not_lost() -> None:
     """The idle reader lets go of the lock; a request queued in that moment wakes it through
     the wake fd. If the reader then reports nothing to read, the worker must still see the
     request, not sleep on it (a lost wake-up: the request would wait forever)."""
-    b = Batcher("m", max_batch=4, max_delay_s=0.0, queue_size=10)
 
     def reader_that_finds_nothing(model: str, wake_fd: int) -> bool:
         elsewhere = threading.Thread(target=b.put, args=(request("meanwhile"),))
@@ -299,7 +298,9 @@ def test_a_request_queued_while_the_reader_finds_nothing_is_not_lost() -> None:
         elsewhere.join()
         return False  # nothing of its own to read
 
-    b._idle_reader = reader_that_finds_nothing
+    b = Batcher(
+        "m", max_batch=4, max_delay_s=0.0, queue_size=10, idle_reader=reader_that_finds_nothing
+    )
     wake = with_wake_fd()
     got: list[object] = []
     worker = threading.Thread(target=lambda: got.append(b.next_batch(0, wake)), daemon=True)

@@ -14,6 +14,7 @@ from ipc.errors import ErrorCode, echoed
 from ipc.framing import FrameReader, ProtocolError, json_frame, parse_json
 from ipc.wire import FRAME, MAX_JSON_BYTES, FrameKind, frame
 from supervisor.connection import CHALLENGED, CLOSING, CUT, DROPPED, OPEN, Connection, fitted_json
+from supervisor.lending import Loan
 from supervisor.limits import LimitsConfig, resolve_limits
 
 
@@ -33,7 +34,7 @@ def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
 
 
 def connection(sock: socket.socket, blocked: list[Connection], **limits: object) -> Connection:
-    return Connection(sock, 1, b"\0" * 32, make_limits(**limits), blocked.append)  # type: ignore[arg-type]
+    return Connection(sock, 1, b"\0" * 32, make_limits(**limits), blocked.append, Loan())  # type: ignore[arg-type]
 
 
 def frames(count: int, size: int = 100) -> list[bytes]:

@@ -118,7 +118,7 @@ def spin_over(
     lending: RecordingLending, activity: Activity | None = None, idle_spin_us: int = 1000
 ) -> IdleSpin:
     spin = IdleSpin((activity or Activity()).idle, lambda: idle_spin_us, lambda: lending.now)
-    spin.lending = lending
+    spin.read_from(lending)
     return spin
 
 
@@ -157,26 +157,26 @@ def test_no_spin_without_a_reactor_or_when_configured_off() -> None:
     for _ in range(3):
         spin("classify", -1)
     assert lending.spins == [0.0, 0.0, 0.0]
-    spin.lending = None
+    spin.read_from(None)
     assert not spin("classify", -1)  # no reactor: the batcher sleeps
 
 
 def test_the_engine_spins_by_its_config_and_its_instances(tmp_path: Path) -> None:
     """The engine's ``IdleSpin``: the supervisor hands it the reactor's lending through
-    ``IdleSpin.lending``; the window is the config's ``idle_spin_us``, read at each wait (a
+    ``IdleSpin.read_from``; the window is the config's ``idle_spin_us``, read at each wait (a
     reload may change it); the instances at work are the engine's."""
     path = write_config(tmp_path, [classify()], idle_spin_us=10_000)
     engine = Engine(load_config(path))
     assert not engine.idle_spin("classify", -1)  # no reactor yet
     lending = RecordingLending([0.0, 0.0])
-    engine.idle_spin.lending = lending
+    engine.idle_spin.read_from(lending)
     engine.idle_spin("classify", -1)
     engine.idle_spin("classify", -1)
     assert lending.spins == [0.0, 0.01]  # (the first wait after a load never spins)
     engine.activity.enter()
     assert not lending.keep_spinning()
     engine.activity.leave()
-    engine.idle_spin.lending = None
+    engine.idle_spin.read_from(None)
     assert not engine.idle_spin("classify", -1)
 
 
