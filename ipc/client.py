@@ -44,7 +44,7 @@ import threading
 import time
 from array import array
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -86,7 +86,50 @@ _ANCILLARY_BYTES = socket.CMSG_SPACE(4 * array("i").itemsize)
 
 
 class Client:
+    """A producer's connection to one supervisor: control requests, and the models it attaches.
+
+    One Unix socket carries framed JSON control messages and the 8-byte "slot ready" / "slot
+    done" notices; tensors travel through the shared-memory rings that ``model`` attaches.
+    A client may be shared by threads. It starts no thread for synchronous use: a thread that
+    waits reads the socket itself while no other does, and the others wait for it (see the
+    module docstring); one background thread reads while ``infer_async`` requests are
+    outstanding. Every error is a typed ``ipc.errors.DuomoError``; once the supervisor goes
+    away, every waiting and later call raises ``UnavailableError``.
+
+    Its handles reach it only through ``ipc.slots.HandleClient``, which a private link
+    object implements with the client's private members (``_HandleLink``).
+
+    Example:
+        from ipc import Client
+
+        with Client() as client:  # $DUOMO_SOCKET, or the standard runtime directory
+            classify = client.model("classify", slots=4)
+            result = classify.infer(image)  # a uint8 H×W×C array
+            names = [m["name"] for m in client.models()]
+
+    Attributes:
+        socket_path: The supervisor's control socket.
+        timeout_s: The default bound on a control round trip (``request``, ``models``,
+            ``status``); ``model`` waits at least ``ATTACH_TIMEOUT_S`` for a model to load.
+        events: Errors the supervisor reported without a slot to pin them on
+            (``next_event``).
+    """
+
     def __init__(self, socket_path: str | Path | None = None, timeout_s: float = 10.0) -> None:
+        """Connect and authenticate (with the key file beside the socket).
+
+        Args:
+            socket_path: The supervisor's socket; None: ``$DUOMO_SOCKET``, else the standard
+                runtime directory's.
+            timeout_s: Bounds connecting and authenticating, and is the default bound on each
+                control round trip afterwards.
+
+        Raises:
+            UnavailableError: No key file at the socket's directory (no supervisor there), or
+                the supervisor cannot be reached or did not authenticate within ``timeout_s``.
+            ResourceExhaustedError: The supervisor refused the connection (its
+                ``limits.max_connections``, or it is out of file descriptors).
+        """
         self.socket_path = Path(socket_path) if socket_path else default_socket_path()
         self.timeout_s = timeout_s
         self._ids = itertools.count(1)
@@ -109,6 +152,7 @@ class Client:
         self._descriptors: deque[int] = deque()
         # errors the supervisor reported without a slot to attribute them to (protocol misuse)
         self.events: queue.SimpleQueue[DuomoError] = queue.SimpleQueue()
+        self._link = _HandleLink(self)  # what its handles use of it (``ipc.slots.HandleClient``)
         try:
             key = read_key(self.socket_path)
         except FileNotFoundError:
@@ -174,6 +218,8 @@ class Client:
     # -- control --------------------------------------------------------------------------
 
     def _send(self, data: bytes) -> None:
+        """(``HandleClient.send_frame``) Send one whole frame; ``UnavailableError`` once the
+        connection is closed or lost."""
         with self._send_lock:
             if self._closed is not None:
                 raise UnavailableError(f"connection to the supervisor is closed ({self._closed})")
@@ -183,8 +229,25 @@ class Client:
                 raise UnavailableError(f"lost the supervisor: {err}") from None
 
     def request(self, op: str, timeout_s: float | None = None, **fields: Any) -> dict[str, Any]:
-        """Send one control message and wait for its reply (up to ``timeout_s``, default the
-        client's); raises the typed error on failure."""
+        """Send one control message and wait for its reply.
+
+        The calling thread blocks until the reply arrives, for at most ``timeout_s`` (reading
+        the socket itself while no other thread does).
+
+        Args:
+            op: The operation (``"status"``, ``"models"``, ``"load"``, ``"reload"``, …).
+            timeout_s: How long to wait for the reply; None: the client's ``timeout_s``.
+            **fields: The message's other fields.
+
+        Returns:
+            The reply, whose ``"ok"`` is true.
+
+        Raises:
+            DeadlineExceededError: No reply within ``timeout_s``.
+            UnavailableError: The connection is closed or was lost.
+            DuomoError: The supervisor's refusal, as its typed subclass
+                (``NotFoundError``, ``InvalidArgumentError``, ``ResourceExhaustedError``, …).
+        """
         wait_s = self.timeout_s if timeout_s is None else timeout_s
         request_id = next(self._ids)
         future: Future[dict[str, Any]] = Future()
@@ -194,7 +257,7 @@ class Client:
             self._pending[request_id] = future
         try:
             self._send(json_frame({"id": request_id, "op": op, **fields}))
-            self.wait_until(future.done, time.monotonic() + wait_s)
+            self._wait_until(future.done, time.monotonic() + wait_s)
             if not future.done():
                 raise DeadlineExceededError(f"no reply to {op!r} within {wait_s}s")
             reply = future.result()
@@ -207,8 +270,18 @@ class Client:
 
     def next_event(self, timeout_s: float) -> DuomoError | None:
         """The next error the supervisor reported without a slot to pin it on (for example a
-        notice for a slot index that does not exist), or None after ``timeout_s``."""
-        self.wait_until(lambda: not self.events.empty(), time.monotonic() + timeout_s)
+        notice for a slot index that does not exist).
+
+        Blocks (reading the socket while no other thread does) until there is one, for at
+        most ``timeout_s``, or until the connection is lost.
+
+        Args:
+            timeout_s: The longest wait, in seconds.
+
+        Returns:
+            The error (not raised), or None if none came in time.
+        """
+        self._wait_until(lambda: not self.events.empty(), time.monotonic() + timeout_s)
         try:
             return self.events.get_nowait()
         except queue.Empty:
@@ -216,27 +289,58 @@ class Client:
 
     @property
     def connected(self) -> bool:
+        """Whether the connection to the supervisor is open (False once closed or lost)."""
         return self._closed is None
 
+    def _lost(self) -> BaseException | None:
+        """(``HandleClient.lost``) Why the connection ended (None while it is open)."""
+        return self._closed
+
     def models(self) -> list[dict[str, Any]]:
+        """The models the supervisor serves, one dict each (its name, task, state, …): one
+        ``request`` round trip, with its errors."""
         return list(self.request("models")["models"])
 
     def status(self) -> dict[str, Any]:
+        """The supervisor's status, as ``duomo status --json`` prints it: one ``request``
+        round trip, with its errors."""
         return dict(self.request("status")["status"])
 
     def model(self, name: str, slots: int = 4) -> ModelHandle:
-        """Attach to ``name`` with ``slots`` slots: up to that many requests in flight.
+        """Attach to model ``name`` with a ring of ``slots`` slots: up to that many requests
+        in flight at once.
 
-        A model declared ``preload: false`` is loaded by this call (it waits up to the
-        client's timeout for that)."""
+        Blocks for one control round trip, for at most the larger of the client's
+        ``timeout_s`` and ``ATTACH_TIMEOUT_S`` (300 s): a model declared ``preload: false``
+        is loaded by this call, which waits for the load.
+
+        Args:
+            name: The model's name in the supervisor's configuration.
+            slots: The ring's slots.
+
+        Returns:
+            The handle; close it (``ModelHandle.close``) or the client to detach.
+
+        Raises:
+            NotFoundError: The supervisor serves no model ``name``.
+            InvalidArgumentError: ``slots`` is out of range.
+            ResourceExhaustedError: The client's or the supervisor's limits on rings, slots
+                or ring memory leave no room for the ring.
+            DeadlineExceededError: No reply in time (the model is still loading).
+            UnavailableError: The connection is closed or lost, or the ring could not be
+                mapped.
+            DuomoError: Any other refusal of the supervisor's, as its typed subclass (a
+                model that failed to load, say).
+        """
         ring_id, ring = self._attach(name, slots)
-        return ModelHandle(self, name, ring_id, ring)
+        return ModelHandle(self, self._link, name, ring_id, ring)
 
     def _attach(
         self, name: str, slots: int, inputs: dict[str, int] | None = None
     ) -> tuple[int, SlotRing]:
-        """Attach a new ring for ``name`` and map the segment whose descriptor came with the
-        reply; ``inputs``: input -> the bytes its area must hold, past the model's default."""
+        """(``HandleClient.attach_ring``) Attach a new ring for ``name`` and map the segment whose
+        descriptor came with the reply; ``inputs``: input -> the bytes its area must hold,
+        past the model's default."""
         fields: dict[str, Any] = {"inputs": inputs} if inputs else {}
         # attaching a model that is not loaded yet waits for its load
         reply = self.request(
@@ -258,22 +362,35 @@ class Client:
         return ring_id, ring
 
     def _register(self, handle: ModelHandle, ring_id: int, old_ring: int | None = None) -> None:
-        """Route ring ``ring_id``'s notices to ``handle`` (before any slot of it is submitted)."""
+        """(``HandleClient.route_ring``) Route ring ``ring_id``'s notices to ``handle``
+        (before any slot of it is submitted), and ring ``old_ring``'s no more."""
         with self._lock:
             if old_ring is not None:
                 self._handles.pop(old_ring, None)
             self._handles[ring_id] = handle
 
+    def _unregister(self, ring_ids: Iterable[int]) -> None:
+        """(``HandleClient.unroute_rings``) Route nothing more from these rings (their
+        handle closes)."""
+        with self._lock:
+            for ring_id in ring_ids:
+                self._handles.pop(ring_id, None)
+
     def _detach_later(self, ring_id: int) -> None:
-        """Detach ring ``ring_id`` without waiting for the reply (the caller may be the thread
-        that reads the socket, or an event loop): nothing routes to it any more."""
+        """(``HandleClient.detach_ring_later``) Detach ring ``ring_id`` without waiting for
+        the reply (the caller may be the thread that reads the socket, or an event loop):
+        nothing routes to it any more."""
         with self._lock:
             self._handles.pop(ring_id, None)
         with contextlib.suppress(DuomoError):  # gone: the supervisor freed it already
             self._send(json_frame({"id": next(self._ids), "op": "detach", "ring": ring_id}))
 
     def close(self) -> None:
-        """Disconnect; the supervisor frees this client's rings, and they are unmapped here."""
+        """Disconnect: the supervisor frees this client's rings, and they are unmapped here.
+
+        Requests still in flight fail with ``UnavailableError`` (waiting callers, futures).
+        Waits up to 5 s for the background reader thread, if ``infer_async`` started one, to
+        end. Closing twice is harmless."""
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         self._connection_lost(ConnectionError("closed by this client"))
@@ -301,10 +418,11 @@ class Client:
 
     # -- reading: leader/follower -----------------------------------------------------------
 
-    def wait_until(
+    def _wait_until(
         self, done: Callable[[], bool], deadline: float | None, by_frame: bool = False
     ) -> None:
-        """Return once ``done()`` holds, the deadline passes, or the connection is lost.
+        """(``HandleClient.wait_for``) Return once ``done()`` holds, the monotonic
+        ``deadline`` passes (None: no deadline), or the connection is lost.
 
         The caller reads and dispatches frames itself while no other thread does; otherwise it
         sleeps until the reading thread dispatches something or steps down. ``by_frame``: only
@@ -424,7 +542,14 @@ class Client:
         """Make the calling thread this client's one reader for good: an event loop that calls
         ``read_available`` whenever the returned file descriptor is readable (and may use slots
         and their ``on_done`` callbacks, which then run on it). Other threads that wait
-        (``request``, ``model``, ``Slot.wait``) follow it instead of reading themselves."""
+        (``request``, ``model``, ``Slot.wait``) follow it instead of reading themselves.
+
+        Returns:
+            The socket's file descriptor, to watch for readability.
+
+        Raises:
+            RuntimeError: Another thread is reading the socket right now.
+        """
         with self._read_lock:
             if self._leading and self._leader != threading.get_ident():
                 raise RuntimeError("another thread is reading this client's socket")
@@ -434,7 +559,9 @@ class Client:
         return self._sock_fd
 
     def read_available(self) -> None:
-        """(The loop's reader) read what has arrived, without blocking, and dispatch it."""
+        """(The loop's reader, after ``read_in_loop``) Read what has arrived, without
+        blocking, and dispatch it: answered slots' ``on_done`` callbacks run here. Raises
+        nothing: a lost connection fails what waits with ``UnavailableError``."""
         if self._closed is not None:
             return
         try:
@@ -447,8 +574,9 @@ class Client:
         self._dispatch(data)
 
     def _wake_waiters(self) -> None:
-        """Let every waiter re-check what it waits for: the followers (they count themselves
-        under the condition's lock, so none can be missed) and a reader in another thread."""
+        """(``HandleClient.wake_waiters``) Let every waiter re-check what it waits for: the
+        followers (they count themselves under the condition's lock, so none can be missed)
+        and a reader in another thread."""
         with self._read_lock:
             if self._followers:
                 self._read_cond.notify_all()
@@ -473,7 +601,8 @@ class Client:
             self._read_cond.notify_all()
 
     def _async_started(self) -> None:
-        """An async request is outstanding: make sure someone reads while nobody waits."""
+        """(``HandleClient.async_started``) An async request is outstanding: make sure someone
+        reads while nobody waits."""
         with self._read_cond:
             self._async_pending += 1
             self._read_cond.notify_all()
@@ -484,6 +613,7 @@ class Client:
                 self._background.start()
 
     def _async_finished(self) -> None:
+        """(``HandleClient.async_finished``) An async request was answered."""
         with self._read_cond:
             self._async_pending -= 1
 
@@ -492,7 +622,7 @@ class Client:
             with self._read_cond:
                 while self._async_pending == 0 and self._closed is None:
                     self._read_cond.wait()
-            self.wait_until(lambda: self._async_pending == 0, None)
+            self._wait_until(lambda: self._async_pending == 0, None)
 
     def _on_notice(
         self, ring: int, slot: int, seq: int | None, error: DuomoError | None = None
@@ -529,3 +659,36 @@ class Client:
                 self._on_notice(ring, slot, None, err)
             else:
                 self.events.put(err)
+
+
+class _HandleLink:
+    """``ipc.slots.HandleClient`` for one client: the client's private members, bound once
+    under the protocol's names, so a handle's call through it (a slot's notice, its wait) costs
+    what a direct call of the member does."""
+
+    __slots__ = (
+        "async_finished",
+        "async_started",
+        "attach_ring",
+        "detach_ring_later",
+        "lost",
+        "request",
+        "route_ring",
+        "send_frame",
+        "unroute_rings",
+        "wait_for",
+        "wake_waiters",
+    )
+
+    def __init__(self, client: Client) -> None:
+        self.lost = client._lost
+        self.send_frame = client._send
+        self.wait_for = client._wait_until
+        self.request = client.request
+        self.attach_ring = client._attach
+        self.route_ring = client._register
+        self.unroute_rings = client._unregister
+        self.detach_ring_later = client._detach_later
+        self.wake_waiters = client._wake_waiters
+        self.async_started = client._async_started
+        self.async_finished = client._async_finished

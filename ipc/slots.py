@@ -1,9 +1,11 @@
 """The producer's side of one attached model: its ring of slots and each slot's life.
 
 ``ModelHandle`` (what ``Client.model`` returns) hands out free slots, runs ``infer`` and
-``infer_async``; a ``Slot`` is written in place, submitted, waited for and released. Every wait
-goes through the owning ``Client``'s reading (``Client.wait_until``), so nothing here reads the
-socket or spins. Imported by ``ipc.client``; producers use both through ``ipc`` (``from ipc
+``infer_async``; a ``Slot`` is written in place, submitted, waited for and released. What they
+need from their client is named in ``HandleClient`` (``ipc.client.Client`` implements it):
+sending a frame, waiting through the client's reading (``HandleClient.wait_for``, so nothing
+here reads the socket or spins), attaching and routing rings. This module does not import
+``ipc.client``; ``ipc.client`` imports it. Producers use both through ``ipc`` (``from ipc
 import Client``).
 
 A frame larger than the ring's area for it grows the ring, make-before-break: the handle asks
@@ -27,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import orjson
@@ -53,15 +55,69 @@ from ipc.wire import (
     unpack_done,
 )
 
-if TYPE_CHECKING:
-    from ipc.client import Client
-
 _DONE = int(SlotState.DONE)
 STAGES = ("queue", "preprocess", "infer", "postprocess")  # an answer's stage timings, in order
 PRIORITY_MIN, PRIORITY_MAX = -(1 << 15), (1 << 15) - 1  # the header's field (the supervisor
 # clamps to the range a config may use)
 NOTICE_GRACE_S = 5.0  # how long past its own deadline a request waits for the supervisor
 log = logging.getLogger("duomo.client")
+
+
+class HandleClient(Protocol):
+    """What a ``ModelHandle`` and its slots need from the client they were attached through.
+    A private object of ``ipc.client.Client``'s implements it with the client's private
+    members (``Client._link``); none of this is the producer's API."""
+
+    def lost(self) -> BaseException | None:
+        """Why the connection ended (None while it is open)."""
+        ...
+
+    def send_frame(self, data: bytes) -> None:
+        """Send one whole frame (a notice); ``UnavailableError`` once the connection is lost."""
+        ...
+
+    def wait_for(
+        self, done: Callable[[], bool], deadline: float | None, by_frame: bool = False
+    ) -> None:
+        """Return once ``done()`` holds, the monotonic ``deadline`` passes (None: never) or the
+        connection is lost, reading the socket meanwhile if no other thread does; ``by_frame``:
+        only a frame from the supervisor can make ``done()`` hold."""
+        ...
+
+    def request(self, op: str, timeout_s: float | None = None, **fields: Any) -> dict[str, Any]:
+        """One control round trip (``Client.request``)."""
+        ...
+
+    def attach_ring(
+        self, name: str, slots: int, inputs: dict[str, int] | None = None
+    ) -> tuple[int, SlotRing]:
+        """Attach a new ring of ``slots`` slots for model ``name`` and map it; ``inputs``:
+        input -> the bytes its area must hold, past the model's default."""
+        ...
+
+    def route_ring(self, handle: ModelHandle, ring_id: int, old_ring: int | None = None) -> None:
+        """Route ring ``ring_id``'s answers to ``handle`` (instead of ring ``old_ring``'s)."""
+        ...
+
+    def unroute_rings(self, ring_ids: Iterable[int]) -> None:
+        """Route nothing more from these rings (their handle closes)."""
+        ...
+
+    def detach_ring_later(self, ring_id: int) -> None:
+        """Detach ring ``ring_id`` without waiting for the reply (any thread)."""
+        ...
+
+    def wake_waiters(self) -> None:
+        """Let every thread waiting in ``wait_for`` check again what it waits for."""
+        ...
+
+    def async_started(self) -> None:
+        """An ``infer_async`` request is outstanding: someone must read while nobody waits."""
+        ...
+
+    def async_finished(self) -> None:
+        """An ``infer_async`` request was answered."""
+        ...
 
 
 @dataclass
@@ -75,17 +131,40 @@ class _Retiring:
 
 
 class ModelHandle:
-    """One attached model: a ring of slots in shared memory.
+    """One attached model: a ring of slots in shared memory (what ``Client.model`` returns).
+
+    Each slot holds one request at a time, so the ring's size bounds the requests in flight:
+    ``infer`` and ``infer_async`` take a free slot and block while every slot is in flight.
+    A handle may be shared by threads.
 
     When a reload changes the model's inputs or outputs, requests answer MODEL_CHANGED
     (``ModelChangedError``); the handle then re-attaches by itself as soon as all its slots are
     back (the next ``slot()`` does it), and ``infer`` retries its request once on the new ring.
     A frame larger than the ring's area for it grows the ring (see the module docstring);
     RESOURCE_EXHAUSTED when the supervisor's limits on ring memory leave no room for it.
+
+    Example:
+        classify = client.model("classify", slots=8)
+        result = classify.infer(image, timeout_s=0.5, priority=10)
+        futures = [classify.infer_async(f) for f in frames]  # at most 8 in flight
+        results = [f.result() for f in futures]
+        classify.close()
+
+    Attributes:
+        client: The client it was attached through.
+        name: The model's name.
+        ring_id: The current ring's id on the connection.
+        layout: The current ring's layout (``ipc.ring.RingLayout``): its slots, input areas,
+            outputs.
     """
 
-    def __init__(self, client: Client, name: str, ring_id: int, ring: SlotRing) -> None:
-        self.client = client
+    def __init__(
+        self, client: Any, link: HandleClient, name: str, ring_id: int, ring: SlotRing
+    ) -> None:
+        """Made by ``Client.model``, never directly: ``client`` (reached through ``link``)
+        has attached ring ``ring_id`` (mapped as ``ring``) for model ``name``."""
+        self.client = client  # (``ipc.Client``; this module does not import ``ipc.client``)
+        self._link = link
         self.name = name
         self._free_lock = threading.Lock()
         self._reattach_lock = threading.Lock()  # one ring change (re-attach, growth) at a time
@@ -93,7 +172,7 @@ class ModelHandle:
         self._seq = itertools.count(1)
         self._grown: dict[str, int] = {}  # input -> bytes the ring was last grown to hold
         self._retiring: dict[int, _Retiring] = {}  # by ring id; read by the client's reader
-        client._register(self, ring_id)
+        link.route_ring(self, ring_id)
         self._bind(ring_id, ring)
 
     def _bind(self, ring_id: int, ring: SlotRing) -> None:
@@ -116,13 +195,28 @@ class ModelHandle:
         return retiring.slots if retiring is not None else []
 
     def slot(self, timeout_s: float | None = None) -> Slot:
-        """A free slot (blocks until one is free); release it with ``with`` or ``release()``.
+        """A free slot, held until released (``with`` or ``release()``).
 
-        While every slot is in flight the caller reads the socket like any waiter, so answers
-        that free a slot arrive even when nobody else is waiting.
+        Returns at once while a slot is free. While every slot is in flight it blocks until
+        one is released, for at most ``timeout_s``, reading the socket like any waiter, so
+        answers that free a slot arrive even when nobody else is waiting. ``timeout_s=0``
+        (or less) never waits: with no slot free it raises at once. A handle whose model
+        changed its layout first re-attaches once all its slots are back: two control round
+        trips (``detach``, ``attach``), even under ``timeout_s=0``.
+
+        Args:
+            timeout_s: The longest wait for a free slot, in seconds; None: no bound.
+
+        Returns:
+            The slot, held by the caller.
+
+        Raises:
+            DeadlineExceededError: No slot was free within ``timeout_s``.
+            UnavailableError: The connection is closed or lost.
+            DuomoError: A re-attach's refusal (as for ``Client.model``).
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        client = self.client
+        link = self._link
         while True:
             with self._free_lock:
                 if self._free and not self._stale:
@@ -133,14 +227,14 @@ class ModelHandle:
             if self._stale and all_back:
                 self._reattach()
                 continue
-            if client._closed is not None:
+            if link.lost() is not None:
                 raise UnavailableError("connection to the supervisor is closed")
             if deadline is not None and time.monotonic() >= deadline:
                 raise DeadlineExceededError(f"no free slot for {self.name!r} in {timeout_s}s")
-            client.wait_until(self._slot_or_reattach, deadline)
+            link.wait_for(self._slot_or_reattach, deadline)
 
     def _slot_or_reattach(self) -> bool:
-        if self.client._closed is not None:
+        if self._link.lost() is not None:
             return True
         if self._stale:
             return len(self._free) == len(self._slots)
@@ -153,13 +247,13 @@ class ModelHandle:
                 return  # another thread did it
             old_id, old_ring, old_slots = self.ring_id, self.ring, self._slots
             with contextlib.suppress(DuomoError):
-                self.client.request("detach", ring=old_id)
-            ring_id, ring = self.client._attach(self.name, self.layout.slots)  # (not grown)
+                self._link.request("detach", ring=old_id)
+            ring_id, ring = self._link.attach_ring(self.name, self.layout.slots)  # (not grown)
             self._grown = {}
             for slot in old_slots:
                 slot._forget_views()
             old_ring.close()
-            self.client._register(self, ring_id, old_ring=old_id)  # before a slot can be taken
+            self._link.route_ring(self, ring_id, old_ring=old_id)  # before a slot can be taken
             with self._free_lock:
                 self._bind(ring_id, ring)
                 self._stale = False
@@ -174,7 +268,7 @@ class ModelHandle:
                 retired = self._back(slot.ring_id)
         if retired is not None:
             self._retire(retired)
-        self.client._wake_waiters()
+        self._link.wake_waiters()
 
     # -- growth: a larger ring for a larger frame -------------------------------------------
 
@@ -187,12 +281,12 @@ class ModelHandle:
             if larger:
                 grown = {**self._grown, **larger}
                 # INVALID_ARGUMENT (an area of fixed size), RESOURCE_EXHAUSTED (no room)
-                ring_id, ring = self.client._attach(self.name, self.layout.slots, grown)
+                ring_id, ring = self._link.attach_ring(self.name, self.layout.slots, grown)
                 old = _Retiring(self.ring_id, self.ring, self._slots, 0)
                 with self._free_lock:
                     old.out = len(old.slots) - len(self._free)
                     self._retiring[old.ring_id] = old  # first: its answers still find its slots
-                    self.client._register(self, ring_id)
+                    self._link.route_ring(self, ring_id)
                     self._bind(ring_id, ring)
                     self._grown = grown
                     retired = self._back(old.ring_id, count=0)
@@ -205,15 +299,15 @@ class ModelHandle:
     def _move(self, slot: Slot, skip: Iterable[str]) -> None:
         """Move held ``slot`` to a free slot of the current ring, with the inputs written into
         it so far (but those in ``skip``, about to be written again)."""
-        client = self.client
+        link = self._link
         while True:
             with self._free_lock:
                 index = self._free.pop() if self._free else None
             if index is not None:
                 break
-            if client._closed is not None:
+            if link.lost() is not None:
                 raise UnavailableError("connection to the supervisor is closed")
-            client.wait_until(lambda: bool(self._free) or client._closed is not None, None)
+            link.wait_for(lambda: bool(self._free) or link.lost() is not None, None)
         old_ring, skipped = slot.ring_id, set(skip)
         carried = [(n, *slot._views[n][:2]) for n in slot._inputs if n not in skipped]
         slot._forget_views()
@@ -242,22 +336,57 @@ class ModelHandle:
     def _retire(self, retiring: _Retiring) -> None:
         """Detach and unmap a replaced ring whose slots are all back (any thread: nothing
         waits for the supervisor's reply)."""
-        self.client._detach_later(retiring.ring_id)
+        self._link.detach_ring_later(retiring.ring_id)
         for slot in retiring.slots:
             if slot.ring_id == retiring.ring_id:  # (not one moved to a later ring)
                 slot._forget_views()
         retiring.ring.close()
 
     def infer(self, data: Any, timeout_s: float | None = None, priority: int = 0) -> Any:
-        """Run one request; the result dict (tensors are copied out of the slot). A request
-        answered MODEL_CHANGED is sent again once, after the handle re-attached."""
+        """Run one request and wait for its answer.
+
+        Blocks first for a free slot, without bound, while every slot is in flight (see
+        ``slot``), then for the answer: up to ``timeout_s`` plus ``NOTICE_GRACE_S`` (5 s) for
+        the supervisor's word, or without bound when there is no ``timeout_s``. A request
+        answered MODEL_CHANGED is sent again once, after the handle re-attached.
+
+        Args:
+            data: An image (a uint8 H×W×C or H×W array) for a one-input model, or a dict of
+                arrays by input name; copied into the slot (``Slot.write``).
+            timeout_s: The request's deadline in the supervisor, in seconds, in
+                (0, 86400]; a request still queued then is answered DEADLINE_EXCEEDED without
+                running. None or 0: none.
+            priority: In -32768..32767 (the supervisor clamps it to -1000..1000); higher
+                runs first, with aging.
+
+        Returns:
+            The result: a dict for structured tasks, ``{output: array}`` (copies) for raw
+            models.
+
+        Raises:
+            InvalidArgumentError: ``data``, ``timeout_s`` or ``priority`` is not valid for
+                this model, or the supervisor refused the request's inputs.
+            DeadlineExceededError: The deadline passed before it ran, or no answer came
+                within ``timeout_s`` plus the grace.
+            ResourceExhaustedError: The model's queue is full, or the ring cannot grow for a
+                larger frame.
+            ModelChangedError: The model's layout changed again after the retry.
+            UnavailableError: The connection is lost or closed, or the model is not serving.
+            DuomoError: Any other error of the model's (``InternalError``, ``NotFoundError``),
+                as its typed subclass.
+        """
         return self._infer(data, timeout_s, priority)[0]
 
     def infer_timed(
         self, data: Any, timeout_s: float | None = None, priority: int = 0
     ) -> tuple[Any, dict[str, int]]:
-        """``infer``, and the supervisor's stage times for its answer in µs (queue, then
-        preprocess, infer and postprocess, which add up to its time in the executor)."""
+        """``infer`` (the same arguments, blocking and errors), with the supervisor's stage
+        times for its answer.
+
+        Returns:
+            The result, and the stage times in µs by name: ``queue``, then ``preprocess``,
+            ``infer`` and ``postprocess``, which add up to its time in the executor.
+        """
         result, timings = self._infer(data, timeout_s, priority)
         return result, dict(zip(STAGES, timings))
 
@@ -278,24 +407,46 @@ class ModelHandle:
     def infer_async(
         self, data: Any, timeout_s: float | None = None, priority: int = 0
     ) -> Future[Any]:
-        """Like ``infer`` but returns at once; waits for a free slot if all are in flight."""
+        """Submit one request and return a future for its answer.
+
+        Blocks only while every slot is in flight, without bound, until one is free (see
+        ``slot``; with ``N`` slots, the ``N+1``-th call waits for an answer), and for the
+        control round trip of a ring that must grow for ``data``; it never waits for the
+        answer. The future completes on the client's reading thread (a background thread
+        ``duomo-client``, or the event loop of ``Client.read_in_loop``), where its callbacks
+        run. Unlike ``infer`` it does not retry a MODEL_CHANGED answer.
+
+        Args:
+            data: As for ``infer``.
+            timeout_s: As for ``infer``: the request's deadline in the supervisor (the
+                future itself has none).
+            priority: As for ``infer``.
+
+        Returns:
+            A ``concurrent.futures.Future`` of ``infer``'s result, or of its typed error.
+
+        Raises:
+            InvalidArgumentError: ``data``, ``timeout_s`` or ``priority`` is not valid.
+            UnavailableError: The connection is closed or lost.
+            ResourceExhaustedError: The ring cannot grow for a larger frame.
+        """
         future: Future[Any] = Future()
         slot = self.slot()
-        client = self.client
+        link = self._link
         try:
             slot.write(data)
 
             def done(s: Slot) -> None:
-                client._async_finished()
+                link.async_finished()
                 _resolve(future, s)
 
             slot.on_done = done
-            client._async_started()
+            link.async_started()
             try:
                 slot.submit(timeout_s=timeout_s, priority=priority)
             except BaseException:
                 slot.on_done = None
-                client._async_finished()
+                link.async_finished()
                 raise
         except BaseException:
             slot.release()
@@ -303,14 +454,16 @@ class ModelHandle:
         return future
 
     def close(self) -> None:
-        """Detach; requests still in flight on this handle fail with UnavailableError."""
+        """Detach the handle's rings and unmap them.
+
+        Blocks for one ``detach`` round trip per ring (each up to the client's
+        ``timeout_s``; their errors are ignored: a ring the supervisor freed already is
+        detached). Requests still in flight on this handle fail with ``UnavailableError``."""
         rings = [self.ring_id, *list(self._retiring)]
         for ring_id in rings:
             with contextlib.suppress(DuomoError):
-                self.client.request("detach", ring=ring_id)
-        with self.client._lock:
-            for ring_id in rings:
-                self.client._handles.pop(ring_id, None)
+                self._link.request("detach", ring=ring_id)
+        self._link.unroute_rings(rings)
         self._fail_all(UnavailableError(f"{self.name!r} was detached"))
         self._unmap()
 
@@ -332,7 +485,7 @@ class ModelHandle:
             slots = [*self._slots, *(s for r in self._retiring.values() for s in r.slots)]
         for slot in slots:
             slot._done(None, error, force=True)
-        self.client._wake_waiters()
+        self._link.wake_waiters()
 
 
 def _resolve(future: Future[Any], slot: Slot) -> None:
@@ -352,7 +505,26 @@ def _resolve(future: Future[Any], slot: Slot) -> None:
 
 
 class Slot:
-    """One request slot: write inputs in place, submit, wait, read the result in place."""
+    """One request slot of a ring: write the inputs in place, submit, wait, read the result.
+
+    Taken from ``ModelHandle.slot`` and held until ``release`` (or the end of its ``with``).
+    Its inputs are numpy views into shared memory, so a producer that decodes into them
+    copies nothing; a raw model's result arrays are views into the slot as well, valid until
+    it is released. A slot is used by one thread at a time; its answer may arrive on another
+    (``on_done``).
+
+    Example:
+        with model.slot() as s:
+            s.input("image", frame.shape)[...] = frame  # or s.write(frame)
+            s.submit(timeout_s=0.2)
+            result = s.wait()  # views into the slot, valid inside the ``with``
+
+    Attributes:
+        handle: The model handle it belongs to.
+        index: Its index in the handle's current ring.
+        on_done: Called with the slot, on the client's reading thread, once it is answered
+            (``infer_async`` uses it); set after taking the slot, before ``submit``.
+    """
 
     def __init__(self, handle: ModelHandle, index: int) -> None:
         self.handle = handle
@@ -395,8 +567,26 @@ class Slot:
         self._release_when_done = False
 
     def input(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
-        """A writable view of input ``name`` at ``shape``, inside the shared-memory slot (the
-        ring grows first if the slot's area is too small for it)."""
+        """A writable view of input ``name`` at ``shape``, inside the shared-memory slot.
+
+        The same shape again gives the same view back. If the slot's area is too small for
+        ``shape`` the ring grows first (one ``attach`` round trip, and this slot moves to the
+        new ring with what it holds).
+
+        Args:
+            name: One of the model's inputs.
+            shape: The tensor's shape; for an ``image`` input of rank 3, an H×W shape is a
+                grayscale frame (stored H×W×1).
+
+        Returns:
+            The view, of the input's dtype, to write into.
+
+        Raises:
+            InvalidArgumentError: The model has no input ``name``, or its area has a fixed
+                size that ``shape`` exceeds.
+            ResourceExhaustedError: The supervisor's limits on ring memory leave no room to
+                grow the ring.
+        """
         cached = self._views.get(name)
         if cached is not None and cached[0] == shape:
             self._inputs[name] = cached[2]
@@ -433,8 +623,18 @@ class Slot:
             self._output.release()
 
     def write(self, data: Any) -> None:
-        """Copy an image (uint8 H×W×C or H×W) or a dict of arrays into the slot's inputs (the
-        ring grows first, once, if they do not fit)."""
+        """Copy an image or a dict of arrays into the slot's inputs (the ring grows first,
+        once, if they do not fit: see ``input``).
+
+        Args:
+            data: A numpy array for a one-input model (an image: uint8 H×W×C or H×W), or a
+                dict of arrays by input name.
+
+        Raises:
+            InvalidArgumentError: Not an array or a dict, an unknown input, a wrong dtype,
+                or an array for a model of several inputs.
+            ResourceExhaustedError: No room to grow the ring.
+        """
         areas = self.handle.layout.inputs
         items: Iterable[tuple[str, Any]]
         if isinstance(data, np.ndarray):
@@ -467,7 +667,19 @@ class Slot:
             self.input(name, array.shape)[...] = array
 
     def submit(self, timeout_s: float | None = None, priority: int = 0) -> None:
-        """Hand the slot to the supervisor ("slot ready")."""
+        """Hand the slot to the supervisor ("slot ready"): writes its header and sends one
+        8-byte notice; it does not wait for the answer (``wait``).
+
+        Args:
+            timeout_s: The request's deadline in the supervisor, in seconds, in (0, 86400];
+                None or 0: none.
+            priority: In -32768..32767 (the supervisor clamps it to -1000..1000).
+
+        Raises:
+            InvalidArgumentError: The slot is in flight already, an input is not written, or
+                ``timeout_s`` or ``priority`` is out of range.
+            UnavailableError: The connection is closed or lost.
+        """
         if self._in_flight:
             raise InvalidArgumentError("slot already submitted")
         written = self._inputs
@@ -498,7 +710,7 @@ class Slot:
             self._error = None
             self._in_flight = True
         try:
-            self.handle.client._send(self._notice(self._seq))
+            self.handle._link.send_frame(self._notice(self._seq))
         except BaseException:
             self._in_flight = False
             raise
@@ -524,25 +736,48 @@ class Slot:
             self.handle._release(self)
 
     def answered(self) -> bool:
+        """Whether the submitted request has its answer (then ``wait`` returns at once)."""
         return self._answered
 
     @property
     def timings_us(self) -> dict[str, int]:
-        """The supervisor's stage times for the last answer, in µs."""
+        """The supervisor's stage times for the last answer ``wait`` returned, in µs by name
+        (``queue``, ``preprocess``, ``infer``, ``postprocess``)."""
         return dict(zip(STAGES, self._timings))
 
     def wait(self, timeout_s: float | None = None, copy: bool = False) -> Any:
-        """The result: a dict for structured tasks, ``{output: array}`` for raw models.
+        """The submitted request's result, once it is answered.
 
-        Raw arrays are views into the slot, valid until it is released, unless ``copy``.
+        Blocks until the answer arrives (reading the socket while no other thread does): for
+        at most ``timeout_s`` if given; else until the request's own deadline plus
+        ``NOTICE_GRACE_S`` (5 s) when it was submitted with a ``timeout_s``, and without
+        bound when it was not. ``timeout_s=0`` never waits.
+
+        Args:
+            timeout_s: The longest wait, in seconds; None: as above.
+            copy: Copy a raw model's arrays out of the slot.
+
+        Returns:
+            A dict for structured tasks; ``{output: array}`` for raw models, whose arrays are
+            views into the slot, valid until it is released, unless ``copy``.
+
+        Raises:
+            DeadlineExceededError: No answer in time, or the supervisor answered
+                DEADLINE_EXCEEDED (the deadline passed while it was queued).
+            UnavailableError: The connection was lost, or the slot's answer is stale or
+                corrupt.
+            DuomoError: The error the supervisor answered, as its typed subclass
+                (``InvalidArgumentError``, ``ResourceExhaustedError``, ``ModelChangedError``,
+                ``InternalError``, …).
         """
         if not self._answered:
             # without a timeout here, the request's own deadline (with its grace), if it has one
             deadline = self._deadline_s if timeout_s is None else time.monotonic() + timeout_s
-            self.handle.client.wait_until(self.answered, deadline, by_frame=True)
+            self.handle._link.wait_for(self.answered, deadline, by_frame=True)
         if not self._answered:
-            if self.handle.client._closed is not None:
-                raise UnavailableError(f"lost the supervisor: {self.handle.client._closed}")
+            lost = self.handle._link.lost()
+            if lost is not None:
+                raise UnavailableError(f"lost the supervisor: {lost}")
             raise DeadlineExceededError(f"no answer from {self.handle.name!r} in time")
         if self._error is not None:
             raise self._failed(self._error)
@@ -569,7 +804,8 @@ class Slot:
         return error
 
     def release(self) -> None:
-        """Give the slot back (once); if still in flight it returns when answered."""
+        """Give the slot back to its handle (a second call does nothing); a slot still in
+        flight returns once it is answered. Never blocks."""
         with self._lock:
             if not self._held:
                 return

@@ -226,7 +226,7 @@ def test_deeply_nested_json_is_a_clear_protocol_error(roomy: SupervisorProcess) 
         client._send(frame(FrameKind.JSON, b"[" * 200_000 + b"]" * 200_000))
         event = client.next_event(timeout_s=30)
         assert event is not None and "nested too deeply" in event.message
-        client.wait_until(lambda: not client.connected, time.monotonic() + 30)
+        client._wait_until(lambda: not client.connected, time.monotonic() + 30)
         assert not client.connected
     served(roomy)
 
@@ -414,7 +414,7 @@ def test_before_authentication_only_the_response_is_read(tight: SupervisorProces
 def test_an_idle_connection_without_rings_is_closed(tight: SupervisorProcess) -> None:
     with Client(tight.socket) as idle, Client(tight.socket) as producer:
         affine = producer.model("affine", slots=1)
-        idle.wait_until(lambda: not idle.connected, time.monotonic() + 30)
+        idle._wait_until(lambda: not idle.connected, time.monotonic() + 30)
         assert not idle.connected
         assert affine.infer(np.ones((1, 4), dtype=np.float32))["y"][0, 0] == 3.0  # kept
     served(tight)

@@ -338,7 +338,7 @@ def test_garbage_and_oversized_control_frames(hostile_target: SupervisorProcess)
         event = client.next_event(timeout_s=10)
         assert event is not None and "protocol error" in event.message
         # the supervisor closed that connection
-        client.wait_until(lambda c=client: not c.connected, time.monotonic() + 10)  # type: ignore[misc]
+        client._wait_until(lambda c=client: not c.connected, time.monotonic() + 10)  # type: ignore[misc]
         assert not client.connected
         client.close()
     with Client(hostile_target.socket) as client:  # well-formed but unknown or malformed
@@ -410,7 +410,7 @@ def test_a_callback_may_call_the_client_again(hostile_target: SupervisorProcess)
         first = affine.infer_async(np.ones((1, 4), dtype=np.float32))
         first.add_done_callback(lambda f: chained.append(affine.infer(f.result()["y"])["y"][0, 0]))
         assert first.result(30)["y"][0, 0] == 3.0
-        client.wait_until(lambda: bool(chained), time.monotonic() + 30)
+        client._wait_until(lambda: bool(chained), time.monotonic() + 30)
         assert chained == [7.0]  # 2 * 3 + 1, computed inside the callback
 
 
@@ -454,7 +454,7 @@ def test_a_client_that_does_not_read_is_dropped_without_stalling_others(
         for _ in range(20):
             polite.request("ping")
     assert time.monotonic() - started < 5.0
-    greedy.wait_until(lambda: not greedy.connected, time.monotonic() + 30)
+    greedy._wait_until(lambda: not greedy.connected, time.monotonic() + 30)
     assert not greedy.connected
     greedy.close()
     still_serving(hostile_target)
@@ -510,7 +510,7 @@ def test_a_connection_lent_to_its_models_idle_worker(hostile_target: SupervisorP
     hostile._send(frame(FrameKind.JSON, b"\xff\xfe this is not json"))
     event = hostile.next_event(timeout_s=10)
     assert event is not None and "protocol error" in event.message
-    hostile.wait_until(lambda: not hostile.connected, time.monotonic() + 10)
+    hostile._wait_until(lambda: not hostile.connected, time.monotonic() + 10)
     assert not hostile.connected
     hostile.close()
     poll(lambda: not rings_of(1))
