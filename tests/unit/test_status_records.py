@@ -4,6 +4,7 @@ status`` and its ``--watch`` view count a model's errors the same way."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import datetime
 import json
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from gateway.link import SupervisorLink
 from ipc.errors import DuomoError, ErrorCode, InvalidArgumentError
 from ipc.status_records import (
     ClientStatus,
@@ -155,3 +157,24 @@ def test_a_status_message_may_name_one_model() -> None:
     assert parse_control({"op": "status", "model": "ocr"}) == Status(model="ocr")
     with pytest.raises(InvalidArgumentError, match="'status' message: 'model'"):
         parse_control({"op": "status", "model": 3})
+
+
+def test_the_gateway_asks_for_one_models_status_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    link = SupervisorLink(Path("/nowhere/duomo.sock"), slots=1, request_timeout_s=1.0)
+    asked: list[tuple[str, dict[str, Any]]] = []
+
+    async def control(op: str, timeout_s: float | None = None, **fields: Any) -> dict[str, Any]:
+        asked.append((op, fields))
+        if "model" in fields:
+            return {"ok": True, "model_status": DOCUMENTED_STATUS["models"]["classify"]}
+        return {"ok": True, "status": DOCUMENTED_STATUS}
+
+    monkeypatch.setattr(link, "control", control)
+    one = asyncio.run(link.model_statuses("classify"))
+    every = asyncio.run(link.model_statuses())
+    assert asked == [("status", {"model": "classify"}), ("status", {})]
+    assert (
+        one
+        == every
+        == {"classify": SupervisorStatus.from_dict(DOCUMENTED_STATUS).models["classify"]}
+    )
