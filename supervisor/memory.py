@@ -237,7 +237,10 @@ class MemoryLedger:
         name = model.spec.name
         footprint = Footprint(
             host_bytes,
-            {d: sum(s.device_bytes for s in on) for d, on in model.sessions_by_device().items()},
+            {
+                d: sum(s.device_bytes for s in on)
+                for d, on in model.instances.sessions_by_device().items()
+            },
             Counter(model.spec.placement(i).device for i in range(model.spec.instances)),
         )
         self.measured[name] = footprint

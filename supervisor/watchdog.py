@@ -66,7 +66,7 @@ class Watchdog:
         policy = model.spec.health
         seen = Observation(
             consecutive_failures=model.consecutive_failures,
-            longest_batch_s=model.longest_batch_s(now),
+            longest_batch_s=model.instances.longest_batch_s(now),
             queue_depth=model.batcher.depth,
             p99_ms=model.stats.recent_p99_ms() if policy.slo_p99_ms is not None else None,
         )

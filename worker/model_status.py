@@ -16,7 +16,7 @@ from worker.served_model import ServedModel
 
 def instance_placements(model: ServedModel) -> list[dict[str, Any]]:
     """Each instance's device, threads, pinned cores and batches served."""
-    batches = {w.index: w.batches for w in model.workers}
+    batches = {w.index: w.batches for w in model.instances.workers}
     return [
         {
             "device": place.device,
@@ -54,7 +54,7 @@ def model_status(model: ServedModel) -> dict[str, Any]:
         "reinitializations": model.reinitializations,
         "restart_attempts": dict(model.restart_attempts),
         "predictive": model.predictions.to_dict(),
-        "abandoned_workers": sum(1 for w in model.abandoned if w.alive),
+        "abandoned_workers": sum(1 for w in model.instances.abandoned if w.alive),
         "last_error": model.last_error,
         "idle_s": round(now - model.last_used_s, 1) if model.last_used_s else None,
         "history": list(model.history),

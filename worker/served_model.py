@@ -1,14 +1,14 @@
-"""One configured model being served: its state machine, batcher, instance threads and statistics.
+"""One configured model being served: its state machine, worker generations and admission.
 
 Built by the registry (``supervisor.registry``) from a ``ModelSpec`` (``worker.model_spec``) and
-kept for as long as the config declares the model; its workers come and go. What it needs comes
-in as arguments: the hooks it calls on a request (``on_demand``, ``on_request``) at construction,
-the device memory its budgets leave it with each ``load``. The engine calls the lifecycle
-methods (one at a time per model, under ``lifecycle``): ``load`` starts every instance on its
-own thread and returns once all are warmed up; ``unload`` lets them go; ``reinitialize``
-(from the watchdog) replaces them after failures or a hang; ``stop`` ends the model for good.
-``submit`` (or ``enqueue``, for a request built by the caller) queues a request from any thread
-and returns at once; the outcome arrives through the request's callback.
+kept for as long as the config declares the model; its workers come and go. What it needs comes in
+as arguments: the hooks it calls on a request (``on_demand``, ``on_request``) at construction, the
+device memory its budgets leave it with each ``load``. The engine calls the lifecycle methods (one
+at a time per model, under ``lifecycle``): ``load`` starts every instance on its own thread (a
+generation of ``worker.instances``) and returns once all are warmed up; ``unload`` lets them go;
+``reinitialize`` (from the watchdog) replaces them after failures or a hang; ``stop`` ends the model
+for good. ``submit`` (or ``enqueue``, for a request built by the caller) queues a request from any
+thread and returns at once; the outcome arrives through the request's callback.
 
 States::
 
@@ -26,7 +26,6 @@ is ever dropped: each is answered by a worker, by expiry, or with UNAVAILABLE wh
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from collections import deque
@@ -37,23 +36,17 @@ import numpy as np
 import structlog
 
 from ipc.errors import DeadlineExceededError, UnavailableError
-from worker.backends.base import Backend, ModelSession, NotEnoughDeviceMemoryError, SessionSettings
+from worker.backends.base import Backend, ModelSession
 from worker.batch_window import BatchWindow
 from worker.batcher import Batcher, IdleReader
-from worker.executors.base import Executor, SlotSpec
+from worker.executors.base import SlotSpec
 from worker.health import RestartHistory, Verdict
-from worker.model_spec import (
-    SERVING,
-    DeviceMemoryError,
-    ModelLoadError,
-    ModelSpec,
-    ModelState,
-    PredictedLoads,
-)
+from worker.instances import Instances
+from worker.model_spec import SERVING, DeviceMemoryError, ModelSpec, ModelState, PredictedLoads
 from worker.model_worker import Activity, ModelWorker
 from worker.request import Outcome, Request
 from worker.stats import Buckets, ModelStats
-from worker.thread_budget import ComputeGate, GateMember, pin_thread
+from worker.thread_budget import ComputeGate, GateMember
 
 log = structlog.get_logger("duomo.model")
 HISTORY = 16  # state changes kept for ``status``
@@ -78,7 +71,6 @@ class ServedModel:
         only an operator loads it), ``on_request`` hears of every request (the predictor), and
         ``unloaded_by_operator`` carries an operator's unload over to a model built again."""
         self.spec = spec
-        self._backend = backend
         # its place at each of its devices' compute gates, by device (a model built again
         # starts at the average)
         self.gates: dict[int, GateMember] = {
@@ -87,7 +79,6 @@ class ServedModel:
             )
             for device, gate in (gates or {}).items()
         }
-        self._activity = activity  # the process's count of instances at work
         self._on_demand = on_demand  # asks for a load of this model for a waiting request
         self._on_request = on_request  # tells the predictor (preload_policy)
         self.stats = ModelStats()
@@ -106,8 +97,10 @@ class ServedModel:
             idle_reader=idle_reader,
             window=self.window,
         )
-        self.workers: list[ModelWorker] = []
-        self.abandoned: list[ModelWorker] = []  # hung workers let go of; they end on their own
+        # its instance threads, a generation at a time
+        self.instances = Instances(
+            spec, backend, self.gates, self.batcher, self._batch_done, activity
+        )
         self.state = ModelState.UNLOADED
         self.lifecycle = threading.RLock()  # load / unload / reinitialize / stop: one at a time
         # False once an operator unloads the model (``auto_load``)
@@ -145,52 +138,9 @@ class ServedModel:
 
     # -- loading ----------------------------------------------------------------------------
 
-    def _load_executor(self, index: int) -> Executor:
-        """Instance ``index``'s executor, opened on its own thread, on its device."""
-        spec = self.spec
-        place = spec.placement(index)
-        pin_thread(place.cores)  # its thread, and the intra-op threads its sessions start
-        settings = SessionSettings(
-            intra_op_threads=place.intra_op_threads,
-            gate=self.gates.get(place.device),
-            device=place.device,
-            device_room_bytes=self._device_room.get(place.device),
-            cores=place.cores,
-        )
-        return spec.executor.open(spec.params, spec.files, spec.max_batch, self._backend, settings)
-
     def _start_workers(self, timeout_s: float) -> None:
         """Start a new generation of instances and wait until all are warmed up (or raise)."""
-        generation = self.batcher.retire_workers()
-        workers = [
-            ModelWorker(
-                self.spec.name,
-                i,
-                functools.partial(self._load_executor, i),
-                self.batcher,
-                self._batch_done,
-                generation,
-                self._activity,
-            )
-            for i in range(self.spec.instances)
-        ]
-        for worker in workers:
-            worker.start()
-        deadline = time.monotonic() + timeout_s
-        error: str | None = None
-        for worker in workers:
-            if not worker.wait_ready(max(0.0, deadline - time.monotonic())):
-                error = f"load timed out after {timeout_s:.0f}s"
-            elif worker.load_error is not None:
-                error = f"failed to load: {worker.load_error}"
-            if error is not None:
-                self.batcher.retire_workers()  # the loaded ones close their sessions and end
-                cause = worker.load_error
-                if isinstance(cause, NotEnoughDeviceMemoryError):
-                    raise DeviceMemoryError(self.spec.name, error, cause) from cause
-                raise ModelLoadError(self.spec.name, error) from cause
-        self.workers = workers
-        executor = next(w.executor for w in workers if w.executor is not None)
+        executor = self.instances.start(timeout_s, self._device_room)
         if self.window is not None:
             self.window.seed(executor.warmup_costs)
         self._slot_spec = executor.slot_spec()
@@ -252,7 +202,7 @@ class ServedModel:
             cut = 0
             if self.state is not ModelState.UNLOADED:
                 self.set_state(ModelState.UNLOADING, reason)
-                cut = self._retire_workers()
+                cut = self.instances.retire()
             self.predictions.unused()
             cut += self.fail_queued(f"model {self.spec.name!r} was unloaded")
             self.set_state(ModelState.UNLOADED, reason)
@@ -261,7 +211,7 @@ class ServedModel:
     def fail(self, reason: str) -> None:
         """FAILED until an operator loads or reloads it: instances retired, queue answered."""
         with self.lifecycle:
-            self._retire_workers()
+            self.instances.retire()
             self.last_error = reason
             self.set_state(ModelState.FAILED, reason)
             self.batcher.close()
@@ -278,7 +228,7 @@ class ServedModel:
                 if self._pending or self.state not in SERVING:
                     return False
                 self.set_state(ModelState.UNLOADING, "evicted to make room")
-            self._retire_workers()
+            self.instances.retire()
             self.evictions += 1
             self.predictions.unused()
             self.set_state(ModelState.UNLOADED, "evicted to make room")
@@ -287,34 +237,6 @@ class ServedModel:
             return True
         finally:
             self.lifecycle.release()
-
-    def _retire_workers(self) -> int:
-        """End this generation of workers: idle ones at once, busy ones after their batch. One
-        whose batch has run past ``exec_timeout_ms`` is abandoned (a thread cannot be killed)
-        and its batch answered UNAVAILABLE. Returns how many requests that cut."""
-        timeout_s = self.spec.health.exec_timeout_ms / 1e3
-        self.batcher.retire_workers()
-        workers, self.workers = self.workers, []
-        cut = 0
-        for worker in workers:
-            started = worker.busy_since  # an idle worker ends at once; a hung one gets no wait
-            patience = 1.0 if started is None else timeout_s - (time.monotonic() - started)
-            if worker.join(max(patience, 0.0)):
-                continue
-            cut += self._abandon(worker, f"ran past exec_timeout_ms {timeout_s * 1e3:.0f}")
-        return cut
-
-    def _abandon(self, worker: ModelWorker, why: str) -> int:
-        """Answer a stuck worker's batch now; its slots stay reserved until the batch ends."""
-        error = UnavailableError(f"model {self.spec.name!r}: batch {why}")
-        worker.abandoned = True  # first: from now on the worker reports its batch's end
-        batch = worker.current
-        for request in batch:
-            request.abandoned = True
-        cut = sum(1 for request in batch if request.complete(error=error))
-        self.abandoned = [w for w in self.abandoned if w.alive] + [worker]
-        log.warning("worker abandoned", model=self.spec.name, instance=worker.index, why=why)
-        return cut
 
     def fail_queued(self, why: str) -> int:
         error = UnavailableError(why)
@@ -339,10 +261,6 @@ class ServedModel:
             return
         self.consecutive_failures = self.consecutive_failures + 1 if failed else 0
 
-    def longest_batch_s(self, now: float) -> float:
-        started = [w.busy_since for w in self.workers if w.busy_since is not None]
-        return now - min(started) if started else 0.0
-
     def reinitialize(
         self, reason: str, stop: threading.Event, cause: Verdict = Verdict.FAILING
     ) -> None:
@@ -360,7 +278,7 @@ class ServedModel:
             if self.state not in SERVING:
                 return
             self.set_state(ModelState.DEGRADED, reason)
-            self._retire_workers()  # a hung worker's batch is answered now
+            self.instances.retire()  # a hung worker's batch is answered now
         while True:
             with self.lifecycle:
                 if self.state not in (ModelState.DEGRADED, ModelState.REINITIALIZING):
@@ -492,14 +410,8 @@ class ServedModel:
                 return 0
             self.set_state(ModelState.STOPPED)
             self.batcher.close()
-            deadline = time.monotonic() + timeout_s
-            cut = 0
-            for worker in self.workers:
-                if not worker.join(max(0.0, deadline - time.monotonic())):
-                    cut += self._abandon(worker, f"cut by the {timeout_s:.0f}s stop grace period")
-            cut += self.fail_queued(f"model {self.spec.name!r} stopped")
-            self.workers = []
-            return cut
+            cut = self.instances.finish(timeout_s)
+            return cut + self.fail_queued(f"model {self.spec.name!r} stopped")
 
     # -- what clients and status see ---------------------------------------------------------
 
@@ -531,12 +443,5 @@ class ServedModel:
         return self._payload_builder
 
     def sessions(self) -> list[ModelSession]:
-        return [s for sessions in self.sessions_by_device().values() for s in sessions]
-
-    def sessions_by_device(self) -> dict[int, list[ModelSession]]:
-        """Its instances' sessions, by the device each instance runs on."""
-        found: dict[int, list[ModelSession]] = {d: [] for d in self.spec.devices}
-        for w in self.workers:
-            if w.executor is not None:
-                found[self.spec.placement(w.index).device].extend(w.executor.sessions.values())
-        return found
+        by_device = self.instances.sessions_by_device()
+        return [s for sessions in by_device.values() for s in sessions]

@@ -138,7 +138,7 @@ def test_thread_budget_of_the_demo_config(demo_engine: Engine) -> None:
         assert plan.total_threads <= cores
     # the sessions really run with the planned thread counts
     for name, served in demo_engine.models.items():
-        for worker in served.workers:
+        for worker in served.instances.workers:
             assert worker.executor is not None
             for session in worker.executor.sessions.values():
                 opts = session._session.get_session_options()  # type: ignore[attr-defined]

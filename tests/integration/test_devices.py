@@ -149,7 +149,7 @@ def test_instance_threads_are_pinned_to_their_devices_cores(tmp_path: Path) -> N
         devices=two_devices(),
     )
     with Engine(load_config(config)) as engine:
-        workers = engine.model("classify").workers
+        workers = engine.model("classify").instances.workers
         pinned = {w.index: os.sched_getaffinity(w.native_id) for w in workers}
         assert pinned == {0: {first}, 1: {second}}
         assert engine.infer("classify", fixture_image("coffee.png"), timeout_s=60)["top"]
@@ -164,7 +164,7 @@ def test_an_unpinned_device_runs_on_the_cores_no_device_holds(tmp_path: Path) ->
     overrides = {"classify": {"device": 1}}
     config = write_config(tmp_path, ["classify"], overrides=overrides, devices=devices)
     with Engine(load_config(config)) as engine:
-        (worker,) = engine.model("classify").workers
+        (worker,) = engine.model("classify").instances.workers
         assert os.sched_getaffinity(worker.native_id) == set(rest)
         budgets = {d["id"]: d["thread_budget"] for d in engine.status()["devices"]}
         assert budgets == {0: 1, 1: len(rest)}
