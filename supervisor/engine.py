@@ -16,7 +16,8 @@ The rooms of a model's life, each its own module:
   unloaded model) and, with ``preload_policy: predictive``, ahead of the request its
   ``TransitionModel`` expects next, on short-lived threads; it is handed ``_load`` as a callable;
 - ``worker.served_model.ServedModel``: one model's state machine, worker generations and
-  admission;
+  admission (its instance threads: ``worker.instances``; what ``status`` shows of it:
+  ``worker.model_status``);
 - ``supervisor.placement`` (where models compute: a thread plan and compute gate per pool of
   cores, a gate per accelerator, each instance's device) and ``supervisor.memory.MemoryLedger``
   (what memory models are charged, per device, and which idle ones make room).
