@@ -528,13 +528,14 @@ def build_parser() -> argparse.ArgumentParser:
     _socket_arg(infer)
     infer.set_defaults(func=cmd_infer)
 
-    from tools.bench.run import add_arguments, bench  # the benchmark lives with the tools
-
-    bench_parser = sub.add_parser(
-        "bench", help="Duomo vs the engine limit, one process per model, Triton and Mosec"
-    )
-    add_arguments(bench_parser)
-    bench_parser.set_defaults(func=bench)
+    # ``duomo bench`` has its own parser, loaded only when it runs (``main``): the benchmark
+    # lives with the tools of a source checkout, which are not installed
+    bench = sub.add_parser(
+        "bench", add_help=False,
+        help="Duomo vs the engine limit, one process per model, Triton and Mosec "
+        "(a source checkout's tools/bench: duomo bench --help)",
+    )  # fmt: skip
+    bench.set_defaults(func=lambda args: run_bench([]))
     return parser
 
 
@@ -561,9 +562,30 @@ def _socket_arg(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def run_bench(argv: list[str]) -> int:
+    """``duomo bench ARGS``: the benchmark (``tools.bench.run``), imported only now; a clear
+    error where Duomo was installed without its source checkout's tools/."""
+    try:
+        from tools.bench.run import main as bench_main
+    except ModuleNotFoundError as err:
+        if err.name not in ("tools", "tools.bench", "tools.bench.run"):
+            raise
+        print(
+            "duomo bench: the benchmark runs from a source checkout of Duomo (make bench); "
+            "tools/ is not installed",
+            file=sys.stderr,
+        )
+        return 2
+    return bench_main(argv)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["bench"]:  # its own parser and options (``run_bench``)
+        configure_logging("warning", False)
+        return run_bench(arguments[1:])
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(arguments)
     if hasattr(args, "socket") and args.socket is None:
         args.socket = default_socket_path()
     if args.log_level is None:

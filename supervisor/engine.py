@@ -22,19 +22,7 @@ The rooms of a model's life, each its own module:
   cores, a gate per accelerator, each instance's device) and ``supervisor.memory.MemoryLedger``
   (what memory models are charged, per device, and which idle ones make room).
 
-Concurrency:
-
-=====================  ==========================================  ==========================
-thread                 runs                                         hands off through
-=====================  ==========================================  ==========================
-caller (any thread)    ``submit``/``infer``: validates the name,     ``Batcher.put`` (bounded,
-                       queues a ``Request``                         priority heap, condition)
-model instance thread  load + warm-up, then batches: prepare →      ``Request.complete`` →
-(one per instance)     execute (holds the ``ComputeGate``) → post   the caller's callback /
-                                                                   ``Future``
-lifecycle caller       ``start``/``load``/``unload``/``reload``,    ``_lifecycle`` lock; models'
-(control, background)  measured, budgeted, one at a time            ``lifecycle`` locks
-=====================  ==========================================  ==========================
+Threads, what each owns and how they hand off: docs/architecture.md#concurrency (the one table).
 """
 
 from __future__ import annotations

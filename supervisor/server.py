@@ -17,19 +17,7 @@ others. ``status`` lists every client but the connection asking, unless that one
 answers the rest UNAVAILABLE, releases the models, closes every connection and removes the
 socket and key files; it returns how many requests it had to cut (the exit code says so).
 
-Concurrency (see README for the whole table):
-
-====================  ==============================================================
-thread                role
-====================  ==============================================================
-main                  ``serve_forever``: waits for stop (control ``stop``, SIGTERM) and
-                      runs SIGHUP reloads
-reactor               sockets: accept, authenticate, control messages, slot notices
-control jobs (one)    slow control messages in order (reload, load, unload, attach-and-load)
-watchdog              health checks once a period; starts restart threads
-model instance (×N)   batches; writes results into slots and sends "slot done"
-metrics (+1/request)  ``/metrics`` and the probes (``metrics:``), from the start of ``start``
-====================  ==============================================================
+Threads, what each owns and how they hand off: docs/architecture.md#concurrency (the one table).
 """
 
 from __future__ import annotations

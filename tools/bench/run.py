@@ -320,6 +320,7 @@ def bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``duomo bench`` (``supervisor.cli.run_bench``) and ``python -m tools.bench.run``."""
     return bench(parse_args(argv))
 
 
