@@ -1,7 +1,7 @@
-"""``python -m gateway``: one gateway worker (``gateway.main``)."""
+"""``python -m duomo.gateway``: one gateway worker (``gateway.main``)."""
 
 import sys
 
-from gateway.main import main
+from duomo.gateway.main import main
 
 sys.exit(main())

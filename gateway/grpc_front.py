@@ -22,11 +22,11 @@ import structlog
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
-from gateway import protocol
-from gateway.inference import Answer, read_answer, write_inputs
-from gateway.link import SupervisorLink
-from gateway.regions import Regions
-from ipc.errors import DuomoError, InvalidArgumentError
+from duomo.gateway import protocol
+from duomo.gateway.inference import Answer, read_answer, write_inputs
+from duomo.gateway.link import SupervisorLink
+from duomo.gateway.regions import Regions
+from duomo.ipc.errors import DuomoError, InvalidArgumentError
 
 log = structlog.get_logger("duomo.gateway.grpc")
 HEALTH_RPCS = ("ServerLive", "ServerReady")

@@ -39,11 +39,11 @@ import structlog
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gateway import protocol
-from gateway.inference import Answer, read_answer, write_inputs
-from gateway.link import SupervisorLink
-from gateway.regions import Regions
-from ipc.errors import DuomoError, InvalidArgumentError, NotFoundError
+from duomo.gateway import protocol
+from duomo.gateway.inference import Answer, read_answer, write_inputs
+from duomo.gateway.link import SupervisorLink
+from duomo.gateway.regions import Regions
+from duomo.ipc.errors import DuomoError, InvalidArgumentError, NotFoundError
 
 log = structlog.get_logger("duomo.gateway.http")
 Send = Callable[[dict[str, Any]], Awaitable[None]]

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ipc.errors import InvalidArgumentError
+from duomo.ipc.errors import InvalidArgumentError
 
 MAX_SIDE = 16384  # as the supervisor's executors: larger images are refused there anyway
 

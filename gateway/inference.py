@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import orjson
 
-from gateway.images import decode_into
-from gateway.protocol import (
+from duomo.gateway.images import decode_into
+from duomo.gateway.protocol import (
     IMAGE_INPUT,
     NUMPY_TYPES,
     RESULT_OUTPUT,
@@ -36,9 +36,9 @@ from gateway.protocol import (
     input_array,
     output_selection,
 )
-from gateway.regions import Regions
-from ipc.client import Slot
-from ipc.errors import InvalidArgumentError
+from duomo.gateway.regions import Regions
+from duomo.ipc.client import Slot
+from duomo.ipc.errors import InvalidArgumentError
 
 
 @dataclass

@@ -25,16 +25,16 @@ from typing import Any, TypeVar
 
 import structlog
 
-from gateway.protocol import ModelView, model_view
-from ipc.client import Client, ModelHandle, Slot
-from ipc.errors import (
+from duomo.gateway.protocol import ModelView, model_view
+from duomo.ipc.client import Client, ModelHandle, Slot
+from duomo.ipc.errors import (
     DeadlineExceededError,
     DuomoError,
     NotFoundError,
     ResourceExhaustedError,
     UnavailableError,
 )
-from ipc.status_records import ModelInfo, ModelStatus, SupervisorStatus
+from duomo.ipc.status_records import ModelInfo, ModelStatus, SupervisorStatus
 
 log = structlog.get_logger("duomo.gateway.link")
 T = TypeVar("T")

@@ -1,7 +1,7 @@
 """One gateway worker process: the HTTP and gRPC fronts on one event loop, one link to the
 supervisor, until SIGTERM or SIGINT.
 
-Started as ``python -m gateway`` by ``duomo gateway`` and by ``duomo start`` (one process per
+Started as ``python -m duomo.gateway`` by ``duomo gateway`` and by ``duomo start`` (one process per
 worker; ``supervisor.gateways`` restarts one that dies). Several workers share the ports
 (``SO_REUSEPORT``); each holds its own ``ipc.Client`` and slots. It reports ``READY`` on
 ``--ready-fd`` once both ports are bound and it has reached the supervisor (or after
@@ -27,12 +27,12 @@ from pathlib import Path
 
 import structlog
 
-from gateway.http_front import HttpFront, HttpOptions, http_server
-from gateway.link import SupervisorLink
-from gateway.regions import Regions
-from ipc.endpoints import is_loopback, parse_endpoint
-from ipc.logs import configure_logging
-from ipc.readiness import report_ready
+from duomo.gateway.http_front import HttpFront, HttpOptions, http_server
+from duomo.gateway.link import SupervisorLink
+from duomo.gateway.regions import Regions
+from duomo.ipc.endpoints import is_loopback, parse_endpoint
+from duomo.ipc.logs import configure_logging
+from duomo.ipc.readiness import report_ready
 
 log = structlog.get_logger("duomo.gateway")
 VERSION = "0.1.0"
@@ -72,7 +72,9 @@ def address(value: str) -> tuple[str, int]:
 
 def parse_args(argv: list[str] | None = None) -> tuple[GatewayOptions, int | None]:
     """The options, and the file descriptor to report readiness on."""
-    parser = argparse.ArgumentParser(prog="python -m gateway", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m duomo.gateway", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--socket", type=Path, required=True, help="the supervisor's socket")
     parser.add_argument("--http", type=address, help="HOST:PORT for HTTP/REST (none: off)")
     parser.add_argument("--grpc", type=address, help="HOST:PORT for gRPC (none: off)")
@@ -174,7 +176,7 @@ async def serve(options: GatewayOptions, ready_fd: int | None) -> None:
     import grpc
     from tritonclient.grpc import service_pb2_grpc
 
-    from gateway.grpc_front import GrpcFront, TokenInterceptor
+    from duomo.gateway.grpc_front import GrpcFront, TokenInterceptor
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

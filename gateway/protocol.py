@@ -39,9 +39,9 @@ from typing import Any
 
 import numpy as np
 
-from ipc.errors import ErrorCode, InvalidArgumentError, NotFoundError, UnavailableError
-from ipc.status_records import ModelInfo, ModelStatus, TimedCount
-from ipc.wire import MAX_RANK, MAX_TIMEOUT_US  # (a day: longer is a mistake, not a deadline)
+from duomo.ipc.errors import ErrorCode, InvalidArgumentError, NotFoundError, UnavailableError
+from duomo.ipc.status_records import ModelInfo, ModelStatus, TimedCount
+from duomo.ipc.wire import MAX_RANK, MAX_TIMEOUT_US  # (a day: longer is a mistake, not a deadline)
 
 VERSION = "1"  # the one version every model has on the wire
 SERVER_NAME = "duomo"

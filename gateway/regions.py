@@ -55,8 +55,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.protocol import RegionRef
-from ipc.errors import InvalidArgumentError, NotFoundError, UnavailableError
+from duomo.gateway.protocol import RegionRef
+from duomo.ipc.errors import InvalidArgumentError, NotFoundError, UnavailableError
 
 SHM_DIR = Path("/dev/shm")
 _KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,200}$")

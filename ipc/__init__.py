@@ -2,7 +2,7 @@
 
 A producer needs only this package (and numpy)::
 
-    from ipc import Client, ResourceExhaustedError
+    from duomo import Client, ResourceExhaustedError
 
     with Client() as client:                   # $DUOMO_SOCKET or the standard runtime dir
         result = client.model("ocr").infer(frame)
@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ipc.errors import (
+from duomo.ipc.errors import (
     DeadlineExceededError,
     DuomoError,
     ErrorCode,
@@ -31,7 +31,7 @@ from ipc.errors import (
     ResourceExhaustedError,
     UnavailableError,
 )
-from ipc.status_records import (
+from duomo.ipc.status_records import (
     ClientStatus,
     DeviceStatus,
     ModelInfo,
@@ -41,7 +41,7 @@ from ipc.status_records import (
 )
 
 if TYPE_CHECKING:
-    from ipc.client import Client, ModelHandle, Slot
+    from duomo.ipc.client import Client, ModelHandle, Slot
 
 _FROM_CLIENT = ("Client", "ModelHandle", "Slot")
 
@@ -69,5 +69,5 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in _FROM_CLIENT:
-        return getattr(importlib.import_module("ipc.client"), name)
+        return getattr(importlib.import_module("duomo.ipc.client"), name)
     raise AttributeError(f"module 'ipc' has no attribute {name!r}")

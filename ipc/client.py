@@ -49,18 +49,18 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from ipc.errors import (
+from duomo.ipc.errors import (
     DeadlineExceededError,
     DuomoError,
     ErrorCode,
     UnavailableError,
     error_for,
 )
-from ipc.framing import FrameReader, answer, json_frame, parse_json, recv_frame
-from ipc.ring import RingLayout, SlotRing
-from ipc.runtime_dir import default_socket_path, read_key
-from ipc.slots import ModelHandle, Slot
-from ipc.wire import (
+from duomo.ipc.framing import FrameReader, answer, json_frame, parse_json, recv_frame
+from duomo.ipc.ring import RingLayout, SlotRing
+from duomo.ipc.runtime_dir import default_socket_path, read_key
+from duomo.ipc.slots import ModelHandle, Slot
+from duomo.ipc.wire import (
     FRAME,
     NOTICE,
     FrameKind,
@@ -100,7 +100,7 @@ class Client:
     object implements with the client's private members (``_HandleLink``).
 
     Example:
-        from ipc import Client
+        from duomo import Client
 
         with Client() as client:  # $DUOMO_SOCKET, or the standard runtime directory
             classify = client.model("classify", slots=4)

@@ -23,7 +23,7 @@ import struct
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ipc.wire import CHALLENGE_BYTES, FRAME, MAX_JSON_BYTES, NOTICE, FrameKind, frame
+from duomo.ipc.wire import CHALLENGE_BYTES, FRAME, MAX_JSON_BYTES, NOTICE, FrameKind, frame
 
 _LIMITS = {
     FrameKind.CHALLENGE: CHALLENGE_BYTES,

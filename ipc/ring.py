@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from ipc.wire import ALIGN, DTYPES, HEADER_BYTES, MAX_RANK, TENSOR_RECORD, align, dtype_code
+from duomo.ipc.wire import ALIGN, DTYPES, HEADER_BYTES, MAX_RANK, TENSOR_RECORD, align, dtype_code
 
 RESERVE_OUTPUT_LIMIT = 8 << 20  # output areas up to this size are committed at attach
 

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 import numpy as np
 import orjson
 
-from ipc.errors import (
+from duomo.ipc.errors import (
     DeadlineExceededError,
     DuomoError,
     InvalidArgumentError,
@@ -42,9 +42,9 @@ from ipc.errors import (
     UnavailableError,
     error_for,
 )
-from ipc.framing import notice_packer
-from ipc.ring import SlotRing, TensorPlacement, read_tensors
-from ipc.wire import (
+from duomo.ipc.framing import notice_packer
+from duomo.ipc.ring import SlotRing, TensorPlacement, read_tensors
+from duomo.ipc.wire import (
     DESCRIPTORS,
     MAX_TIMEOUT_US,
     SlotState,

@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ipc.errors import InternalError
+from duomo.ipc.errors import InternalError
 
 T = TypeVar("T")
 JSON = dict[str, Any]

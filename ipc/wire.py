@@ -49,7 +49,7 @@ from enum import IntEnum
 
 import numpy as np
 
-from ipc.errors import InvalidArgumentError
+from duomo.ipc.errors import InvalidArgumentError
 
 PROTOCOL_VERSION = 1
 MAGIC = b"DUO1"

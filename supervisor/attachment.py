@@ -34,7 +34,7 @@ import numpy as np
 import orjson
 import structlog
 
-from ipc.errors import (
+from duomo.ipc.errors import (
     DuomoError,
     ErrorCode,
     InternalError,
@@ -45,9 +45,9 @@ from ipc.errors import (
     UnavailableError,
     echoed,
 )
-from ipc.framing import notice_packer
-from ipc.ring import RingLayout, SlotRing, write_tensors
-from ipc.wire import (
+from duomo.ipc.framing import notice_packer
+from duomo.ipc.ring import RingLayout, SlotRing, write_tensors
+from duomo.ipc.wire import (
     DESCRIPTORS,
     DTYPES,
     MAGIC,
@@ -60,9 +60,9 @@ from ipc.wire import (
     dtype_code,
     unpack_request,
 )
-from worker.executors.base import SlotSpec, WrittenInPlace
-from worker.request import Outcome, Request, StageTimings
-from worker.served_model import ServedModel
+from duomo.worker.executors.base import SlotSpec, WrittenInPlace
+from duomo.worker.request import Outcome, Request, StageTimings
+from duomo.worker.served_model import ServedModel
 
 log = structlog.get_logger("duomo.attachment")
 PRIORITY_LIMIT = 1000  # producers' priorities are clamped to the range a config may use

@@ -33,10 +33,10 @@ from collections.abc import Callable, Mapping
 
 import structlog
 
-from ipc.errors import ResourceExhaustedError
-from supervisor.config import DuomoConfig
-from worker.model_spec import ModelState
-from worker.served_model import ServedModel
+from duomo.ipc.errors import ResourceExhaustedError
+from duomo.supervisor.config import DuomoConfig
+from duomo.worker.model_spec import ModelState
+from duomo.worker.served_model import ServedModel
 
 log = structlog.get_logger("duomo.engine")
 DECAY = 0.8  # the weight an old transition keeps each time its row gains a new one

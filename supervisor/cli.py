@@ -22,12 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from ipc.client import Client
-from ipc.errors import DuomoError, ErrorCode, NotFoundError
-from ipc.logs import LEVELS, configure_logging
-from ipc.runtime_dir import default_socket_path
-from ipc.status_records import ModelStatus, SupervisorStatus
-from supervisor.config import ConfigError, LoadedConfig, ResolvedModel, load_config
+from duomo.ipc.client import Client
+from duomo.ipc.errors import DuomoError, ErrorCode, NotFoundError
+from duomo.ipc.logs import LEVELS, configure_logging
+from duomo.ipc.runtime_dir import default_socket_path
+from duomo.ipc.status_records import ModelStatus, SupervisorStatus
+from duomo.supervisor.config import ConfigError, LoadedConfig, ResolvedModel, load_config
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 DEFAULT_CONFIG = Path("configs/default.yaml")
@@ -43,7 +43,7 @@ def _load(path: Path) -> LoadedConfig | None:
 
 def cmd_check(args: argparse.Namespace) -> int:
     """The environment report, then (with ``-c``) the configuration's validation."""
-    from supervisor.environment import format_report, probe
+    from duomo.supervisor.environment import format_report, probe
 
     report = probe()
     if args.json and args.config is None:
@@ -87,7 +87,7 @@ def _check_model_files(name: str, model: ResolvedModel) -> list[tuple[str, Path,
     in the backend's module): (field, path, what the check found, whether it passed). A file
     that is not there is left out: the config's check has already said so (an ``.om`` not
     built yet is a warning)."""
-    from worker.backends import acl_backend, ort_backend
+    from duomo.worker.backends import acl_backend, ort_backend
 
     checks = {"onnxruntime": ort_backend.check_model_file, "acl": acl_backend.check_model_file}
     check = checks[model.config.backend]
@@ -106,7 +106,7 @@ def _check_model_files(name: str, model: ResolvedModel) -> list[tuple[str, Path,
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     """Inputs, outputs, dtypes, formats and gears of one model file."""
-    from supervisor.inspect_model import inspect_model
+    from duomo.supervisor.inspect_model import inspect_model
 
     try:
         info = inspect_model(args.model_file)
@@ -118,7 +118,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    from supervisor import daemon
+    from duomo.supervisor import daemon
 
     loaded = _load(args.config)
     if loaded is None:
@@ -129,7 +129,7 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    from supervisor.daemon import EXIT_CUT, wait_for_exit
+    from duomo.supervisor.daemon import EXIT_CUT, wait_for_exit
 
     try:
         with Client(args.socket, timeout_s=10) as client:
@@ -196,7 +196,7 @@ def cmd_unload(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     if args.watch:
-        from supervisor.status_watch import watch
+        from duomo.supervisor.status_watch import watch
 
         return watch(args.socket, args.interval or 1.0)
     if args.interval is not None:
@@ -310,7 +310,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from supervisor.gateways import GatewayConfig, GatewayProcesses
+    from duomo.supervisor.gateways import GatewayConfig, GatewayProcesses
 
     section: dict[str, Any] = {}
     if args.config is not None:
@@ -353,7 +353,7 @@ def cmd_infer(args: argparse.Namespace) -> int:
 
 
 def _infer_via_supervisor(args: argparse.Namespace) -> int:
-    from supervisor.image_files import read_image
+    from duomo.supervisor.image_files import read_image
 
     try:
         client = Client(args.socket, timeout_s=30)
@@ -379,8 +379,8 @@ def _infer_via_supervisor(args: argparse.Namespace) -> int:
 
 
 def _infer_in_process(args: argparse.Namespace) -> int:
-    from supervisor.engine import Engine
-    from supervisor.image_files import read_image
+    from duomo.supervisor.engine import Engine
+    from duomo.supervisor.image_files import read_image
 
     loaded = _load(args.config)
     if loaded is None:

@@ -24,15 +24,15 @@ from typing import Annotated, Any, Literal, TypeGuard
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from supervisor.gateways import GatewayConfig
-from supervisor.limits import LimitsConfig
-from supervisor.metrics_http import MetricsConfig
-from worker.backends.acl_backend import AclOptions
-from worker.backends.ort_backend import OrtOptions
-from worker.config_model import StrictModel
-from worker.executors import resolve_executor
-from worker.health import HealthPolicy
-from worker.thread_budget import available_cores, usable_cores
+from duomo.supervisor.gateways import GatewayConfig
+from duomo.supervisor.limits import LimitsConfig
+from duomo.supervisor.metrics_http import MetricsConfig
+from duomo.worker.backends.acl_backend import AclOptions
+from duomo.worker.backends.ort_backend import OrtOptions
+from duomo.worker.config_model import StrictModel
+from duomo.worker.executors import resolve_executor
+from duomo.worker.health import HealthPolicy
+from duomo.worker.thread_budget import available_cores, usable_cores
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 DeviceId = Annotated[int, Field(ge=0)]

@@ -53,14 +53,14 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from ipc.errors import ErrorCode
-from ipc.framing import FrameReader, FrameTooLargeError, json_frame
-from ipc.wire import CHALLENGE_BYTES, MAX_JSON_BYTES, FrameKind
-from supervisor.attachment import Attachment
-from supervisor.limits import Limits
+from duomo.ipc.errors import ErrorCode
+from duomo.ipc.framing import FrameReader, FrameTooLargeError, json_frame
+from duomo.ipc.wire import CHALLENGE_BYTES, MAX_JSON_BYTES, FrameKind
+from duomo.supervisor.attachment import Attachment
+from duomo.supervisor.limits import Limits
 
 if TYPE_CHECKING:
-    from supervisor.lending import Loan
+    from duomo.supervisor.lending import Loan
 
 log = structlog.get_logger("duomo.connection")
 _PEERCRED = struct.Struct("3i")

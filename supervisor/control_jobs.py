@@ -24,9 +24,9 @@ from typing import Any
 
 import structlog
 
-from ipc.errors import DuomoError, ResourceExhaustedError, UnavailableError
-from supervisor.connection import Connection
-from supervisor.control_messages import Reply, error_reply, internal_reply
+from duomo.ipc.errors import DuomoError, ResourceExhaustedError, UnavailableError
+from duomo.supervisor.connection import Connection
+from duomo.supervisor.control_messages import Reply, error_reply, internal_reply
 
 log = structlog.get_logger("duomo.control")
 

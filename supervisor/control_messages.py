@@ -59,7 +59,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ipc.errors import DuomoError, InternalError, InvalidArgumentError, echoed
+from duomo.ipc.errors import DuomoError, InternalError, InvalidArgumentError, echoed
 
 Reply = dict[str, Any]
 MAX_SLOTS = 64  # in one ring

@@ -20,12 +20,12 @@ from pathlib import Path
 import psutil
 import structlog
 
-from ipc.errors import DuomoError
-from ipc.readiness import read_ready_line, report_ready
-from ipc.runtime_dir import ensure_private_dir, log_path, pid_path
-from supervisor.config import LoadedConfig
-from supervisor.memory import tune_heap
-from supervisor.server import Supervisor
+from duomo.ipc.errors import DuomoError
+from duomo.ipc.readiness import read_ready_line, report_ready
+from duomo.ipc.runtime_dir import ensure_private_dir, log_path, pid_path
+from duomo.supervisor.config import LoadedConfig
+from duomo.supervisor.memory import tune_heap
+from duomo.supervisor.server import Supervisor
 
 log = structlog.get_logger("duomo.daemon")
 START_TIMEOUT_S = 600.0
@@ -56,7 +56,7 @@ def start_background(config: Path, socket_path: Path, log_level: str) -> int:
     logfile = log_path(socket_path)
     read_fd, write_fd = os.pipe()
     command = [
-        sys.executable, "-m", "supervisor.cli", "--log-level", log_level,
+        sys.executable, "-m", "duomo.supervisor.cli", "--log-level", log_level,
         "start", "-c", str(config), "--socket", str(socket_path),
         "--foreground", "--ready-fd", str(write_fd),
     ]  # fmt: skip

@@ -35,21 +35,21 @@ from typing import Any
 
 import structlog
 
-from ipc.errors import DuomoError, ResourceExhaustedError, UnavailableError
-from supervisor.background_loads import BackgroundLoads
-from supervisor.config import LoadedConfig, ResolvedModel
-from supervisor.device_telemetry import DeviceTelemetry
-from supervisor.lending import IdleSpin
-from supervisor.memory import Footprint, MemoryLedger, MemoryUse, mb, resident_bytes
-from supervisor.placement import HOST, Placements
-from supervisor.registry import ModelRegistry
-from worker.executors.image_ops import limit_opencv_threads
-from worker.model_spec import SERVING, DeviceMemoryError, ModelState
-from worker.model_status import model_status
-from worker.model_worker import Activity
-from worker.request import Outcome
-from worker.served_model import ServedModel
-from worker.thread_budget import ComputeGate, ThreadPlan
+from duomo.ipc.errors import DuomoError, ResourceExhaustedError, UnavailableError
+from duomo.supervisor.background_loads import BackgroundLoads
+from duomo.supervisor.config import LoadedConfig, ResolvedModel
+from duomo.supervisor.device_telemetry import DeviceTelemetry
+from duomo.supervisor.lending import IdleSpin
+from duomo.supervisor.memory import Footprint, MemoryLedger, MemoryUse, mb, resident_bytes
+from duomo.supervisor.placement import HOST, Placements
+from duomo.supervisor.registry import ModelRegistry
+from duomo.worker.executors.image_ops import limit_opencv_threads
+from duomo.worker.model_spec import SERVING, DeviceMemoryError, ModelState
+from duomo.worker.model_status import model_status
+from duomo.worker.model_worker import Activity
+from duomo.worker.request import Outcome
+from duomo.worker.served_model import ServedModel
+from duomo.worker.thread_budget import ComputeGate, ThreadPlan
 
 log = structlog.get_logger("duomo.engine")
 LOAD_TIMEOUT_S = 300.0

@@ -1,5 +1,5 @@
 """The gateway's worker processes as the supervisor runs them: the ``gateway`` config section,
-starting each worker (``python -m gateway``) and waiting for its readiness, restarting one
+starting each worker (``python -m duomo.gateway``) and waiting for its readiness, restarting one
 that dies (bounded, logged), and stopping them.
 
 Used by ``Supervisor`` (``duomo start`` with a ``gateway:`` section starts the workers once
@@ -30,10 +30,10 @@ from typing import Any
 import structlog
 from pydantic import Field, field_validator, model_validator
 
-from ipc.endpoints import is_loopback, parse_endpoint
-from ipc.logs import log_args
-from ipc.readiness import read_ready_line
-from worker.config_model import StrictModel
+from duomo.ipc.endpoints import is_loopback, parse_endpoint
+from duomo.ipc.logs import log_args
+from duomo.ipc.readiness import read_ready_line
+from duomo.worker.config_model import StrictModel
 
 log = structlog.get_logger("duomo.gateways")
 START_TIMEOUT_S = 60.0
@@ -111,7 +111,7 @@ def stop_orphans(socket_path: Path) -> None:
     for process in psutil.process_iter(["cmdline", "uids"]):
         command = process.info["cmdline"] or []
         if (
-            command[1:3] == ["-m", "gateway"]
+            command[1:3] == ["-m", "duomo.gateway"]
             and target in command
             and command[command.index(target) - 1] == "--socket"
             and process.info["uids"] is not None
@@ -142,9 +142,9 @@ def _refuse_if_taken(bound: str) -> None:
 
 
 def gateway_command(config: GatewayConfig, socket_path: Path) -> list[str]:
-    """``python -m gateway`` with the section's settings (and this process's log format)."""
+    """``python -m duomo.gateway`` with the section's settings (and this process's log format)."""
     command = [
-        sys.executable, "-m", "gateway", "--socket", str(socket_path), *log_args(),
+        sys.executable, "-m", "duomo.gateway", "--socket", str(socket_path), *log_args(),
         "--slots", str(config.slots), "--max-body-mb", str(config.max_body_mb),
         "--request-timeout-s", str(config.request_timeout_s),
         "--header-timeout-s", str(config.header_timeout_s),

@@ -10,7 +10,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from ipc.errors import InvalidArgumentError, NotFoundError
+from duomo.ipc.errors import InvalidArgumentError, NotFoundError
 
 
 def read_image(path: str | Path) -> np.ndarray:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from worker.backends.base import SessionSettings
+from duomo.worker.backends.base import SessionSettings
 
 
 def inspect_model(path: Path) -> dict[str, Any]:
@@ -23,7 +23,7 @@ def inspect_model(path: Path) -> dict[str, Any]:
 
 
 def _inspect_onnx(path: Path) -> dict[str, Any]:
-    from worker.backends.ort_backend import OrtBackend
+    from duomo.worker.backends.ort_backend import OrtBackend
 
     session = OrtBackend().open(path, SessionSettings(intra_op_threads=1))
     try:
@@ -44,7 +44,7 @@ def _inspect_onnx(path: Path) -> dict[str, Any]:
 
 
 def _inspect_om(path: Path) -> dict[str, Any]:
-    from worker.backends.acl_backend import AclBackend, atc_sidecar
+    from duomo.worker.backends.acl_backend import AclBackend, atc_sidecar
 
     backend = AclBackend()
     try:

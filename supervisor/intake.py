@@ -25,9 +25,9 @@ The intake keeps no state of its own and takes no lock: what it reads is the con
 
 from __future__ import annotations
 
-from ipc.errors import DuomoError, NotFoundError
-from ipc.wire import FRAME, NOTICE, FrameKind
-from supervisor.connection import OPEN, Connection
+from duomo.ipc.errors import DuomoError, NotFoundError
+from duomo.ipc.wire import FRAME, NOTICE, FrameKind
+from duomo.supervisor.connection import OPEN, Connection
 
 NOTICE_FRAME_BYTES = FRAME.size + NOTICE.size
 NOTICE_PREFIX = FRAME.pack(NOTICE.size, FrameKind.NOTICE)

@@ -56,8 +56,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
-from supervisor.connection import DROPPED, Connection
-from supervisor.intake import Intake
+from duomo.supervisor.connection import DROPPED, Connection
+from duomo.supervisor.intake import Intake
 
 
 class Reading(Enum):

@@ -28,9 +28,9 @@ from pathlib import Path
 
 from pydantic import Field
 
-from ipc.errors import ResourceExhaustedError
-from worker.cgroup_limits import memory_limit
-from worker.config_model import StrictModel
+from duomo.ipc.errors import ResourceExhaustedError
+from duomo.worker.cgroup_limits import memory_limit
+from duomo.worker.config_model import StrictModel
 
 MIB = 1 << 20
 SOMAXCONN_FILE = Path("/proc/sys/net/core/somaxconn")

@@ -25,10 +25,10 @@ from typing import Any
 import psutil
 import structlog
 
-from ipc.errors import ResourceExhaustedError
-from supervisor.config import LoadedConfig, ResolvedModel
-from worker.model_spec import SERVING
-from worker.served_model import ServedModel
+from duomo.ipc.errors import ResourceExhaustedError
+from duomo.supervisor.config import LoadedConfig, ResolvedModel
+from duomo.worker.model_spec import SERVING
+from duomo.worker.served_model import ServedModel
 
 log = structlog.get_logger("duomo.memory")
 MB = 1 << 20

@@ -25,10 +25,10 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from ipc.errors import ErrorCode
-from supervisor.engine import Engine
-from worker.model_spec import ModelState
-from worker.stats import TOTALS, HistogramState
+from duomo.ipc.errors import ErrorCode
+from duomo.supervisor.engine import Engine
+from duomo.worker.model_spec import ModelState
+from duomo.worker.stats import TOTALS, HistogramState
 
 FAILURE_REASONS = tuple(code.name for code in ErrorCode if code is not ErrorCode.OK)
 # Triton's cumulative stage durations: (metric suffix, ``ModelStats`` total kind)

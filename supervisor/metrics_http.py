@@ -34,8 +34,8 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.registry import Collector
 from pydantic import field_validator
 
-from ipc.endpoints import parse_endpoint
-from worker.config_model import StrictModel
+from duomo.ipc.endpoints import parse_endpoint
+from duomo.worker.config_model import StrictModel
 
 log = structlog.get_logger("duomo.metrics")
 LIVE_TIMEOUT_S = 1.0

@@ -19,10 +19,16 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 
-from ipc.errors import NotFoundError
-from supervisor.config import DeviceConfig, LoadedConfig, ModelConfig, pool_cores, thread_budget
-from worker.model_spec import Placement
-from worker.thread_budget import ComputeGate, InstanceDemand, ThreadPlan, plan_threads
+from duomo.ipc.errors import NotFoundError
+from duomo.supervisor.config import (
+    DeviceConfig,
+    LoadedConfig,
+    ModelConfig,
+    pool_cores,
+    thread_budget,
+)
+from duomo.worker.model_spec import Placement
+from duomo.worker.thread_budget import ComputeGate, InstanceDemand, ThreadPlan, plan_threads
 
 Pool = int | None  # a pool of cores: a cpu device's own (its id), or the host's shared one
 HOST: Pool = None

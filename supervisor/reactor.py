@@ -52,14 +52,14 @@ from typing import Any
 
 import structlog
 
-from ipc.errors import ErrorCode
-from ipc.framing import ProtocolError, parse_json, verify
-from ipc.wire import CHALLENGE_BYTES, NOTICE, FrameKind, frame
-from supervisor.attachment import Attachment
-from supervisor.connection import CHALLENGED, CLOSING, DROPPED, Connection, fitted_json
-from supervisor.intake import Intake
-from supervisor.lending import LENT, Lending, Loan
-from supervisor.limits import Limits
+from duomo.ipc.errors import ErrorCode
+from duomo.ipc.framing import ProtocolError, parse_json, verify
+from duomo.ipc.wire import CHALLENGE_BYTES, NOTICE, FrameKind, frame
+from duomo.supervisor.attachment import Attachment
+from duomo.supervisor.connection import CHALLENGED, CLOSING, DROPPED, Connection, fitted_json
+from duomo.supervisor.intake import Intake
+from duomo.supervisor.lending import LENT, Lending, Loan
+from duomo.supervisor.limits import Limits
 
 log = structlog.get_logger("duomo.reactor")
 HOUSEKEEPING_S = 0.1  # deadlines, timeouts and unmap retries are checked this often

@@ -21,15 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ipc.errors import DuomoError, InvalidArgumentError, NotFoundError, echoed
-from supervisor.config import LoadedConfig, ResolvedModel
-from supervisor.memory import trim_heap
-from supervisor.placement import Placements
-from worker.backends import Backend, create_backend
-from worker.batcher import IdleReader
-from worker.model_spec import SERVING, ModelSpec
-from worker.model_worker import Activity
-from worker.served_model import ServedModel
+from duomo.ipc.errors import DuomoError, InvalidArgumentError, NotFoundError, echoed
+from duomo.supervisor.config import LoadedConfig, ResolvedModel
+from duomo.supervisor.memory import trim_heap
+from duomo.supervisor.placement import Placements
+from duomo.worker.backends import Backend, create_backend
+from duomo.worker.batcher import IdleReader
+from duomo.worker.model_spec import SERVING, ModelSpec
+from duomo.worker.model_worker import Activity
+from duomo.worker.served_model import ServedModel
 
 ModelHook = Callable[[ServedModel], None]
 

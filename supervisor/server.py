@@ -37,7 +37,7 @@ from typing import Any
 import psutil
 import structlog
 
-from ipc.errors import (
+from duomo.ipc.errors import (
     DuomoError,
     InvalidArgumentError,
     NotFoundError,
@@ -45,8 +45,8 @@ from ipc.errors import (
     UnavailableError,
     echoed,
 )
-from ipc.runtime_dir import ensure_private_dir, key_path, pid_path, write_key
-from ipc.status_records import (
+from duomo.ipc.runtime_dir import ensure_private_dir, key_path, pid_path, write_key
+from duomo.ipc.status_records import (
     ClientStatus,
     DeviceStatus,
     GatewayWorkerStatus,
@@ -56,11 +56,11 @@ from ipc.status_records import (
     SupervisorStatus,
     TensorRecord,
 )
-from supervisor.attachment import Attachment, layout_for, ring_charge
-from supervisor.config import ConfigError, LoadedConfig, load_config
-from supervisor.connection import Connection
-from supervisor.control_jobs import ControlJob, ControlJobs
-from supervisor.control_messages import (
+from duomo.supervisor.attachment import Attachment, layout_for, ring_charge
+from duomo.supervisor.config import ConfigError, LoadedConfig, load_config
+from duomo.supervisor.connection import Connection
+from duomo.supervisor.control_jobs import ControlJob, ControlJobs
+from duomo.supervisor.control_messages import (
     Attach,
     ControlMessage,
     Detach,
@@ -76,14 +76,14 @@ from supervisor.control_messages import (
     internal_reply,
     parse_control,
 )
-from supervisor.engine import Engine
-from supervisor.gateways import GatewayProcesses
-from supervisor.limits import Limits, RingLedger, resolve_limits
-from supervisor.metrics import DuomoCollector, ProcessView
-from supervisor.metrics_http import LIVE_TIMEOUT_S, MetricsServer
-from supervisor.reactor import Reactor
-from supervisor.watchdog import Watchdog
-from worker.served_model import SERVING, ModelState, ServedModel
+from duomo.supervisor.engine import Engine
+from duomo.supervisor.gateways import GatewayProcesses
+from duomo.supervisor.limits import Limits, RingLedger, resolve_limits
+from duomo.supervisor.metrics import DuomoCollector, ProcessView
+from duomo.supervisor.metrics_http import LIVE_TIMEOUT_S, MetricsServer
+from duomo.supervisor.reactor import Reactor
+from duomo.supervisor.watchdog import Watchdog
+from duomo.worker.served_model import SERVING, ModelState, ServedModel
 
 log = structlog.get_logger("duomo.supervisor")
 MAX_RINGS_PER_CLIENT = 64

@@ -38,9 +38,9 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from ipc.client import Client
-from ipc.errors import DuomoError
-from ipc.status_records import DeviceStatus, ModelStatus, SupervisorStatus
+from duomo.ipc.client import Client
+from duomo.ipc.errors import DuomoError
+from duomo.ipc.status_records import DeviceStatus, ModelStatus, SupervisorStatus
 
 STATUS_TIMEOUT_S = 5.0  # the longest one poll waits for the supervisor's reply
 PLAIN_WIDTH = 140  # a plain frame's least width

@@ -21,10 +21,10 @@ import time
 
 import structlog
 
-from supervisor.engine import Engine
-from worker.health import Observation, Verdict, assess
-from worker.model_spec import SERVING, ModelState
-from worker.served_model import ServedModel
+from duomo.supervisor.engine import Engine
+from duomo.worker.health import Observation, Verdict, assess
+from duomo.worker.model_spec import SERVING, ModelState
+from duomo.worker.served_model import ServedModel
 
 log = structlog.get_logger("duomo.watchdog")
 

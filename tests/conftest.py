@@ -38,9 +38,9 @@ import pytest
 import yaml
 from pluggy import Result
 
-from ipc.logs import configure_logging
-from supervisor.config import LoadedConfig, load_config
-from supervisor.image_files import read_image
+from duomo.ipc.logs import configure_logging
+from duomo.supervisor.config import LoadedConfig, load_config
+from duomo.supervisor.image_files import read_image
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGES = ROOT / "tests" / "fixtures" / "images"
@@ -147,7 +147,7 @@ def demo_variant(tmp_dir: Path, models: list[str], **overrides: object) -> Loade
 
 @pytest.fixture(scope="session")
 def demo_engine(demo_config: LoadedConfig) -> Iterator[object]:
-    from supervisor.engine import Engine
+    from duomo.supervisor.engine import Engine
 
     engine = Engine(demo_config)
     engine.start()

@@ -39,8 +39,9 @@ HEADER = """\
 
 English · [中文](zh/producer-api.md) · [README](../README.md)
 
-What a producer process imports from `ipc` (installed: `duomo.ipc`, and `from duomo import
-Client`): the client, an attached model's handle, a slot, and the errors every call may raise.
+What a producer process imports from `duomo` (`from duomo import Client`, the same names as
+`duomo.ipc`'s): the client, an attached model's handle, a slot, and the errors every call may
+raise.
 How they are used, by example: [producers](../README.md#producers); the threads behind them:
 [architecture](architecture.md#concurrency).
 
@@ -176,15 +177,15 @@ def _errors_section(errors: Any) -> list[str]:
 def render() -> str:
     """The page, as the code's docstrings are now."""
     sys.path.insert(0, str(ROOT))
-    import ipc
-    import ipc.errors
+    import duomo.ipc as ipc
+    import duomo.ipc.errors
 
     out = [HEADER]
     if ipc.__doc__:
         out += ["## The package", "", markdown(inspect.getdoc(ipc) or "")]
     for name in CLASSES:
         out += _class_section(getattr(ipc, name))
-    out += _errors_section(ipc.errors)
+    out += _errors_section(duomo.ipc.errors)
     return re.sub(r"\n{3,}", "\n\n", "\n".join(out)).rstrip("\n") + "\n"
 
 

@@ -30,9 +30,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from supervisor.environment import probe
-from worker.backends.acl_backend import AclBackend, AclSession, atc_sidecar
-from worker.backends.base import SessionSettings
+from duomo.supervisor.environment import probe
+from duomo.worker.backends.acl_backend import AclBackend, AclSession, atc_sidecar
+from duomo.worker.backends.base import SessionSettings
 
 TOLERANCE = 2e-2  # fp16 on the AI cores against fp32 on the CPU
 
@@ -51,7 +51,7 @@ def _random_inputs(session: AclSession, gear: tuple[int, ...], seed: int) -> dic
 
 def _compare(om: Path, session: AclSession) -> list[dict[str, Any]]:
     """Every gear once, against the ONNX model on CPU when the sidecar names it."""
-    from worker.backends.ort_backend import OrtBackend
+    from duomo.worker.backends.ort_backend import OrtBackend
 
     onnx = (atc_sidecar(om) or {}).get("onnx")
     cpu = (

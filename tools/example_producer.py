@@ -24,8 +24,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ipc import Client, Slot
-from supervisor.image_files import read_image
+from duomo import Client, Slot
+from duomo.supervisor.image_files import read_image
 
 IMAGES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "images"
 FEEDS = {"classify": "coffee.png", "face": "astronaut.png", "ocr": "page.png"}

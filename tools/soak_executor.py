@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from ipc.errors import InvalidArgumentError
-from worker.backends.base import ModelSession
-from worker.config_model import StrictModel
-from worker.executors.base import Executor, SlotInput, SlotSpec, StageTimer
+from duomo.ipc.errors import InvalidArgumentError
+from duomo.worker.backends.base import ModelSession
+from duomo.worker.config_model import StrictModel
+from duomo.worker.executors.base import Executor, SlotInput, SlotSpec, StageTimer
 
 
 class AffineParams(StrictModel):

@@ -45,9 +45,9 @@ from typing import Protocol
 
 import structlog
 
-from ipc.errors import ResourceExhaustedError, UnavailableError
-from worker.batch_window import BatchWindow
-from worker.request import Request
+from duomo.ipc.errors import ResourceExhaustedError, UnavailableError
+from duomo.worker.batch_window import BatchWindow
+from duomo.worker.request import Request
 
 log = structlog.get_logger("duomo.batcher")
 

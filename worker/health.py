@@ -32,7 +32,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from worker.config_model import StrictModel
+from duomo.worker.config_model import StrictModel
 
 
 class HealthPolicy(StrictModel):

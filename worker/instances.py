@@ -19,13 +19,18 @@ from collections.abc import Callable, Mapping
 
 import structlog
 
-from ipc.errors import UnavailableError
-from worker.backends.base import Backend, ModelSession, NotEnoughDeviceMemoryError, SessionSettings
-from worker.batcher import Batcher
-from worker.executors.base import Executor
-from worker.model_spec import DeviceMemoryError, ModelLoadError, ModelSpec
-from worker.model_worker import Activity, ModelWorker
-from worker.thread_budget import GateMember, pin_thread
+from duomo.ipc.errors import UnavailableError
+from duomo.worker.backends.base import (
+    Backend,
+    ModelSession,
+    NotEnoughDeviceMemoryError,
+    SessionSettings,
+)
+from duomo.worker.batcher import Batcher
+from duomo.worker.executors.base import Executor
+from duomo.worker.model_spec import DeviceMemoryError, ModelLoadError, ModelSpec
+from duomo.worker.model_worker import Activity, ModelWorker
+from duomo.worker.thread_budget import GateMember, pin_thread
 
 log = structlog.get_logger("duomo.model")
 

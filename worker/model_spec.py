@@ -16,10 +16,10 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from worker.backends.base import NotEnoughDeviceMemoryError
-from worker.config_model import StrictModel
-from worker.executors.base import Executor
-from worker.health import HealthPolicy
+from duomo.worker.backends.base import NotEnoughDeviceMemoryError
+from duomo.worker.config_model import StrictModel
+from duomo.worker.executors.base import Executor
+from duomo.worker.health import HealthPolicy
 
 
 class ModelState(str, Enum):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from worker.served_model import ServedModel
+from duomo.worker.served_model import ServedModel
 
 
 def instance_placements(model: ServedModel) -> list[dict[str, Any]]:

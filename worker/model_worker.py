@@ -25,10 +25,10 @@ from typing import Any
 
 import structlog
 
-from ipc.errors import DeadlineExceededError, DuomoError, InternalError, UnavailableError
-from worker.batcher import Batcher, TakenBatch
-from worker.executors.base import Executor, StageTimer
-from worker.request import Request
+from duomo.ipc.errors import DeadlineExceededError, DuomoError, InternalError, UnavailableError
+from duomo.worker.batcher import Batcher, TakenBatch
+from duomo.worker.executors.base import Executor, StageTimer
+from duomo.worker.request import Request
 
 log = structlog.get_logger("duomo.worker")
 

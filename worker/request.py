@@ -19,7 +19,7 @@ from typing import Any
 
 import structlog
 
-from ipc.errors import DuomoError, ErrorCode
+from duomo.ipc.errors import DuomoError, ErrorCode
 
 log = structlog.get_logger("duomo.request")
 

@@ -35,18 +35,24 @@ from typing import Any
 import numpy as np
 import structlog
 
-from ipc.errors import DeadlineExceededError, UnavailableError
-from worker.backends.base import Backend, ModelSession
-from worker.batch_window import BatchWindow
-from worker.batcher import Batcher, IdleReader
-from worker.executors.base import SlotSpec
-from worker.health import RestartHistory, Verdict
-from worker.instances import Instances
-from worker.model_spec import SERVING, DeviceMemoryError, ModelSpec, ModelState, PredictedLoads
-from worker.model_worker import Activity, ModelWorker
-from worker.request import Outcome, Request
-from worker.stats import Buckets, ModelStats
-from worker.thread_budget import ComputeGate, GateMember
+from duomo.ipc.errors import DeadlineExceededError, UnavailableError
+from duomo.worker.backends.base import Backend, ModelSession
+from duomo.worker.batch_window import BatchWindow
+from duomo.worker.batcher import Batcher, IdleReader
+from duomo.worker.executors.base import SlotSpec
+from duomo.worker.health import RestartHistory, Verdict
+from duomo.worker.instances import Instances
+from duomo.worker.model_spec import (
+    SERVING,
+    DeviceMemoryError,
+    ModelSpec,
+    ModelState,
+    PredictedLoads,
+)
+from duomo.worker.model_worker import Activity, ModelWorker
+from duomo.worker.request import Outcome, Request
+from duomo.worker.stats import Buckets, ModelStats
+from duomo.worker.thread_budget import ComputeGate, GateMember
 
 log = structlog.get_logger("duomo.model")
 HISTORY = 16  # state changes kept for ``status``

@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from ipc.errors import ErrorCode
-from worker.request import Outcome
+from duomo.ipc.errors import ErrorCode
+from duomo.worker.request import Outcome
 
 STAGES = ("queue", "preprocess", "infer", "postprocess", "total")
 # the cumulative kinds, as Triton's statistics name them: answered requests, successful and

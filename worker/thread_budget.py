@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from worker.cgroup_limits import cpu_quota
+from duomo.worker.cgroup_limits import cpu_quota
 
 
 def usable_cores() -> list[int]:

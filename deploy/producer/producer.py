@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from ipc.client import Client
-from ipc.errors import DuomoError, UnavailableError
+from duomo.ipc.client import Client
+from duomo.ipc.errors import DuomoError, UnavailableError
 
 
 def summary(result: dict[str, Any]) -> dict[str, Any]:

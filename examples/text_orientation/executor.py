@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from worker.executors.base import Executor, StageTimer, as_rgb_image
-from worker.executors.image_ops import normalize_into, resize
+from duomo.worker.executors.base import Executor, StageTimer, as_rgb_image
+from duomo.worker.executors.image_ops import normalize_into, resize
 
 HEIGHT, WIDTH = 48, 192  # the classifier's input size
 

@@ -11,12 +11,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ipc.errors import InvalidArgumentError
-from supervisor.image_files import read_image
+from duomo.ipc.errors import InvalidArgumentError
+from duomo.supervisor.image_files import read_image
+from duomo.worker.backends.base import SessionSettings
+from duomo.worker.backends.ort_backend import OrtBackend
+from duomo.worker.executors.base import Executor, NoParams, StageTimer
 from text_orientation.executor import TextOrientationExecutor
-from worker.backends.base import SessionSettings
-from worker.backends.ort_backend import OrtBackend
-from worker.executors.base import Executor, NoParams, StageTimer
 
 MODEL = Path("models/ocr/ch_ppocr_mobile_v2.0_cls_mobile.onnx")
 HERE = Path(__file__).parent

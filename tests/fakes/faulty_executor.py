@@ -33,9 +33,9 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
+from duomo.worker.backends.base import ModelSession
+from duomo.worker.executors.base import SlotSpec, StageTimer
 from tools.soak_executor import AffineExecutor, AffineParams
-from worker.backends.base import ModelSession
-from worker.executors.base import SlotSpec, StageTimer
 
 Fault = Literal["none", "raise", "hang", "garbage"]
 FAULTS = ("none", "raise", "hang", "garbage")

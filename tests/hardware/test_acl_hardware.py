@@ -26,9 +26,9 @@ def _om_files() -> list[Path]:
 
 
 def test_every_built_om_matches_its_onnx_on_every_gear() -> None:
-    from worker.backends.acl_backend import AclBackend, atc_sidecar
-    from worker.backends.base import SessionSettings
-    from worker.backends.ort_backend import OrtBackend
+    from duomo.worker.backends.acl_backend import AclBackend, atc_sidecar
+    from duomo.worker.backends.base import SessionSettings
+    from duomo.worker.backends.ort_backend import OrtBackend
 
     files = _om_files()
     if not files:

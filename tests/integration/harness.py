@@ -24,10 +24,10 @@ from pathlib import Path
 import psutil
 import yaml
 
-from ipc.framing import FrameReader, answer, parse_json, recv_frame
-from ipc.readiness import read_ready_line
-from ipc.runtime_dir import read_key
-from ipc.wire import FrameKind, frame
+from duomo.ipc.framing import FrameReader, answer, parse_json, recv_frame
+from duomo.ipc.readiness import read_ready_line
+from duomo.ipc.runtime_dir import read_key
+from duomo.ipc.wire import FrameKind, frame
 from tests.conftest import DEMO_CONFIG, ROOT
 from tests.conftest import poll as poll  # (the integration tests import it from here)
 
@@ -102,7 +102,7 @@ def duomo(
 ) -> subprocess.CompletedProcess[str]:
     """Run one ``duomo`` command against the supervisor at ``socket_path``."""
     return subprocess.run(
-        [sys.executable, "-m", "supervisor.cli", *args, "--socket", str(socket_path)],
+        [sys.executable, "-m", "duomo.supervisor.cli", *args, "--socket", str(socket_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=timeout_s,
     )  # fmt: skip
 
@@ -146,7 +146,7 @@ def running_supervisor(
     read_fd, write_fd = os.pipe()
     process = subprocess.Popen(
         [
-            sys.executable, "-m", "supervisor.cli", "start", "-c", str(config),
+            sys.executable, "-m", "duomo.supervisor.cli", "start", "-c", str(config),
             "--socket", str(socket_path), "--foreground", "--ready-fd", str(write_fd),
         ],
         cwd=ROOT,

@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from ipc.client import Client
-from ipc.errors import DuomoError
-from supervisor.image_files import read_image
+from duomo.ipc.client import Client
+from duomo.ipc.errors import DuomoError
+from duomo.supervisor.image_files import read_image
 
 EXPECTED = {
     "classify": ("coffee.png", lambda r: r["top"][0]["label"] == "espresso"),

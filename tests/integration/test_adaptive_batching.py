@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ipc.client import Client
+from duomo.ipc.client import Client
 from tests.integration.harness import faulty_model, running_supervisor, write_config
 
 pytestmark = pytest.mark.integration

@@ -23,7 +23,8 @@ def test_bench_smoke_writes_the_report(demo_config: object, tmp_path: Path) -> N
     out = tmp_path / "report"
     segments_before = _segments()
     run = subprocess.run(
-        [sys.executable, "-m", "supervisor.cli", "bench", "-w", str(SMOKE), "--out", str(out)],
+        [sys.executable, "-m", "duomo.supervisor.cli", "bench", "-w", str(SMOKE),
+         "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
@@ -68,7 +69,8 @@ def test_bench_rejects_a_bad_workload_with_the_field(tmp_path: Path) -> None:
         "overhead_models: [face]\n"
     )
     run = subprocess.run(
-        [sys.executable, "-m", "supervisor.cli", "bench", "-w", str(bad), "--out", str(tmp_path)],
+        [sys.executable, "-m", "duomo.supervisor.cli", "bench", "-w", str(bad),
+         "--out", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert run.returncode == 2

@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw, ImageFont
 
-from ipc.errors import InvalidArgumentError
-from supervisor.config import LoadedConfig
-from supervisor.engine import Engine
+from duomo.ipc.errors import InvalidArgumentError
+from duomo.supervisor.config import LoadedConfig
+from duomo.supervisor.engine import Engine
+from duomo.worker.backends.base import ModelSession, SessionSettings, TensorSpec
+from duomo.worker.backends.ort_backend import OrtBackend
+from duomo.worker.executors.base import StageTimer
+from duomo.worker.request import Outcome
+from duomo.worker.thread_budget import available_cores
 from tests.conftest import demo_variant, fixture_image
-from worker.backends.base import ModelSession, SessionSettings, TensorSpec
-from worker.backends.ort_backend import OrtBackend
-from worker.executors.base import StageTimer
-from worker.request import Outcome
-from worker.thread_budget import available_cores
 
 CAT_CLASSES = {281, 282, 283, 284, 285}  # tabby, tiger, Persian, Siamese, Egyptian cat
 OCR_LINES = ["Ascend inference server", "Invoice No. 2026-0471", "Total: 1,234.56 CNY"]

@@ -21,10 +21,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ipc.client import Client
-from ipc.errors import InvalidArgumentError
-from supervisor.config import load_config
-from supervisor.engine import Engine
+from duomo.ipc.client import Client
+from duomo.ipc.errors import InvalidArgumentError
+from duomo.supervisor.config import load_config
+from duomo.supervisor.engine import Engine
+from duomo.worker.backends.base import SessionSettings
+from duomo.worker.backends.ort_backend import OrtBackend
+from duomo.worker.thread_budget import usable_cores
 from tests.conftest import fixture_image
 from tests.integration.harness import (
     ROOT,
@@ -34,9 +37,6 @@ from tests.integration.harness import (
     running_supervisor,
     write_config,
 )
-from worker.backends.base import SessionSettings
-from worker.backends.ort_backend import OrtBackend
-from worker.thread_budget import usable_cores
 
 pytestmark = [
     pytest.mark.integration,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ipc.client import Client
+from duomo.ipc.client import Client
 from tests.integration.harness import SupervisorProcess, duomo, running_supervisor, write_config
 
 X = np.array([[1, 2, 3, 4]], dtype=np.float32)

@@ -26,7 +26,7 @@ import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from ipc.client import Client
+from duomo.ipc.client import Client
 from tests.integration.harness import SupervisorProcess, poll, running_supervisor
 from tests.integration.test_gateway import Gateway, gateway_config, post, still_served
 

@@ -27,17 +27,17 @@ import numpy as np
 import psutil
 import pytest
 
-from ipc.client import Client
-from ipc.errors import (
+from duomo.ipc.client import Client
+from duomo.ipc.errors import (
     InternalError,
     InvalidArgumentError,
     NotFoundError,
     ResourceExhaustedError,
     UnavailableError,
 )
-from ipc.framing import FrameReader, json_frame, parse_json, recv_frame
-from ipc.wire import FRAME, MAX_JSON_BYTES, FrameKind, frame
-from supervisor.image_files import read_image
+from duomo.ipc.framing import FrameReader, json_frame, parse_json, recv_frame
+from duomo.ipc.wire import FRAME, MAX_JSON_BYTES, FrameKind, frame
+from duomo.supervisor.image_files import read_image
 from tests.conftest import IMAGES
 from tests.integration.harness import (
     SupervisorProcess,

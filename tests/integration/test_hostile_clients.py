@@ -21,11 +21,11 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ipc.client import Client
-from ipc.errors import InvalidArgumentError, ResourceExhaustedError
-from ipc.framing import FrameReader, json_frame, notice_frame, parse_json, recv_frame
-from ipc.ring import RingLayout, SlotRing, read_tensors
-from ipc.wire import (
+from duomo.ipc.client import Client
+from duomo.ipc.errors import InvalidArgumentError, ResourceExhaustedError
+from duomo.ipc.framing import FrameReader, json_frame, notice_frame, parse_json, recv_frame
+from duomo.ipc.ring import RingLayout, SlotRing, read_tensors
+from duomo.ipc.wire import (
     DESCRIPTORS,
     MAX_JSON_BYTES,
     NOTICE,
@@ -37,7 +37,7 @@ from ipc.wire import (
     request_packer,
     unpack_done,
 )
-from supervisor.image_files import read_image
+from duomo.supervisor.image_files import read_image
 from tests.conftest import IMAGES
 from tests.integration.harness import (
     SupervisorProcess,

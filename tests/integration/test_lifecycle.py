@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ipc.client import Client
-from ipc.errors import DuomoError, UnavailableError
+from duomo.ipc.client import Client
+from duomo.ipc.errors import DuomoError, UnavailableError
 from tests.conftest import IMAGES, ROOT
 from tests.integration.harness import (
     SupervisorProcess,

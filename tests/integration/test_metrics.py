@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ipc.client import Client
-from ipc.errors import DuomoError, ErrorCode
+from duomo.ipc.client import Client
+from duomo.ipc.errors import DuomoError, ErrorCode
 from tests.conftest import ROOT
 from tests.integration.harness import (
     duomo,
@@ -211,7 +211,7 @@ def starting_supervisor(config: Path) -> Iterator[tuple[subprocess.Popen[bytes],
     folder = short_socket_dir()
     sock = folder / "duomo.sock"
     process = subprocess.Popen(
-        [sys.executable, "-m", "supervisor.cli", "start", "-c", str(config), "--socket",
+        [sys.executable, "-m", "duomo.supervisor.cli", "start", "-c", str(config), "--socket",
          str(sock), "--foreground"],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
@@ -275,7 +275,7 @@ def test_a_taken_metrics_port_stops_the_start_with_the_reason(tmp_path: Path) ->
         )
         sock = short_socket_dir() / "duomo.sock"
         done = subprocess.run(
-            [sys.executable, "-m", "supervisor.cli", "start", "-c", str(config), "--socket",
+            [sys.executable, "-m", "duomo.supervisor.cli", "start", "-c", str(config), "--socket",
              str(sock)],
             cwd=ROOT, capture_output=True, text=True, timeout=120,
         )  # fmt: skip

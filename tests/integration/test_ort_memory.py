@@ -8,10 +8,10 @@ import gc
 import numpy as np
 import psutil
 
+from duomo.worker.backends.base import SessionSettings
+from duomo.worker.backends.ort_backend import OrtBackend, OrtOptions
+from duomo.worker.executors.ocr import OcrExecutor
 from tests.conftest import ROOT
-from worker.backends.base import SessionSettings
-from worker.backends.ort_backend import OrtBackend, OrtOptions
-from worker.executors.ocr import OcrExecutor
 
 FACE = ROOT / "models" / "face" / "centerface_dyn.onnx"
 DET = ROOT / "models" / "ocr" / "PP-OCRv6_det_small.onnx"

@@ -22,8 +22,11 @@ import cv2
 import numpy as np
 import pytest
 
-from ipc import Client, ResourceExhaustedError
-from supervisor.config import LoadedConfig
+from duomo import Client, ResourceExhaustedError
+from duomo.supervisor.config import LoadedConfig
+from duomo.worker.backends.base import SessionSettings
+from duomo.worker.backends.ort_backend import OrtBackend
+from duomo.worker.executors.base import Executor, StageTimer
 from tests.conftest import IMAGES, ROOT, fixture_image
 from tests.integration.harness import (
     SupervisorProcess,
@@ -32,9 +35,6 @@ from tests.integration.harness import (
     running_supervisor,
     write_config,
 )
-from worker.backends.base import SessionSettings
-from worker.backends.ort_backend import OrtBackend
-from worker.executors.base import Executor, StageTimer
 
 SHM_PER_CLIENT_MB = 400
 BIG_W, BIG_H = 6000, 4000
@@ -111,10 +111,10 @@ def big(image: np.ndarray, side: int, left: int = 0, fill: int = 127) -> np.ndar
 
 LIGHT_IMPORT = """
 import sys
-import ipc.errors
-assert "ipc.client" not in sys.modules  # the errors alone do not load the client library
-from ipc import Client, ModelHandle, ResourceExhaustedError, Slot
-import ipc.client
+import duomo.ipc.errors
+assert "duomo.ipc.client" not in sys.modules  # the errors alone do not load the client library
+from duomo import Client, ModelHandle, ResourceExhaustedError, Slot
+import duomo.ipc.client
 assert (Client, ModelHandle, Slot) == (ipc.client.Client, ipc.client.ModelHandle, ipc.client.Slot)
 heavy = ("cv2", "onnxruntime", "acl", "supervisor", "worker", "pydantic", "structlog", "psutil")
 print(sorted(m for m in heavy if m in sys.modules))
@@ -138,7 +138,7 @@ def test_a_producer_imports_the_client_from_ipc_alone() -> None:
 PRODUCER_WITHOUT_CLOSE = """
 import sys
 import cv2
-from ipc import Client
+from duomo import Client
 
 def main() -> int:
     socket_path, image_path, how = sys.argv[1:]

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import yaml
 
-from ipc.errors import InvalidArgumentError
-from supervisor.config import ConfigError, load_config
-from supervisor.engine import Engine
+from duomo.ipc.errors import InvalidArgumentError
+from duomo.supervisor.config import ConfigError, load_config
+from duomo.supervisor.engine import Engine
+from duomo.worker.request import Outcome
 from tests.integration.harness import affine_model
-from worker.request import Outcome
 
 
 def raw_config(tmp_path: Path, **backend: object) -> Path:
@@ -86,8 +86,8 @@ def test_outputs_whose_shape_depends_on_the_data(tmp_path: Path) -> None:
     import onnx
     from onnx import TensorProto, helper
 
-    from worker.backends.base import SessionSettings
-    from worker.backends.ort_backend import OrtBackend
+    from duomo.worker.backends.base import SessionSettings
+    from duomo.worker.backends.ort_backend import OrtBackend
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
     y = helper.make_tensor_value_info("y", TensorProto.INT64, [1, None])

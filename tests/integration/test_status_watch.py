@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from ipc.client import Client
-from ipc.errors import NotFoundError
-from ipc.status_records import ModelInfo, ModelStatus, SupervisorStatus
-from supervisor.config import LoadedConfig
+from duomo.ipc.client import Client
+from duomo.ipc.errors import NotFoundError
+from duomo.ipc.status_records import ModelInfo, ModelStatus, SupervisorStatus
+from duomo.supervisor.config import LoadedConfig
 from tests.conftest import IMAGES, ROOT
 from tests.integration.harness import (
     SupervisorProcess,
@@ -33,7 +33,7 @@ from tests.integration.harness import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
-WATCH = [sys.executable, "-m", "supervisor.cli", "status", "--watch"]
+WATCH = [sys.executable, "-m", "duomo.supervisor.cli", "status", "--watch"]
 MODEL_ROW = re.compile(r"^classify\s+READY\s+\S+\s+\S+\s+(\d+)\s", re.MULTILINE)  # (requests)
 FRAME_START = re.compile(r"^(?=-- duomo status at )", re.MULTILINE)
 
@@ -48,7 +48,7 @@ def supervisor(
 
 
 def send_requests(sup: SupervisorProcess, count: int) -> None:
-    from supervisor.image_files import read_image
+    from duomo.supervisor.image_files import read_image
 
     image = read_image(IMAGES / "coffee.png")
     with Client(sup.socket, timeout_s=60) as client:

@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from supervisor.background_loads import BackgroundLoads
+from duomo.supervisor.background_loads import BackgroundLoads
+from duomo.worker.backends.ort_backend import OrtBackend
+from duomo.worker.executors.base import Executor, NoParams, StageTimer
+from duomo.worker.model_spec import ModelSpec, ModelState
+from duomo.worker.request import Outcome
+from duomo.worker.served_model import ServedModel
 from tests.conftest import poll
-from worker.backends.ort_backend import OrtBackend
-from worker.executors.base import Executor, NoParams, StageTimer
-from worker.model_spec import ModelSpec, ModelState
-from worker.request import Outcome
-from worker.served_model import ServedModel
 
 pytestmark = pytest.mark.unit
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from worker.batch_window import PROBE_S, UPDATE_S, BatchWindow, CostCurve, fit_cost
+from duomo.worker.batch_window import PROBE_S, UPDATE_S, BatchWindow, CostCurve, fit_cost
 
 pytestmark = pytest.mark.unit
 SLO_S = 0.100

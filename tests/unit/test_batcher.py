@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from ipc.errors import ResourceExhaustedError, UnavailableError
+from duomo.ipc.errors import ResourceExhaustedError, UnavailableError
+from duomo.worker.batcher import Batcher
+from duomo.worker.request import Outcome, Request
 from tests.conftest import poll
-from worker.batcher import Batcher
-from worker.request import Outcome, Request
 
 
 def request(

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import yaml
 
-from supervisor.cli import main
-from supervisor.config import ConfigError, load_config
+from duomo.supervisor.cli import main
+from duomo.supervisor.config import ConfigError, load_config
 from tests.unit.test_model_file_check import identity_model
 
 
@@ -210,7 +210,7 @@ def test_unavailable_provider_is_a_config_error(tmp_path: Path) -> None:
 def test_the_gateway_section_refuses_an_open_bind_without_a_token_or_tls() -> None:
     from pydantic import ValidationError
 
-    from supervisor.gateways import GatewayConfig
+    from duomo.supervisor.gateways import GatewayConfig
 
     assert GatewayConfig().http == "127.0.0.1:8000" and GatewayConfig().grpc == "127.0.0.1:8001"
     GatewayConfig(http="[::1]:9000", grpc=None)  # loopback, either family
@@ -270,7 +270,7 @@ def test_device_placement_mistakes_name_the_field(tmp_path: Path) -> None:
 
 
 def test_device_cores_mistakes_name_the_field(tmp_path: Path) -> None:
-    from worker.thread_budget import usable_cores
+    from duomo.worker.thread_budget import usable_cores
 
     first = usable_cores()[0]
 
@@ -288,7 +288,7 @@ def test_device_cores_mistakes_name_the_field(tmp_path: Path) -> None:
 
 
 def test_a_pinned_devices_thread_budget_is_its_cores(tmp_path: Path) -> None:
-    from worker.thread_budget import usable_cores
+    from duomo.worker.thread_budget import usable_cores
 
     devices = [{"id": 0, "cores": usable_cores()[:1]}]
     found = problems(write_config(tmp_path, [classify(intra_op_threads=2)], devices=devices))

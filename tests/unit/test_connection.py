@@ -10,12 +10,20 @@ from collections.abc import Iterator
 
 import pytest
 
-from ipc.errors import ErrorCode, echoed
-from ipc.framing import FrameReader, ProtocolError, json_frame, parse_json
-from ipc.wire import FRAME, MAX_JSON_BYTES, FrameKind, frame
-from supervisor.connection import CHALLENGED, CLOSING, CUT, DROPPED, OPEN, Connection, fitted_json
-from supervisor.lending import Loan
-from supervisor.limits import LimitsConfig, resolve_limits
+from duomo.ipc.errors import ErrorCode, echoed
+from duomo.ipc.framing import FrameReader, ProtocolError, json_frame, parse_json
+from duomo.ipc.wire import FRAME, MAX_JSON_BYTES, FrameKind, frame
+from duomo.supervisor.connection import (
+    CHALLENGED,
+    CLOSING,
+    CUT,
+    DROPPED,
+    OPEN,
+    Connection,
+    fitted_json,
+)
+from duomo.supervisor.lending import Loan
+from duomo.supervisor.limits import LimitsConfig, resolve_limits
 
 
 def make_limits(**overrides: object) -> object:

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from ipc.errors import ErrorCode, InvalidArgumentError
-from supervisor.config import load_config
-from supervisor.control_messages import (
+from duomo.ipc.errors import ErrorCode, InvalidArgumentError
+from duomo.supervisor.config import load_config
+from duomo.supervisor.control_messages import (
     MESSAGES,
     Attach,
     Detach,
@@ -23,7 +23,7 @@ from supervisor.control_messages import (
     Unload,
     parse_control,
 )
-from supervisor.server import Supervisor
+from duomo.supervisor.server import Supervisor
 from tests.unit.test_config import classify, write_config
 
 

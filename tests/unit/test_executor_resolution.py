@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-import worker.executors
-from worker.executors import resolve_executor
-from worker.executors.raw import RawExecutor
+import duomo.worker.executors
+from duomo.worker.executors import resolve_executor
+from duomo.worker.executors.raw import RawExecutor
 
 # one executor whose answers show which version of its module built it (``OFFSET``, a global
 # read when it runs, so that an old class still reading its own module's globals shows too)
 SOURCE = """
-from worker.executors.raw import RawExecutor
+from duomo.worker.executors.raw import RawExecutor
 OFFSET = {offset}
 class Shift(RawExecutor):
     def offset(self):
@@ -84,9 +84,9 @@ def test_duomos_own_executors_are_never_imported_again(
     first = resolve_executor(f"{name}:Shift", path.parent)
     stamps = iter(range(1_000_000))  # every file looks changed on every look
     monkeypatch.setattr(
-        worker.executors, "_source_stamp", lambda m: (m.__file__, bytes([next(stamps) % 256]))
+        duomo.worker.executors, "_source_stamp", lambda m: (m.__file__, bytes([next(stamps) % 256]))
     )
     assert resolve_executor(f"{name}:Shift", path.parent) is not first  # (a user's module is)
-    for task in ("raw", "worker.executors.raw:RawExecutor"):
+    for task in ("raw", "duomo.worker.executors.raw:RawExecutor"):
         assert resolve_executor(task) is RawExecutor
         assert resolve_executor(task) is RawExecutor

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from worker.thread_budget import ComputeGate, FairShare, GateMember
+from duomo.worker.thread_budget import ComputeGate, FairShare, GateMember
 
 
 class FakeClock:

@@ -13,11 +13,11 @@ import cv2
 import numpy as np
 import pytest
 
-from gateway import protocol
-from gateway.images import decode_into
-from gateway.regions import Regions
-from ipc.errors import ErrorCode, InvalidArgumentError, NotFoundError, UnavailableError
-from ipc.status_records import ModelInfo
+from duomo.gateway import protocol
+from duomo.gateway.images import decode_into
+from duomo.gateway.regions import Regions
+from duomo.ipc.errors import ErrorCode, InvalidArgumentError, NotFoundError, UnavailableError
+from duomo.ipc.status_records import ModelInfo
 from tests.conftest import IMAGES
 
 RAW_INFO = ModelInfo.from_dict({

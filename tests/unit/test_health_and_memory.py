@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from supervisor.memory import Resident, choose_victims
-from worker.health import HealthPolicy, Observation, RestartHistory, Verdict, assess
+from duomo.supervisor.memory import Resident, choose_victims
+from duomo.worker.health import HealthPolicy, Observation, RestartHistory, Verdict, assess
 
 POLICY = HealthPolicy(
     exec_timeout_ms=500, max_consecutive_failures=3, slo_queue_depth=10, slo_p99_ms=50

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.config import load_config
-from supervisor.engine import Engine
-from supervisor.lending import IdleSpin, poll_spinning_first
+from duomo.supervisor.config import load_config
+from duomo.supervisor.engine import Engine
+from duomo.supervisor.lending import IdleSpin, poll_spinning_first
+from duomo.worker.model_worker import Activity
 from tests.unit.test_config import classify, problems, write_config
-from worker.model_worker import Activity
 
 READABLE = select.POLLIN
 

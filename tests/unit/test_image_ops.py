@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from worker.executors.image_ops import ResizeScratch, normalize_into, resize, zero_padding
+from duomo.worker.executors.image_ops import ResizeScratch, normalize_into, resize, zero_padding
 
 
 def _image(h: int, w: int, channels: int = 3, seed: int = 0) -> np.ndarray:

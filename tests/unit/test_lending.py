@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from supervisor.connection import Connection
-from supervisor.lending import LEFT_TO_REACTOR, LENT, REACTOR, Lending, Loan
+from duomo.supervisor.connection import Connection
+from duomo.supervisor.lending import LEFT_TO_REACTOR, LENT, REACTOR, Lending, Loan
 from tests.conftest import poll
 from tests.unit.test_connection import make_limits
 

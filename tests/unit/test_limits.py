@@ -11,17 +11,17 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from ipc.errors import ErrorCode, ResourceExhaustedError, UnavailableError
-from supervisor.control_jobs import ControlJob, ControlJobs
-from supervisor.limits import (
+from duomo.ipc.errors import ErrorCode, ResourceExhaustedError, UnavailableError
+from duomo.supervisor.control_jobs import ControlJob, ControlJobs
+from duomo.supervisor.limits import (
     MIB,
     LimitsConfig,
     RingLedger,
     memory_capacity_bytes,
     resolve_limits,
 )
-from worker.cgroup_limits import memory_limit
-from worker.executors.classification import ClassificationParams
+from duomo.worker.cgroup_limits import memory_limit
+from duomo.worker.executors.classification import ClassificationParams
 
 
 def test_defaults_come_from_the_machine() -> None:

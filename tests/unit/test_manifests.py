@@ -37,9 +37,9 @@ import pytest
 import yaml
 from kubernetes_validate.utils import all_versions
 
-from supervisor.config import ConfigError, load_config
-from supervisor.gateways import GatewayConfig
-from supervisor.metrics_http import MetricsConfig, MetricsServer
+from duomo.supervisor.config import ConfigError, load_config
+from duomo.supervisor.gateways import GatewayConfig
+from duomo.supervisor.metrics_http import MetricsConfig, MetricsServer
 from tests.conftest import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -242,7 +242,7 @@ def metrics_status(path: str) -> str:
 
 def gateway_status(path: str) -> int:
     """What the gateway's HTTP front answers on ``path`` without a token, connected."""
-    from gateway.http_front import HttpFront, HttpOptions
+    from duomo.gateway.http_front import HttpFront, HttpOptions
 
     options = HttpOptions(max_body_bytes=1024, token="secret", extensions=(), version="test")
     front = HttpFront(SimpleNamespace(ready=True), None, options)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from supervisor.cli import main
-from worker.backends import acl_backend, ort_backend
+from duomo.supervisor.cli import main
+from duomo.worker.backends import acl_backend, ort_backend
 
 
 def identity_model(path: Path) -> Path:

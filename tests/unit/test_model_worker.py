@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from ipc.errors import DuomoError, ErrorCode, InvalidArgumentError
+from duomo.ipc.errors import DuomoError, ErrorCode, InvalidArgumentError
+from duomo.worker.backends.ort_backend import OrtBackend
+from duomo.worker.executors.base import Executor, NoParams, StageTimer
+from duomo.worker.health import HealthPolicy
+from duomo.worker.model_spec import ModelSpec, ModelState
+from duomo.worker.request import Outcome, Request
+from duomo.worker.served_model import ServedModel
 from tests.conftest import poll
-from worker.backends.ort_backend import OrtBackend
-from worker.executors.base import Executor, NoParams, StageTimer
-from worker.health import HealthPolicy
-from worker.model_spec import ModelSpec, ModelState
-from worker.request import Outcome, Request
-from worker.served_model import ServedModel
 
 
 class GatedExecutor(Executor):

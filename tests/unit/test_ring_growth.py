@@ -10,10 +10,10 @@ import os
 import numpy as np
 import pytest
 
-from ipc.errors import InvalidArgumentError
-from ipc.ring import SlotRing
-from supervisor.attachment import GROWTH_STEP, layout_for, ring_charge
-from worker.executors.base import IMAGE_SLOT, SlotInput, SlotSpec
+from duomo.ipc.errors import InvalidArgumentError
+from duomo.ipc.ring import SlotRing
+from duomo.supervisor.attachment import GROWTH_STEP, layout_for, ring_charge
+from duomo.worker.executors.base import IMAGE_SLOT, SlotInput, SlotSpec
 
 RAW = SlotSpec(
     inputs=(SlotInput("x", np.dtype(np.float32), (None, 4), 4 * 4 * 4),),

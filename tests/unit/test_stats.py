@@ -7,9 +7,9 @@ import threading
 
 import pytest
 
-from ipc.errors import InternalError
-from worker.request import Outcome, StageTimings
-from worker.stats import Buckets, ModelStats
+from duomo.ipc.errors import InternalError
+from duomo.worker.request import Outcome, StageTimings
+from duomo.worker.stats import Buckets, ModelStats
 
 pytestmark = pytest.mark.unit
 

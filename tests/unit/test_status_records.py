@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from gateway.link import SupervisorLink
-from ipc.errors import DuomoError, ErrorCode, InvalidArgumentError
-from ipc.status_records import (
+from duomo.gateway.link import SupervisorLink
+from duomo.ipc.errors import DuomoError, ErrorCode, InvalidArgumentError
+from duomo.ipc.status_records import (
     ClientStatus,
     DeviceStatus,
     GatewayWorkerStatus,
@@ -24,9 +24,9 @@ from ipc.status_records import (
     StatusRecordError,
     SupervisorStatus,
 )
-from supervisor.cli import render_status
-from supervisor.control_messages import Status, parse_control
-from supervisor.status_watch import Frame, plain_frame
+from duomo.supervisor.cli import render_status
+from duomo.supervisor.control_messages import Status, parse_control
+from duomo.supervisor.status_watch import Frame, plain_frame
 from tests.status_fixtures import DOCUMENTED_MODELS, DOCUMENTED_STATUS, model_entry, status_entry
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ipc.status_records import SupervisorStatus
-from supervisor.cli import render_status
+from duomo.ipc.status_records import SupervisorStatus
+from duomo.supervisor.cli import render_status
 from tests.status_fixtures import device_entry, model_entry, status_entry
 
 MIB = 2**20

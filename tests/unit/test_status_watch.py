@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from ipc.status_records import SupervisorStatus
-from supervisor.status_watch import Frame, ModelRates, model_rates, plain_frame, render
+from duomo.ipc.status_records import SupervisorStatus
+from duomo.supervisor.status_watch import Frame, ModelRates, model_rates, plain_frame, render
 from tests.status_fixtures import (
     client_entry,
     device_entry,

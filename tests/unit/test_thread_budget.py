@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from duomo.worker.thread_budget import ComputeGate, InstanceDemand, plan_threads
 from tests.conftest import poll
-from worker.thread_budget import ComputeGate, InstanceDemand, plan_threads
 
 
 def test_even_split_never_exceeds_the_budget_when_it_can() -> None:
@@ -100,7 +100,7 @@ def test_a_cgroup_cpu_quota_bounds_the_cores_a_process_keeps_busy(
 ) -> None:
     """A container's or pod's CPU limit (cgroup v2 ``cpu.max``, v1 cfs quota) does not shrink
     the affinity mask: the budget must follow the quota, the smallest along the path."""
-    from worker import thread_budget
+    from duomo.worker import thread_budget
 
     quota = thread_budget.cpu_quota
     proc = tmp_path / "cgroup"  # what /proc/self/cgroup says

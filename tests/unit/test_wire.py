@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ipc.framing import FrameReader, ProtocolError, json_frame, notice_frame, notice_packer
-from ipc.ring import place_tensors, read_tensors, write_tensors
-from ipc.wire import (
+from duomo.ipc.framing import FrameReader, ProtocolError, json_frame, notice_frame, notice_packer
+from duomo.ipc.ring import place_tensors, read_tensors, write_tensors
+from duomo.ipc.wire import (
     DESCRIPTORS,
     FRAME,
     HEADER_BYTES,
@@ -118,8 +118,8 @@ def test_tensor_records_round_trip_and_refuse_to_overflow() -> None:
 
 def test_descriptors_out_of_the_header_s_range_are_invalid_arguments() -> None:
     """What cannot be written into the header is the caller's error, not a ``struct.error``."""
-    from ipc.errors import InvalidArgumentError
-    from ipc.wire import MAX_DIM, TensorDesc, pack_descriptors
+    from duomo.ipc.errors import InvalidArgumentError
+    from duomo.ipc.wire import MAX_DIM, TensorDesc, pack_descriptors
 
     with pytest.raises(InvalidArgumentError, match="rank 7 is above 6"):
         pack_descriptors([TensorDesc(1, (1,) * 7)])

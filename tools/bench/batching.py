@@ -31,8 +31,8 @@ import numpy as np
 import psutil
 import yaml
 
-from ipc.client import Client
-from ipc.runtime_dir import pid_path
+from duomo.ipc.client import Client
+from duomo.ipc.runtime_dir import pid_path
 from tools.bench.report import per_round
 
 WIDTH, HIDDEN, OUT, MAX_BATCH = 4096, 4096, 16, 8
@@ -84,7 +84,7 @@ def config_for(folder: Path, model: Path, setting: str, slo_ms: float) -> Path:
 
 @contextmanager
 def supervisor(config: Path, sock: Path) -> Iterator[psutil.Process]:
-    cli = [sys.executable, "-m", "supervisor.cli"]
+    cli = [sys.executable, "-m", "duomo.supervisor.cli"]
     subprocess.run([*cli, "start", "-c", str(config), "--socket", str(sock)], check=True)
     try:
         yield psutil.Process(int(pid_path(sock).read_text()))

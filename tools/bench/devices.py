@@ -35,8 +35,8 @@ from typing import Any
 
 import yaml
 
+from duomo.worker.thread_budget import usable_cores
 from tools.bench.report import per_round
-from worker.thread_budget import usable_cores
 
 ROOT = Path(__file__).resolve().parents[2]
 LAYOUTS = ("one-2core", "two-1core-both", "two-1core-split")

@@ -38,10 +38,10 @@ from typing import Any
 import numpy as np
 import orjson
 
-from supervisor.memory import tune_heap
+from duomo.supervisor.memory import tune_heap
+from duomo.worker.executors.base import IMAGE_SLOT_BYTES, JSON_RESULT_BYTES, Executor
 from tools.bench.answers import Reply
 from tools.bench.inprocess import open_executor, run_timed
-from worker.executors.base import IMAGE_SLOT_BYTES, JSON_RESULT_BYTES, Executor
 
 _SHAPE = struct.Struct("<3I")  # height, width, channels (0: a 2-D gray image)
 _ANSWER = struct.Struct("<II")  # the result's length, the µs spent in the executor

@@ -19,17 +19,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from supervisor.config import LoadedConfig, load_config
-from supervisor.image_files import read_image
-from supervisor.memory import tune_heap
-from supervisor.placement import HOST, plan_for
+from duomo.supervisor.config import LoadedConfig, load_config
+from duomo.supervisor.image_files import read_image
+from duomo.supervisor.memory import tune_heap
+from duomo.supervisor.placement import HOST, plan_for
+from duomo.worker.backends.base import SessionSettings
+from duomo.worker.backends.ort_backend import OrtBackend
+from duomo.worker.executors.base import Executor, StageTimer
+from duomo.worker.executors.image_ops import limit_opencv_threads
+from duomo.worker.thread_budget import ComputeGate
 from tools.bench.answers import summary
 from tools.bench.tally import Tally
-from worker.backends.base import SessionSettings
-from worker.backends.ort_backend import OrtBackend
-from worker.executors.base import Executor, StageTimer
-from worker.executors.image_ops import limit_opencv_threads
-from worker.thread_budget import ComputeGate
 
 
 def open_executor(

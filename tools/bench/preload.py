@@ -28,7 +28,7 @@ from typing import Any
 import cv2
 import yaml
 
-from ipc.client import Client
+from duomo.ipc.client import Client
 from tools.bench.report import per_round
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,7 +55,7 @@ def write_config(folder: Path, policy: str, budget_mb: int | None) -> Path:
 
 
 def cli(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "supervisor.cli", *args], check=True,
+    subprocess.run([sys.executable, "-m", "duomo.supervisor.cli", *args], check=True,
                    capture_output=True)  # fmt: skip
 
 

@@ -31,9 +31,9 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ipc.client import Client
-from ipc.errors import DuomoError
-from supervisor.image_files import read_image
+from duomo.ipc.client import Client
+from duomo.ipc.errors import DuomoError
+from duomo.supervisor.image_files import read_image
 from tools.bench.answers import Reply
 from tools.bench.floor import floor_sender
 from tools.bench.report import percentile

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 
-from ipc.runtime_dir import pid_path
+from duomo.ipc.runtime_dir import pid_path
 from tools.bench.servers import free_port, supervisor_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="duomo-scrape-") as tmp:
         config = supervisor_config(args.config, models, Path(tmp) / "d.yaml", metrics_port=port)
         sock = Path(tmp) / "d.sock"
-        cli = [sys.executable, "-m", "supervisor.cli"]
+        cli = [sys.executable, "-m", "duomo.supervisor.cli"]
         subprocess.run([*cli, "start", "-c", str(config), "--socket", str(sock)], check=True)
         try:
             for name in models:  # every model answered once: its series carry numbers

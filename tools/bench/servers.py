@@ -33,7 +33,7 @@ from typing import Any
 
 import yaml
 
-from ipc.runtime_dir import pid_path
+from duomo.ipc.runtime_dir import pid_path
 from tools.bench import peers
 from tools.bench.workload import GATEWAY_MODES
 
@@ -139,7 +139,7 @@ class DuomoServers(ModeServers):
 
     def _cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "supervisor.cli", *args],
+            [sys.executable, "-m", "duomo.supervisor.cli", *args],
             capture_output=True, text=True, timeout=START_TIMEOUT_S,
         )  # fmt: skip
 

@@ -13,7 +13,7 @@ from typing import Literal
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from worker.config_model import StrictModel
+from duomo.worker.config_model import StrictModel
 
 Mode = Literal[
     "engine", "duomo", "duomo-scraped", "duomo-http", "duomo-grpc", "per-model",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from worker.backends.base import Backend, ModelSession, SessionSettings, TensorSpec
+from duomo.worker.backends.base import Backend, ModelSession, SessionSettings, TensorSpec
 
 __all__ = ["Backend", "ModelSession", "SessionSettings", "TensorSpec", "create_backend"]
 
@@ -16,11 +16,11 @@ __all__ = ["Backend", "ModelSession", "SessionSettings", "TensorSpec", "create_b
 def create_backend(name: str, options: Any) -> Backend:
     """The backend ``name`` configured with ``options`` (that backend's config section)."""
     if name == "onnxruntime":
-        from worker.backends.ort_backend import OrtBackend
+        from duomo.worker.backends.ort_backend import OrtBackend
 
         return OrtBackend(options)
     if name == "acl":
-        from worker.backends.acl_backend import AclBackend
+        from duomo.worker.backends.acl_backend import AclBackend
 
         return AclBackend(options)
     raise ValueError(f"unknown backend {name!r}")

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import structlog
 
-from worker.backends.acl_runtime import (
+from duomo.worker.backends.acl_runtime import (
     ACL_DTYPES,
     ACL_DYNAMIC_TENSOR_NAME,
     ACL_ERROR_REPEAT_INITIALIZE,
@@ -55,15 +55,15 @@ from worker.backends.acl_runtime import (
     AclRuntime,
     load_runtime,
 )
-from worker.backends.base import (
+from duomo.worker.backends.base import (
     Backend,
     BufferedSession,
     NotEnoughDeviceMemoryError,
     SessionSettings,
     TensorSpec,
 )
-from worker.config_model import StrictModel
-from worker.thread_budget import GateMember
+from duomo.worker.config_model import StrictModel
+from duomo.worker.thread_budget import GateMember
 
 log = structlog.get_logger("duomo.acl")
 ATC_SIDECAR_SUFFIX = ".atc.json"  # written next to the .om by tools/atc_convert.py

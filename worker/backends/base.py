@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from worker.thread_budget import GateMember
+from duomo.worker.thread_budget import GateMember
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from worker.backends.base import Backend, BufferedSession, SessionSettings, TensorSpec
-from worker.config_model import StrictModel
+from duomo.worker.backends.base import Backend, BufferedSession, SessionSettings, TensorSpec
+from duomo.worker.config_model import StrictModel
 
 _ORT_TYPES = {
     "tensor(float)": np.float32,

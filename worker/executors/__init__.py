@@ -25,17 +25,17 @@ import threading
 from pathlib import Path
 from types import CodeType, ModuleType
 
-from worker.executors.base import Executor, StageTimer
+from duomo.worker.executors.base import Executor, StageTimer
 
 __all__ = ["BUILTIN_TASKS", "Executor", "StageTimer", "resolve_executor"]
 
 BUILTIN_TASKS = {
-    "raw": "worker.executors.raw:RawExecutor",
-    "classification": "worker.executors.classification:ClassificationExecutor",
-    "face_detection": "worker.executors.face_detection:FaceDetectionExecutor",
-    "ocr": "worker.executors.ocr:OcrExecutor",
+    "raw": "duomo.worker.executors.raw:RawExecutor",
+    "classification": "duomo.worker.executors.classification:ClassificationExecutor",
+    "face_detection": "duomo.worker.executors.face_detection:FaceDetectionExecutor",
+    "ocr": "duomo.worker.executors.ocr:OcrExecutor",
 }
-DUOMO_PACKAGES = frozenset({"worker", "supervisor", "ipc", "gateway", "tools"})  # never re-imported
+DUOMO_PACKAGES = frozenset({"duomo", "tools"})  # never re-imported
 
 SourceStamp = tuple[str, bytes]  # a module file's path and the SHA-256 of its content
 _stamps: dict[str, SourceStamp] = {}  # user module name -> its file when it was last imported

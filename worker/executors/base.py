@@ -22,9 +22,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ipc.errors import InvalidArgumentError
-from worker.backends.base import Backend, ModelSession, SessionSettings, TensorSpec
-from worker.config_model import StrictModel
+from duomo.ipc.errors import InvalidArgumentError
+from duomo.worker.backends.base import Backend, ModelSession, SessionSettings, TensorSpec
+from duomo.worker.config_model import StrictModel
 
 MAX_IMAGE_SIDE = 16384
 IMAGE_SLOT_BYTES = 3840 * 2160 * 4  # a 4K RGBA frame; shared memory is committed only when written

@@ -16,11 +16,11 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from ipc.errors import InvalidArgumentError
-from worker.backends.base import ModelSession
-from worker.config_model import StrictModel
-from worker.executors.base import Executor, StageTimer
-from worker.executors.image_ops import ResizeScratch, as_image, normalize_into
+from duomo.ipc.errors import InvalidArgumentError
+from duomo.worker.backends.base import ModelSession
+from duomo.worker.config_model import StrictModel
+from duomo.worker.executors.base import Executor, StageTimer
+from duomo.worker.executors.image_ops import ResizeScratch, as_image, normalize_into
 
 # (scale, offset) applied to 0..255 pixels; imagenet's per-channel mean/std is folded per channel.
 _IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32) * 255
@@ -57,7 +57,9 @@ class CenterCrop:
 
 
 def load_imagenet_labels() -> list[str]:
-    text = resources.files("worker.executors").joinpath("imagenet_labels.txt").read_text("utf-8")
+    text = (
+        resources.files("duomo.worker.executors").joinpath("imagenet_labels.txt").read_text("utf-8")
+    )
     # "n02123045<TAB>tabby, tabby cat" -> "tabby"
     return [line.split("\t", 1)[1].split(",")[0].strip() for line in text.splitlines() if line]
 

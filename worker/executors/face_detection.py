@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from worker.backends.base import ModelSession
-from worker.config_model import StrictModel
-from worker.executors.base import Executor, StageTimer
-from worker.executors.image_ops import ResizeScratch, as_image, normalize_into, zero_padding
+from duomo.worker.backends.base import ModelSession
+from duomo.worker.config_model import StrictModel
+from duomo.worker.executors.base import Executor, StageTimer
+from duomo.worker.executors.image_ops import ResizeScratch, as_image, normalize_into, zero_padding
 
 _STRIDE = 4
 

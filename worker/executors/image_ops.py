@@ -19,8 +19,8 @@ from typing import Any
 import cv2
 import numpy as np
 
-from ipc.errors import InvalidArgumentError
-from worker.executors.base import MAX_IMAGE_SIDE
+from duomo.ipc.errors import InvalidArgumentError
+from duomo.worker.executors.base import MAX_IMAGE_SIDE
 
 
 def limit_opencv_threads() -> None:

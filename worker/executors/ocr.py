@@ -33,11 +33,11 @@ import cv2
 import numpy as np
 from pydantic import Field
 
-from worker.backends.base import ModelSession
-from worker.config_model import StrictModel
-from worker.executors.base import Executor, StageTimer
-from worker.executors.image_ops import ResizeScratch, as_image, normalize_into, resize, rgb
-from worker.executors.ocr_geometry import DbParams, crop_text_line, detect_boxes
+from duomo.worker.backends.base import ModelSession
+from duomo.worker.config_model import StrictModel
+from duomo.worker.executors.base import Executor, StageTimer
+from duomo.worker.executors.image_ops import ResizeScratch, as_image, normalize_into, resize, rgb
+from duomo.worker.executors.ocr_geometry import DbParams, crop_text_line, detect_boxes
 
 # PP-OCR normalises every stage with mean 0.5 / std 0.5 on 0..1 pixels: x/127.5 - 1.
 _SCALE, _OFFSET = 1 / 127.5, -1.0

@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from ipc.errors import InvalidArgumentError
-from ipc.ring import TensorPlacement, place_tensors
-from ipc.wire import ALIGN
-from worker.backends.base import ModelSession, TensorSpec
-from worker.config_model import StrictModel
-from worker.executors.base import Executor, SlotInput, SlotSpec, StageTimer, WrittenInPlace
+from duomo.ipc.errors import InvalidArgumentError
+from duomo.ipc.ring import TensorPlacement, place_tensors
+from duomo.ipc.wire import ALIGN
+from duomo.worker.backends.base import ModelSession, TensorSpec
+from duomo.worker.config_model import StrictModel
+from duomo.worker.executors.base import Executor, SlotInput, SlotSpec, StageTimer, WrittenInPlace
 
 
 @dataclass(eq=False)

@@ -40,13 +40,13 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from ipc.logs import configure_logging
-from supervisor.config import load_config
-from supervisor.engine import Engine
-from supervisor.image_files import read_image
-from worker.backends.base import ModelSession
-from worker.backends.ort_backend import _spec
-from worker.executors.base import Executor, StageTimer
+from duomo.ipc.logs import configure_logging
+from duomo.supervisor.config import load_config
+from duomo.supervisor.engine import Engine
+from duomo.supervisor.image_files import read_image
+from duomo.worker.backends.base import ModelSession
+from duomo.worker.backends.ort_backend import _spec
+from duomo.worker.executors.base import Executor, StageTimer
 
 ROOT = Path(__file__).resolve().parents[3]
 IMAGES = {"classify": "coffee.png", "face": "astronaut.png", "ocr": "page.png"}

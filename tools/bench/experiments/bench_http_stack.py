@@ -34,10 +34,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
-from gateway.http_front import HttpFront, HttpOptions  # noqa: E402
-from gateway.link import SupervisorLink  # noqa: E402
-from gateway.regions import Regions  # noqa: E402
-from ipc.client import Client  # noqa: E402
+from duomo.gateway.http_front import HttpFront, HttpOptions  # noqa: E402
+from duomo.gateway.link import SupervisorLink  # noqa: E402
+from duomo.gateway.regions import Regions  # noqa: E402
+from duomo.ipc.client import Client  # noqa: E402
 
 BLOCK, SETTLE = 40, 8
 
@@ -142,7 +142,7 @@ def main() -> int:
     if args.serve_aiohttp:
         serve_aiohttp(int(args.serve_aiohttp[0]), Path(args.serve_aiohttp[1]))
         return 0
-    from supervisor.image_files import read_image
+    from duomo.supervisor.image_files import read_image
     from tests.integration.harness import affine_model  # (a checkable raw model)
 
     work = Path(tempfile.mkdtemp(prefix="duomo-stack-", dir="/tmp"))
@@ -154,7 +154,7 @@ def main() -> int:
         "  - {name: classify, task: classification, file: classify/efficientnet_lite0.onnx}\n"
     )
     sock = work / "duomo.sock"
-    duomo = [sys.executable, "-m", "supervisor.cli"]
+    duomo = [sys.executable, "-m", "duomo.supervisor.cli"]
     subprocess.run([*duomo, "start", "-c", str(config), "--socket", str(sock)], check=True,
                    cwd=ROOT, capture_output=True)  # fmt: skip
     tensor = (np.ones((1, 4), dtype=np.float32) if args.model == "affine"
@@ -167,7 +167,7 @@ def main() -> int:
     }
     processes = []
     try:
-        gateway = [sys.executable, "-m", "gateway", "--socket", str(sock), "--http"]
+        gateway = [sys.executable, "-m", "duomo.gateway", "--socket", str(sock), "--http"]
         uv = ports["uvicorn (uvloop)"]
         processes.append(start([*gateway, f"127.0.0.1:{ports['uvicorn (asyncio)']}"],
                                lambda: answers(ports["uvicorn (asyncio)"])))  # fmt: skip

@@ -50,11 +50,11 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
     """Load the spec's models, wait for the window, and drive them: ``alone`` one after the
     other (the window split between them), ``together`` one thread each at once. Per model: the
     calls that ended inside its window and the seconds from its start to the last one's end."""
-    from supervisor.config import load_config
-    from supervisor.image_files import read_image
-    from supervisor.memory import tune_heap
+    from duomo.supervisor.config import load_config
+    from duomo.supervisor.image_files import read_image
+    from duomo.supervisor.memory import tune_heap
+    from duomo.worker.thread_budget import ComputeGate
     from tools.bench.inprocess import await_window, open_executor, run_one
-    from worker.thread_budget import ComputeGate
 
     tune_heap()  # as the supervisor process does
     loaded = load_config(spec["config"])

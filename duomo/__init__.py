@@ -1,0 +1,57 @@
+"""Duomo (多模): one supervisor process that serves many models on one accelerator.
+
+The one package Duomo installs. Its subpackages are the design card's folders, which stand at
+the root of the repository (``duomo/`` holds links to them; a wheel holds them inside it):
+``duomo.ipc`` (the wire and the producer's client), ``duomo.supervisor``, ``duomo.worker`` and
+``duomo.gateway``. A producer needs only this::
+
+    from duomo import Client, ResourceExhaustedError
+
+    with Client() as client:                   # $DUOMO_SOCKET or the standard runtime dir
+        result = client.model("ocr").infer(frame)
+
+``Client`` (with ``ModelHandle`` and ``Slot``) is loaded on first use, so a process that needs
+only the errors does not load the client library; nothing here loads a backend.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from duomo.ipc.errors import (
+    DeadlineExceededError,
+    DuomoError,
+    ErrorCode,
+    InternalError,
+    InvalidArgumentError,
+    ModelChangedError,
+    NotFoundError,
+    ResourceExhaustedError,
+    UnavailableError,
+)
+
+if TYPE_CHECKING:
+    from duomo.ipc.client import Client, ModelHandle, Slot
+
+__all__ = [
+    "Client",
+    "DeadlineExceededError",
+    "DuomoError",
+    "ErrorCode",
+    "InternalError",
+    "InvalidArgumentError",
+    "ModelChangedError",
+    "ModelHandle",
+    "NotFoundError",
+    "ResourceExhaustedError",
+    "Slot",
+    "UnavailableError",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("Client", "ModelHandle", "Slot"):
+        from duomo import ipc
+
+        return getattr(ipc, name)
+    raise AttributeError(f"module 'duomo' has no attribute {name!r}")
