@@ -64,6 +64,9 @@ def guarded(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[An
 
 
 class GrpcFront(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """The gRPC service: every RPC of ``GRPCInferenceService``, answered through the worker's
+    ``SupervisorLink`` and ``Regions``."""
+
     def __init__(
         self, link: SupervisorLink, regions: Regions, extensions: tuple[str, ...], version: str
     ) -> None:

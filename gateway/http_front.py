@@ -62,6 +62,9 @@ class HttpError(Exception):
 
 @dataclass(frozen=True)
 class HttpOptions:
+    """What the HTTP front is run with: the largest body it reads, the bearer token (None: none
+    asked), and the extensions and version ``GET /v2`` reports."""
+
     max_body_bytes: int
     token: str | None  # a bearer token every endpoint but the health probes needs
     extensions: tuple[str, ...]
@@ -70,6 +73,9 @@ class HttpOptions:
 
 @dataclass
 class Reply:
+    """One HTTP response as the front sends it; ``header_length`` is set when binary data follows
+    its JSON header."""
+
     status: int
     body: bytes
     content_type: bytes = JSON
@@ -77,6 +83,9 @@ class Reply:
 
 
 class HttpFront:
+    """The ASGI application: checks the token, reads the body within ``max_body_bytes`` and
+    routes each request to the endpoint that answers it."""
+
     def __init__(self, link: SupervisorLink, regions: Regions, options: HttpOptions) -> None:
         self.link = link
         self.regions = regions

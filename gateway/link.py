@@ -46,6 +46,9 @@ UNKNOWN_REFRESH_S = 1.0  # a name not known reads the models again at most this 
 
 
 class SupervisorLink:
+    """One gateway worker's way to the supervisor: the connection (reconnected with back-off),
+    the models' wire views, and a ring of slots per model its requests run through."""
+
     def __init__(self, socket_path: Path, slots: int, request_timeout_s: float) -> None:
         self.socket_path = socket_path
         self.slots = slots

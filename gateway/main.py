@@ -43,6 +43,9 @@ EXTENSIONS = ("binary_tensor_data", "model_configuration", "model_repository", "
 
 @dataclass(frozen=True)
 class GatewayOptions:
+    """One gateway worker's settings, from its command line: the supervisor's socket, the
+    addresses served (None: that front is off), shared memory, limits, TLS and timeouts."""
+
     socket: Path
     http: tuple[str, int] | None  # None: no HTTP front
     grpc: tuple[str, int] | None

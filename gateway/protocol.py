@@ -308,6 +308,8 @@ class InputTensor:
 
 @dataclass
 class OutputRequest:
+    """An output a request names: in binary or JSON form, or written into a shared-memory region."""
+
     name: str
     binary: bool
     region: RegionRef | None = None
@@ -315,6 +317,9 @@ class OutputRequest:
 
 @dataclass
 class InferRequest:
+    """One inference request, parsed, whichever transport it came by: the model, its inputs, the
+    outputs asked for (None: all), its id and timeout."""
+
     model: str
     inputs: list[InputTensor]
     outputs: list[OutputRequest] | None  # None: every output, in the default form

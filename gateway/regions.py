@@ -68,6 +68,9 @@ _MAX_IO = 1 << 30  # bytes per preadv/pwrite call (Linux moves at most ~2 GiB in
 
 @dataclass(frozen=True)
 class Registration:
+    """One registered region as its record holds it: the caller's name, the POSIX key, the byte
+    range, and the segment's ``(st_dev, st_ino)`` when it was registered."""
+
     name: str
     key: str
     offset: int
@@ -109,8 +112,8 @@ class Span:
         return bytes(out)
 
     def write(self, data: memoryview) -> None:
-        """Write ``data`` (``nbytes`` long) into the segment. (A segment shrunk meanwhile
-        would grow again by a write past its end: its size was checked just before.)"""
+        """Write ``data`` (``nbytes`` long) into the segment. A segment shrunk meanwhile
+        would grow again by a write past its end (its size was checked just before)."""
         done = 0
         while done < self.nbytes:
             done += os.pwrite(self.fd, data[done : done + _MAX_IO], self.position + done)
@@ -123,6 +126,9 @@ class Span:
 
 
 class Regions:
+    """The system shared-memory regions of one gateway, shared by its workers through their
+    records: register, status, unregister, and the span a tensor reads or writes."""
+
     def __init__(self, directory: Path, allowed: bool) -> None:
         self.directory = directory
         self.allowed = allowed

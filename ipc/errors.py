@@ -48,14 +48,22 @@ class DuomoError(Exception):
 
 
 class InvalidArgumentError(DuomoError):
+    """The request itself is wrong (a bad image, shape, dtype or field); sent again unchanged,
+    it fails again."""
+
     code = ErrorCode.INVALID_ARGUMENT
 
 
 class NotFoundError(DuomoError):
+    """No such model (or slot, or file): what the request names does not exist."""
+
     code = ErrorCode.NOT_FOUND
 
 
 class UnavailableError(DuomoError):
+    """The model is not serving now (stopping, loading, failed), or the supervisor is gone; a
+    later try may succeed."""
+
     code = ErrorCode.UNAVAILABLE
 
 
@@ -66,14 +74,20 @@ class ModelChangedError(UnavailableError):
 
 
 class ResourceExhaustedError(DuomoError):
+    """A bounded queue is full (a model's queue, a client's slots or ring memory); retry later."""
+
     code = ErrorCode.RESOURCE_EXHAUSTED
 
 
 class DeadlineExceededError(DuomoError):
+    """The request's deadline passed before it could run."""
+
     code = ErrorCode.DEADLINE_EXCEEDED
 
 
 class InternalError(DuomoError):
+    """A bug or a backend failure; the details are in the supervisor log, not in the message."""
+
     code = ErrorCode.INTERNAL
 
 

@@ -42,6 +42,9 @@ class FrameTooLargeError(ValueError):
 
 
 class FrameReader:
+    """Splits a byte stream into frames: ``feed`` it what arrived and it yields each complete
+    ``(kind, payload)``; a lying length or a kind not accepted is a ``ProtocolError``."""
+
     def __init__(self, only: FrameKind | None = None) -> None:
         self._buffer = bytearray()
         # no partial frame is waiting for more bytes (a plain attribute: both readers test it

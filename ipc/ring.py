@@ -46,6 +46,9 @@ RESERVE_OUTPUT_LIMIT = 8 << 20  # output areas up to this size are committed at 
 
 @dataclass(frozen=True)
 class InputArea:
+    """Where one input lives in every slot: its name, dtype and shape, its offset from the slot's
+    start and its capacity in bytes."""
+
     name: str
     dtype: str
     shape: tuple[int | None, ...]  # None: any size in that dimension
@@ -55,6 +58,9 @@ class InputArea:
 
 @dataclass(frozen=True)
 class RingLayout:
+    """How a ring's slots are laid out, as ``attach`` tells the client: their number, the input
+    areas, the output area and the form of the result."""
+
     slots: int
     inputs: tuple[InputArea, ...]
     output_offset: int

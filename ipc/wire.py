@@ -61,6 +61,8 @@ ALIGN = 64
 
 
 class FrameKind(IntEnum):
+    """The kind byte of a control-socket frame (the module docstring's table)."""
+
     CHALLENGE = 1
     RESPONSE = 2
     JSON = 3
@@ -68,6 +70,9 @@ class FrameKind(IntEnum):
 
 
 class SlotState(IntEnum):
+    """A slot's state in its header: FREE (no request in it), SUBMITTED (a request the client
+    wrote, for the supervisor), DONE (its answer, for the client)."""
+
     FREE = 0
     SUBMITTED = 1
     DONE = 2
@@ -188,6 +193,9 @@ class TensorDesc:
 
 @dataclass
 class SlotHeader:
+    """A slot header's fields, as ``pack_into`` writes them and ``unpack`` decodes them (only
+    decodes: callers validate every value)."""
+
     seq: int = 0
     state: int = SlotState.FREE
     status: int = 0

@@ -113,6 +113,9 @@ def ring_charge(spec: SlotSpec, layout: RingLayout) -> int:
 
 
 class Attachment:
+    """One client's ring for one model, on the supervisor's side: ``submit`` validates a ready
+    slot and queues its request; the answer is written back into the slot."""
+
     def __init__(
         self,
         ring_id: int,

@@ -46,6 +46,10 @@ BudgetedLoad = Callable[[ServedModel, set[str]], None]
 
 
 class BackgroundLoads:
+    """The loads no operator asked for, each on its own short-lived thread: on demand for a
+    waiting request (``demand``) and ahead of one under ``preload_policy: predictive``
+    (``observe``)."""
+
     def __init__(
         self,
         load: BudgetedLoad,

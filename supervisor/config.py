@@ -40,6 +40,9 @@ UNBUILT_OM = "model file not built yet"
 
 
 class DeviceConfig(StrictModel):
+    """One entry of ``devices``: its id and kind, its memory budget, its compute gate and, for a
+    cpu device, its own cores."""
+
     id: int = Field(default=0, ge=0)
     kind: Literal["cpu", "cuda", "ascend"] = "cpu"
     # what the models on this device may use together (host memory on cpu, device memory on an
@@ -71,16 +74,23 @@ class DeviceConfig(StrictModel):
 
 
 class WatchdogConfig(StrictModel):
+    """The ``watchdog`` section: whether the health watchdog runs, and how often it looks."""
+
     enabled: bool = True
     period_ms: float = Field(default=250, ge=10, le=60_000)
 
 
 class BackendsConfig(StrictModel):
+    """The ``backends`` section: each runtime's options."""
+
     onnxruntime: OrtOptions = Field(default_factory=OrtOptions)
     acl: AclOptions = Field(default_factory=AclOptions)
 
 
 class ModelConfig(StrictModel):
+    """One entry of ``models``: its task, backend, devices and files, and how it is batched,
+    queued, shared, loaded, checked and threaded; ``params`` go to its executor."""
+
     name: str = Field(pattern=NAME_PATTERN)
     task: str
     backend: Literal["onnxruntime", "acl"] = "onnxruntime"
@@ -133,6 +143,9 @@ class ModelConfig(StrictModel):
 
 
 class DuomoConfig(StrictModel):
+    """A whole config file: where models live, the devices and backends, the watchdog and limits,
+    the gateway and metrics sections, how unloaded models come back, and the models."""
+
     version: Literal[1] = 1
     model_root: Path | None = None
     devices: list[DeviceConfig] = Field(default_factory=lambda: [DeviceConfig()], min_length=1)
@@ -168,6 +181,9 @@ class ResolvedModel:
 
 @dataclass(frozen=True)
 class LoadedConfig:
+    """A config file as loaded and checked: its path, the config, every model resolved by name,
+    and the warnings that do not stop it."""
+
     path: Path
     config: DuomoConfig
     models: dict[str, ResolvedModel]

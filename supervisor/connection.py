@@ -82,7 +82,9 @@ class FrameWithDescriptor(bytes):
 
 class Stage(IntEnum):
     """Where a connection is in its life. It only moves forward, one method a step (a step
-    may be skipped: a peer that fails to authenticate goes from CHALLENGED to CLOSING)::
+    may be skipped: a peer that fails to authenticate goes from CHALLENGED to CLOSING).
+
+    The steps::
 
         CHALLENGED ─authenticate→ OPEN ─close_after_read→ CLOSING ─cut_off→ CUT ─drop→ DROPPED
     """

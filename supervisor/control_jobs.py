@@ -44,6 +44,9 @@ class ControlJob:
 
 
 class ControlJobs:
+    """The one thread that runs the slow control messages in the order they arrived, from a queue
+    bounded in all and per client (``submit`` refuses past either)."""
+
     def __init__(self, capacity: int, per_client: int) -> None:
         self._queue: queue.Queue[ControlJob | None] = queue.Queue()
         self._capacity = capacity

@@ -140,11 +140,16 @@ class ControlMessage:
 
 @dataclass(frozen=True)
 class Models(ControlMessage):
+    """``models``: every served model (its ``ModelInfo``: state, and its slot layout once known)."""
+
     op = "models"
 
 
 @dataclass(frozen=True)
 class Attach(ControlMessage):
+    """``attach``: a ring of ``slots`` slots for ``model``, with the input areas named in
+    ``inputs`` holding at least that many bytes."""
+
     op = "attach"
     model: str
     slots: int = DEFAULT_SLOTS
@@ -172,11 +177,15 @@ class RingMessage(ControlMessage):
 
 @dataclass(frozen=True)
 class Detach(RingMessage):
+    """``detach``: the client is done with ``ring``."""
+
     op = "detach"
 
 
 @dataclass(frozen=True)
 class Status(ControlMessage):
+    """``status``: the whole supervisor's status, or one model's."""
+
     op = "status"
     model: str | None = None  # None: the whole supervisor; else that model's status alone
 
@@ -187,6 +196,8 @@ class Status(ControlMessage):
 
 @dataclass(frozen=True)
 class Stop(ControlMessage):
+    """``stop``: stop the supervisor; with ``wait``, answer once it has stopped."""
+
     op = "stop"
     wait: bool = False  # answer once stopped, with how many requests were cut
 
@@ -197,6 +208,8 @@ class Stop(ControlMessage):
 
 @dataclass(frozen=True)
 class Reload(ControlMessage):
+    """``reload``: read the config file again and apply its difference, or only one model's."""
+
     op = "reload"
     model: str | None = None  # None: the whole config file
 
@@ -218,16 +231,22 @@ class ModelMessage(ControlMessage):
 
 @dataclass(frozen=True)
 class Load(ModelMessage):
+    """``load``: an operator's load of one model."""
+
     op = "load"
 
 
 @dataclass(frozen=True)
 class Unload(ModelMessage):
+    """``unload``: an operator's unload of one model (it stays unloaded until loaded again)."""
+
     op = "unload"
 
 
 @dataclass(frozen=True)
 class Ping(ControlMessage):
+    """``ping``: answered at once, to show the supervisor is there."""
+
     op = "ping"
 
 

@@ -57,12 +57,18 @@ class DeviceReading:
 
 
 class Probe(Protocol):
+    """One device's telemetry source: ``read`` returns a ``DeviceReading`` without waiting for
+    the device; ``close`` lets go of it."""
+
     def read(self) -> DeviceReading: ...
 
     def close(self) -> None: ...
 
 
 class CpuProbe:
+    """The cpu device through psutil: the machine's memory and this process's user and system CPU
+    seconds."""
+
     def __init__(self) -> None:
         self._process = psutil.Process()
 

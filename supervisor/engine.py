@@ -56,6 +56,9 @@ LOAD_TIMEOUT_S = 300.0
 
 
 class Engine:
+    """The served models and every lifecycle step across them, one at a time: the budgeted load,
+    eviction, load, unload and reload, and the in-process API over them."""
+
     def __init__(self, loaded: LoadedConfig, only: Iterable[str] | None = None) -> None:
         self.placements = Placements(loaded)  # thread plans and compute gates
         self.activity = Activity()  # instances at work: an idle worker spins only while none is

@@ -178,6 +178,9 @@ class GatewayWorker:
 
 
 class GatewayProcesses:
+    """The gateway's worker processes: started and awaited until each is READY, one that dies
+    restarted (bounded), all stopped by ``stop``."""
+
     def __init__(self, config: GatewayConfig, socket_path: Path) -> None:
         self.config = config
         self.socket_path = socket_path

@@ -57,6 +57,9 @@ class MetricsConfig(StrictModel):
 
 
 class ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
+    """A WSGI server with a thread per connection and at most ``MAX_CONNECTIONS`` at once; one
+    more is closed unanswered."""
+
     daemon_threads = True
     allow_reuse_address = True
 
@@ -78,6 +81,8 @@ class ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
 
 
 class ThreadingWSGIServer6(ThreadingWSGIServer):
+    """The same server on an IPv6 address."""
+
     address_family = socket.AF_INET6
 
 

@@ -76,6 +76,9 @@ Handler = Callable[[Connection, dict[str, Any]], dict[str, Any] | None]
 
 
 class Reactor:
+    """The thread that multiplexes the listening socket and every client connection: it accepts
+    and authenticates them, answers control messages and queues the requests of ready slots."""
+
     def __init__(
         self,
         listener: socket.socket,

@@ -44,6 +44,9 @@ class ReloadDiff:
 
 
 class ModelRegistry:
+    """The served models by name: builds a ``ServedModel`` from a config entry, finds a reload's
+    difference, swaps the models and retires the old ones."""
+
     def __init__(self, placements: Placements, idle_reader: IdleReader, activity: Activity) -> None:
         self.models: dict[str, ServedModel] = {}
         self._placements = placements

@@ -103,6 +103,9 @@ Handler = Callable[[Caller, Any], Reply | None]
 
 
 class Supervisor:
+    """The supervisor process: its engine, control socket and reactor, the watchdog, the
+    control-job thread and, when configured, the gateway workers and the metrics server."""
+
     def __init__(self, loaded: LoadedConfig, socket_path: Path) -> None:
         self.loaded = loaded
         self.socket_path = socket_path

@@ -73,6 +73,8 @@ class _Quit(Exception):
 
 @dataclass(frozen=True)
 class ModelRates:
+    """One model's rates since the previous poll: requests per second and the mean batch size."""
+
     requests_per_s: float | None  # None: no earlier poll of the same supervisor process
     mean_batch: float | None  # None: nothing executed yet
 
@@ -363,8 +365,8 @@ def _watch_terminal(poller: StatusPoller, interval_s: float) -> None:
 
 @contextlib.contextmanager
 def _cbreak_stdin() -> Iterator[int | None]:
-    """stdin's fd in cbreak mode (each key arrives at once, unechoed; Ctrl-C still signals),
-    restored on exit; None when stdin is no terminal (then only signals quit)."""
+    """The fd of stdin in cbreak mode (each key arrives at once, unechoed; Ctrl-C still
+    signals), restored on exit; None when stdin is no terminal (then only signals quit)."""
     if not sys.stdin.isatty():
         yield None
         return

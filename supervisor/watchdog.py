@@ -30,6 +30,9 @@ log = structlog.get_logger("duomo.watchdog")
 
 
 class Watchdog:
+    """The thread that looks at every serving model once a period and acts on its verdict
+    (``worker.health.assess``): DEGRADED, a restart on its own thread, or READY again."""
+
     def __init__(self, engine: Engine, period_s: float) -> None:
         self.engine = engine
         self.period_s = period_s

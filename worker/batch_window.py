@@ -79,6 +79,9 @@ def fit_cost(costs: dict[int, float]) -> CostCurve | None:
 
 
 class BatchWindow:
+    """One model's fill window under ``max_delay_ms: auto``: ``delay_s`` from the fitted batch
+    costs, the arrival rate and the SLO (the rule in the module docstring)."""
+
     def __init__(
         self,
         max_batch: int,

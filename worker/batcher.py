@@ -64,7 +64,9 @@ class IdleReader(Protocol):
 
 class ReaderSeat:
     """The idle-reader handshake: the one worker waiting in the idle reader, and how it is
-    woken. Every field is read and changed under the batcher's lock::
+    woken. Every field is read and changed under the batcher's lock.
+
+    Its steps::
 
         free ─take→ held ─the queue changes (``_wake_all``): its eventfd is written→ woken
         held | woken ─leave (the eventfd read again if it was written)→ free
@@ -114,11 +116,17 @@ class ReaderSeat:
 
 @dataclass(slots=True)
 class TakenBatch:
+    """What one take from the queue yields: the requests that run together, and those already
+    past their deadline."""
+
     run: list[Request]
     expired: list[Request]
 
 
 class Batcher:
+    """One model's bounded priority queue and its batching rule, shared by the model's worker
+    threads: ``put`` queues, ``next_batch`` blocks for the first request and fills."""
+
     def __init__(
         self,
         model: str,

@@ -50,6 +50,9 @@ class HealthPolicy(StrictModel):
 
 
 class Verdict(str, Enum):
+    """What ``assess`` makes of a model: HEALTHY, OVERLOADED (DEGRADED while it lasts), FAILING
+    or HUNG (both restart it)."""
+
     HEALTHY = "HEALTHY"
     OVERLOADED = "OVERLOADED"
     FAILING = "FAILING"

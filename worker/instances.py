@@ -38,6 +38,9 @@ BatchDone = Callable[[ModelWorker, int, bool, float], None]
 
 
 class Instances:
+    """One served model's instance threads, a generation at a time: started and warmed up,
+    retired, a hung one abandoned."""
+
     def __init__(
         self,
         spec: ModelSpec,

@@ -23,6 +23,9 @@ from duomo.worker.health import HealthPolicy
 
 
 class ModelState(str, Enum):
+    """A served model's state (the machine in ``worker.served_model``); READY and DEGRADED serve
+    (``SERVING``)."""
+
     UNLOADED = "UNLOADED"
     LOADING = "LOADING"
     READY = "READY"

@@ -54,6 +54,9 @@ class Activity:
 
 
 class ModelWorker:
+    """One model instance: a thread that opens its own executor, warms it up, and runs batches
+    from its generation of the batcher until retired."""
+
     def __init__(
         self,
         model: str,

@@ -62,6 +62,9 @@ RESTART_CAUSES = tuple(v.value.lower() for v in Verdict if v.needs_restart)
 
 
 class ServedModel:
+    """One configured model being served: its state machine, its generations of instances, and
+    admission of its requests."""
+
     def __init__(
         self,
         spec: ModelSpec,

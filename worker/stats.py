@@ -78,6 +78,9 @@ class Counters:
 
 
 class ModelStats:
+    """One model's statistics, thread-safe: outcomes by code, recent stage latencies, batch
+    sizes, and cumulative totals."""
+
     def __init__(self, window: int = _WINDOW) -> None:
         self._lock = threading.Lock()
         self._outcomes: Counter[str] = Counter()

@@ -64,6 +64,9 @@ class InstanceDemand:
 
 @dataclass(frozen=True)
 class ThreadPlan:
+    """How a pool's thread budget is split: intra-op threads per instance and instances per
+    model."""
+
     budget: int
     threads_per_instance: dict[str, int]
     instances: dict[str, int]

@@ -86,6 +86,9 @@ def atc_sidecar(path: Path) -> dict[str, Any] | None:
 
 
 class AclBackend(Backend):
+    """The Ascend runtime, initialised once per process: ``open`` loads a ``.om`` model on its
+    device into an ``AclSession`` for the calling worker thread."""
+
     name = "acl"
 
     def __init__(
@@ -161,6 +164,9 @@ class _Tensor:
 
 
 class AclSession(BufferedSession):
+    """One ``.om`` model loaded on an Ascend device, used only by the worker thread that opened
+    it: its device memory, its runs at the compute gate, and its reused host buffers."""
+
     def __init__(
         self,
         rt: AclRuntime,

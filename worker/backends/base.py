@@ -70,6 +70,12 @@ class HostBuffers:
         self.growths = 0
 
     def view(self, name: str, dtype: np.dtype, shape: Sequence[int]) -> np.ndarray:
+        """A view of buffer ``name`` as ``dtype`` at ``shape``, its contents undefined.
+
+        The buffer is reallocated (``growths`` counts it) when it does not exist yet, has
+        another dtype, or is smaller than ``shape`` needs; otherwise its memory is reused, so
+        the view shares memory with every earlier view of ``name``.
+        """
         count = math.prod(shape)
         flat = self._flat.get(name)
         if flat is None or flat.dtype != dtype or flat.size < count:
@@ -80,6 +86,7 @@ class HostBuffers:
 
     @property
     def nbytes(self) -> int:
+        """Bytes held by every buffer."""
         return sum(a.nbytes for a in self._flat.values())
 
 
@@ -154,6 +161,11 @@ class ModelSession(ABC):
         return ()
 
     def spec(self, name: str) -> TensorSpec:
+        """The ``TensorSpec`` of the input or output called ``name``.
+
+        Raises:
+            KeyError: the model has no tensor of that name.
+        """
         for spec in (*self.inputs, *self.outputs):
             if spec.name == name:
                 return spec
@@ -168,10 +180,16 @@ class BufferedSession(ModelSession):
         self._out = HostBuffers()
 
     def input_buffer(self, name: str, shape: Sequence[int]) -> np.ndarray:
+        """A view of the reused input buffer for ``name`` at ``shape``, in the input's dtype.
+
+        Raises:
+            KeyError: the model has no tensor of that name.
+        """
         return self._in.view(name, self.spec(name).dtype, shape)
 
     @property
     def buffer_bytes(self) -> int:
+        """Bytes of its input and output host buffers."""
         return self._in.nbytes + self._out.nbytes
 
     def _drop_buffers(self) -> None:
@@ -182,6 +200,7 @@ class BufferedSession(ModelSession):
 
     @property
     def buffer_growths(self) -> int:
+        """Allocations of its input and output host buffers so far."""
         return self._in.growths + self._out.growths
 
 

@@ -131,6 +131,9 @@ def _spec(arg: Any) -> TensorSpec:
 
 
 class OrtSession(BufferedSession):
+    """One ONNX Runtime session, used only by the worker thread that opened it: runs through its
+    I/O binding at its model's compute gate, into reused host buffers."""
+
     def __init__(
         self, path: Path, session: Any, gate_threads: int, settings: SessionSettings
     ) -> None:
@@ -257,6 +260,9 @@ class OrtSession(BufferedSession):
 
 
 class OrtBackend(Backend):
+    """The ONNX Runtime backend: one environment per process; ``open`` makes a session per model
+    instance with the providers and threads it was given."""
+
     name = "onnxruntime"
 
     def __init__(self, options: OrtOptions | None = None) -> None:

@@ -79,6 +79,11 @@ class StageTimer:
         self.seconds = {"preprocess": 0.0, "infer": 0.0, "postprocess": 0.0}
 
     def stage(self, name: str) -> _Stage:
+        """A context manager that adds the seconds spent inside it to stage ``name``.
+
+        ``name`` is one of "preprocess", "infer" and "postprocess"; any other is a
+        ``KeyError`` when the block ends.
+        """
         return _Stage(self.seconds, name)
 
 
@@ -213,6 +218,10 @@ class Executor(ABC):
         return tensors["image"]
 
     def close(self) -> None:
+        """Close every session it owns, on the worker thread that opened them.
+
+        An override that holds more releases it and calls ``super().close()``.
+        """
         for session in self.sessions.values():
             session.close()
 

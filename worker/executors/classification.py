@@ -28,6 +28,9 @@ _IMAGENET_STD = np.array([0.229, 0.224, 0.225], dtype=np.float32) * 255
 
 
 class ClassificationParams(StrictModel):
+    """The ``params`` of ``task: classification``: how many classes to return, the crop's side,
+    the resize bound, the normalization and the labels file."""
+
     top_k: int = Field(default=5, ge=1, le=1000)
     input_size: int = Field(default=224, ge=8, le=4096)
     # what one request may cost: the resized image's long side (its short side is input_size)
@@ -65,6 +68,9 @@ def load_imagenet_labels() -> list[str]:
 
 
 class ClassificationExecutor(Executor):
+    """Image classification: resize and centre-crop each image, run the batch, return the top-k
+    labelled classes."""
+
     Params = ClassificationParams
 
     def __init__(

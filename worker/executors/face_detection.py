@@ -26,6 +26,9 @@ _STRIDE = 4
 
 
 class FaceDetectionParams(StrictModel):
+    """The ``params`` of ``task: face_detection``: the square input's side, the score and NMS
+    thresholds, and the most faces returned per image."""
+
     input_size: int = Field(default=640, ge=32, le=4096, multiple_of=32)
     score_threshold: float = Field(default=0.5, gt=0.0, lt=1.0)
     nms_iou: float = Field(default=0.3, gt=0.0, le=1.0)
@@ -65,6 +68,9 @@ def nms(boxes: np.ndarray, scores: np.ndarray, iou_threshold: float) -> np.ndarr
 
 
 class FaceDetectionExecutor(Executor):
+    """Face detection with CenterFace: letterbox each image, run the batch, decode each item's
+    faces and landmarks, NMS."""
+
     Params = FaceDetectionParams
 
     def __init__(

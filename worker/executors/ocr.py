@@ -45,6 +45,10 @@ _CLS_SHAPE = (48, 192)
 
 
 class OcrParams(StrictModel):
+    """The ``params`` of ``task: ocr``: detection sizes and DB thresholds (``det_``), the angle
+    classifier (``cls_``), recognition batch and line sizes (``rec_``), and the score a line
+    needs."""
+
     det_limit_side: int = Field(default=736, ge=32, le=4096)
     det_max_side: int = Field(default=2016, ge=64, le=8192, multiple_of=32)
     det_thresh: float = Field(default=0.3, gt=0, lt=1)
@@ -82,6 +86,9 @@ class OcrInput:
 
 @dataclass
 class TextLine:
+    """One text line found in a batch: the index of its image, its box, its crop, and what
+    recognition read in it."""
+
     image: int
     box: np.ndarray
     crop: np.ndarray  # RGB, cut from the image
@@ -128,6 +135,9 @@ def _rgb_crop(image: np.ndarray, box: np.ndarray) -> np.ndarray:
 
 
 class OcrExecutor(Executor):
+    """PP-OCR: text detection, then the angle classifier and recognition over the line crops,
+    chained on one worker thread."""
+
     roles = ("det", "cls", "rec")
     varying_shape_roles = ("det", "rec")  # image sizes, text-line widths
     Params = OcrParams

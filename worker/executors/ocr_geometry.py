@@ -21,6 +21,9 @@ _SAME_LINE_PX = 10
 
 @dataclass(frozen=True)
 class DbParams:
+    """The DB post-process's settings: the pixel and box thresholds, the unclip ratio, the most
+    candidate boxes, and whether the map is dilated."""
+
     thresh: float
     box_thresh: float
     unclip_ratio: float

@@ -49,6 +49,9 @@ class RawParams(StrictModel):
 
 
 class RawExecutor(Executor):
+    """Raw tensors in and out for any model; requests with the same trailing shapes share a run
+    when the first dimension is dynamic."""
+
     Params = RawParams
 
     def __init__(
