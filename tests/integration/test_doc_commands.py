@@ -56,6 +56,7 @@ CURL_RUN_BELOW = (
 NOT_RUN: list[tuple[str, str]] = [
     (r"make test", "it is what CI runs (.ci/run), this test among its tests"),
     (r"make lint", "make test runs it first, in CI"),
+    (r"make unit", "make test runs tests/unit with the rest of the suite, in CI"),
     (r"\.venv/bin/pytest tests(/unit)?", "make test runs the whole suite, in CI"),
     (r"\.venv/bin/pytest tests/hardware -v", "needs an Ascend card (skipped without one)"),
     (r"make bench", "20–25 minutes; test_bench.py runs `duomo bench` on the smoke workload"),
