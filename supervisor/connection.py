@@ -60,7 +60,7 @@ from duomo.supervisor.attachment import Attachment
 from duomo.supervisor.limits import Limits
 
 if TYPE_CHECKING:
-    from duomo.supervisor.lending import Loan
+    from duomo.supervisor.loan import Loan
 
 log = structlog.get_logger("duomo.connection")
 _PEERCRED = struct.Struct("3i")
@@ -112,7 +112,7 @@ class Connection:
         loan: Loan,
     ) -> None:
         """``on_blocked``: answers wait in its outbox (the reactor watches it for room);
-        ``loan``: its lending state, a fresh ``supervisor.lending.Loan``."""
+        ``loan``: its lending state, a fresh ``supervisor.loan.Loan``."""
         self.sock = sock
         self.fd = sock.fileno()
         self.id = conn_id

@@ -7,10 +7,10 @@ with the reactor (``supervisor.intake``), and gives them back before it runs the
 thread hands the request to another, which on this kind of machine costs a wake-up and a cold
 start per request (docs/design-notes.md, "Lending").
 
-**A connection's lending state** is its ``Loan`` (``Connection.loan``): who reads it
-(``Reading``), the one model its rings attach, what a worker read that only the reactor
-handles, and whether a worker is waiting to borrow it. Every change of ``Loan.reading`` is
-made here::
+**A connection's lending state** is its ``Loan`` (``Connection.loan``; defined in
+``supervisor.loan``): who reads it (``Reading``), the one model its rings attach, what a worker
+read that only the reactor handles, and whether a worker is waiting to borrow it. Every change
+of ``Loan.reading`` is made here::
 
     REACTOR ─lend→ LENT ─give back→ REACTOR
                      └─give back with what only the reactor handles→ LEFT_TO_REACTOR
@@ -54,42 +54,10 @@ import select
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
 
 from duomo.supervisor.connection import DROPPED, Connection
 from duomo.supervisor.intake import Intake
-
-
-class Reading(Enum):
-    """Who reads a connection's socket: the reactor, or its model's idle worker (the state
-    diagram: the module docstring). Its members are also module names (``LENT``, …): every
-    request's path reads them, and an enum's attribute costs about 0.1 µs on Python 3.11."""
-
-    REACTOR = "reactor"  # the reactor, in its epoll
-    LENT = "lent"  # its model's idle worker, out of the reactor's epoll
-    # the reactor, which must read it before it is lent again: the worker left it a control
-    # message, several frames or part of one (``Loan.carried``), or EOF
-    LEFT_TO_REACTOR = "left to reactor"
-
-
-REACTOR, LENT, LEFT_TO_REACTOR = Reading
-
-
-@dataclass(slots=True)
-class Loan:
-    """One connection's lending state (``Connection.loan``), read and changed under the
-    connection's ``owner`` lock, by this module and by the reactor."""
-
-    reading: Reading = REACTOR  # who reads its socket
-    model: str | None = None  # the one model its rings attach (lendable), or None
-    carried: bytes = b""  # what its idle worker read but only the reactor handles
-    wanted: bool = False  # an idle worker could not borrow it: told once it can (``settled``)
-
-    @property
-    def lent(self) -> bool:
-        """Its model's idle worker reads it (``status``)."""
-        return self.reading is LENT
-
+from duomo.supervisor.loan import LEFT_TO_REACTOR, LENT, REACTOR
 
 # ``Lending.read_when_idle``: (model, wake fd, spin seconds, keep spinning) -> it read
 LentReader = Callable[[str, int, float, Callable[[], bool]], bool]

@@ -58,8 +58,9 @@ from duomo.ipc.wire import CHALLENGE_BYTES, NOTICE, FrameKind, frame
 from duomo.supervisor.attachment import Attachment
 from duomo.supervisor.connection import CHALLENGED, CLOSING, DROPPED, Connection, fitted_json
 from duomo.supervisor.intake import Intake
-from duomo.supervisor.lending import LENT, Lending, Loan
+from duomo.supervisor.lending import Lending
 from duomo.supervisor.limits import Limits
+from duomo.supervisor.loan import LENT, Loan
 
 log = structlog.get_logger("duomo.reactor")
 HOUSEKEEPING_S = 0.1  # deadlines, timeouts and unmap retries are checked this often

@@ -83,7 +83,8 @@ from duomo.supervisor.metrics import DuomoCollector, ProcessView
 from duomo.supervisor.metrics_http import LIVE_TIMEOUT_S, MetricsServer
 from duomo.supervisor.reactor import Reactor
 from duomo.supervisor.watchdog import Watchdog
-from duomo.worker.served_model import SERVING, ModelState, ServedModel
+from duomo.worker.model_spec import SERVING, ModelState
+from duomo.worker.served_model import ServedModel
 
 log = structlog.get_logger("duomo.supervisor")
 MAX_RINGS_PER_CLIENT = 64

@@ -30,7 +30,7 @@ def instance_placements(model: ServedModel) -> list[dict[str, Any]]:
 
 
 def model_status(model: ServedModel) -> dict[str, Any]:
-    sessions = model.sessions()
+    sessions = [s for on in model.instances.sessions_by_device().values() for s in on]
     depth = model.batcher.depth
     now = time.monotonic()
     return {

@@ -36,7 +36,7 @@ import numpy as np
 import structlog
 
 from duomo.ipc.errors import DeadlineExceededError, UnavailableError
-from duomo.worker.backends.base import Backend, ModelSession
+from duomo.worker.backends.base import Backend
 from duomo.worker.batch_window import BatchWindow
 from duomo.worker.batcher import Batcher, IdleReader
 from duomo.worker.executors.base import SlotSpec
@@ -95,7 +95,7 @@ class ServedModel:
         slo_ms = spec.health.slo_p99_ms
         if spec.adaptive_delay and slo_ms is not None:
             self.window = BatchWindow(
-                spec.max_batch, spec.instances, slo_ms / 1e3, self._recent_p99_s
+                spec.max_batch, spec.instances, slo_ms / 1e3, self.stats.recent_p99_s
             )
         self.batcher = Batcher(
             spec.name,
@@ -323,10 +323,6 @@ class ServedModel:
                 self.set_state(ModelState.READY, "re-initialized")
                 return
 
-    def _recent_p99_s(self) -> float | None:
-        p99_ms = self.stats.recent_p99_ms()
-        return None if p99_ms is None else p99_ms / 1e3
-
     # -- requests -----------------------------------------------------------------------------
 
     def submit(
@@ -450,7 +446,3 @@ class ServedModel:
         if self._payload_builder is None:
             raise UnavailableError(f"model {self.spec.name!r} has not been loaded yet")
         return self._payload_builder
-
-    def sessions(self) -> list[ModelSession]:
-        by_device = self.instances.sessions_by_device()
-        return [s for sessions in by_device.values() for s in sessions]

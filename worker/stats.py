@@ -153,6 +153,11 @@ class ModelStats:
             totals = [sample[4] for sample in itertools.islice(self._samples, start, None)]
         return float(np.percentile(totals, 99)) * 1e3 if totals else None
 
+    def recent_p99_s(self) -> float | None:
+        """``recent_p99_ms`` in seconds (what ``max_delay_ms: auto`` holds to the SLO)."""
+        p99_ms = self.recent_p99_ms()
+        return None if p99_ms is None else p99_ms / 1e3
+
     def snapshot(self) -> dict[str, Any]:
         """A JSON-ready view: counts, p50/p90/p99 per stage in ms, batch sizes."""
         with self._lock:

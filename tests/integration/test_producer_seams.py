@@ -114,9 +114,10 @@ import sys
 import duomo.ipc.errors
 assert "duomo.ipc.client" not in sys.modules  # the errors alone do not load the client library
 from duomo import Client, ModelHandle, ResourceExhaustedError, Slot
-import duomo.ipc.client
-assert (Client, ModelHandle, Slot) == (ipc.client.Client, ipc.client.ModelHandle, ipc.client.Slot)
-heavy = ("cv2", "onnxruntime", "acl", "supervisor", "worker", "pydantic", "structlog", "psutil")
+import duomo.ipc.client as client
+assert (Client, ModelHandle, Slot) == (client.Client, client.ModelHandle, client.Slot)
+heavy = ("cv2", "onnxruntime", "acl", "duomo.supervisor", "duomo.worker", "pydantic", "structlog",
+         "psutil")
 print(sorted(m for m in heavy if m in sys.modules))
 """
 

@@ -182,7 +182,7 @@ def test_image_size_gears(tmp_path: Path, fake: FakeAcl) -> None:
             np.testing.assert_allclose(engine.infer("hw", x, timeout_s=10)["y"], 2 * x + 1)
         with pytest.raises(InvalidArgumentError, match="takes only"):
             engine.infer("hw", np.zeros((1, 3, 40, 40), np.float32), timeout_s=10)
-        described = engine.model("hw").sessions()[0].describe()  # type: ignore[attr-defined]
+        described = engine.model("hw").instances.sessions_by_device()[0][0].describe()  # type: ignore[attr-defined]
         assert described["dynamic_hw_gears"] == [[32, 32], [32, 64], [64, 64]]
     assert fake.calls.count("mdl.set_dynamic_hw_size") == 4  # one per run, warm-up has none
     assert "mdl.set_dynamic_batch_size" not in fake.calls

@@ -22,8 +22,8 @@ from duomo.supervisor.connection import (
     Connection,
     fitted_json,
 )
-from duomo.supervisor.lending import Loan
 from duomo.supervisor.limits import LimitsConfig, resolve_limits
+from duomo.supervisor.loan import Loan
 
 
 def make_limits(**overrides: object) -> object:

@@ -14,7 +14,8 @@ from types import SimpleNamespace
 import pytest
 
 from duomo.supervisor.connection import Connection
-from duomo.supervisor.lending import LEFT_TO_REACTOR, LENT, REACTOR, Lending, Loan
+from duomo.supervisor.lending import Lending
+from duomo.supervisor.loan import LEFT_TO_REACTOR, LENT, REACTOR, Loan
 from tests.conftest import poll
 from tests.unit.test_connection import make_limits
 
