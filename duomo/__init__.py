@@ -29,22 +29,36 @@ from duomo.ipc.errors import (
     ResourceExhaustedError,
     UnavailableError,
 )
+from duomo.ipc.status_records import (
+    ClientStatus,
+    DeviceStatus,
+    ModelInfo,
+    ModelStatus,
+    StatusRecordError,
+    SupervisorStatus,
+)
 
 if TYPE_CHECKING:
     from duomo.ipc.client import Client, ModelHandle, Slot
 
-__all__ = [
+__all__ = [  # the same names as duomo.ipc's (tests/unit/test_producer_api.py pins them)
     "Client",
+    "ClientStatus",
     "DeadlineExceededError",
+    "DeviceStatus",
     "DuomoError",
     "ErrorCode",
     "InternalError",
     "InvalidArgumentError",
     "ModelChangedError",
     "ModelHandle",
+    "ModelInfo",
+    "ModelStatus",
     "NotFoundError",
     "ResourceExhaustedError",
     "Slot",
+    "StatusRecordError",
+    "SupervisorStatus",
     "UnavailableError",
 ]
 
