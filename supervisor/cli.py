@@ -563,8 +563,12 @@ def _socket_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def run_bench(argv: list[str]) -> int:
-    """``duomo bench ARGS``: the benchmark (``tools.bench.run``), imported only now; a clear
-    error where Duomo was installed without its source checkout's tools/."""
+    """``duomo bench ARGS``: the benchmark (``tools.bench.run``), imported only now, from the
+    source checkout this Duomo runs from (``duomo/`` beside ``tools/``); a clear error where
+    Duomo was installed without one."""
+    checkout = Path(__file__).resolve().parents[1]  # (the link duomo/supervisor resolved)
+    if (checkout / "tools" / "bench" / "run.py").is_file() and str(checkout) not in sys.path:
+        sys.path.insert(0, str(checkout))  # the console script's path has only its venv's
     try:
         from tools.bench.run import main as bench_main
     except ModuleNotFoundError as err:

@@ -69,6 +69,18 @@ def test_the_wheel_is_one_package_that_installs_beside_supervisord(tmp_path: Pat
         timeout=300,
     )  # fmt: skip
     assert checked.returncode == 0, checked.stdout + checked.stderr
+    bench = subprocess.run(
+        [venv / "bin/duomo", "bench", "--help"], cwd=tmp_path, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert bench.returncode == 2 and "runs from a source checkout" in bench.stderr, bench.stderr
+
+
+def test_duomo_bench_runs_from_the_checkout_wherever_it_is_called(tmp_path: Path) -> None:
+    """The console script's path holds only its venv: ``duomo bench`` finds the checkout's
+    tools/ beside ``duomo/`` (``make bench`` runs it so)."""
+    duomo = Path(sys.executable).parent / "duomo"
+    assert "usage: duomo bench" in _run(duomo, "bench", "--help", cwd=tmp_path)
 
 
 def test_no_duomo_command_imports_the_benchmark() -> None:
