@@ -33,7 +33,6 @@ import json
 import os
 import resource
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -48,7 +47,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import fixture_image, poll
-from tests.integration.harness import ROOT
+from tests.integration.harness import ROOT, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 BASE = "localhost/duomo-test-base:bookworm"
@@ -124,12 +123,6 @@ def build(env: dict[str, str], flags: list[str], target: str, tag: str) -> float
     output = f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     assert done.returncode == 0, f"podman build --target {target}:\n{output}"
     return time.monotonic() - started
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @dataclass

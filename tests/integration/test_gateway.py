@@ -39,6 +39,7 @@ from tests.conftest import IMAGES, ROOT
 from tests.integration.harness import (
     SupervisorProcess,
     affine_model,
+    free_port,
     poll,
     running_supervisor,
     write_config,
@@ -48,12 +49,6 @@ IMAGE_MODELS = {"classify": ["coffee.png", "chelsea.png", "astronaut.png", "page
                 "face": ["astronaut.png", "coffee.png", "chelsea.png", "page.png"],
                 "ocr": ["page.png"]}  # fmt: skip
 SLOTS = 4
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

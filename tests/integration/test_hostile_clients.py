@@ -12,14 +12,12 @@ from __future__ import annotations
 import ctypes
 import os
 import socket
-import urllib.request
 from array import array
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from duomo.ipc.client import Client
 from duomo.ipc.errors import InvalidArgumentError, ResourceExhaustedError
@@ -44,20 +42,16 @@ from tests.integration.harness import (
     affine_model,
     authenticated,
     connected,
+    free_port,
     poll,
     replies,
     running_supervisor,
     write_config,
 )
+from tests.integration.test_metrics import scrape, value
 
 HUGE = "m" * 340_000
 LIMITS = {"max_connections": 48, "max_unauthenticated": 8, "auth_timeout_s": 120.0}
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +62,7 @@ def guarded(
     folder = tmp_path_factory.mktemp("guarded")
     affine_model(folder / "affine.onnx")
     affine = {"name": "affine", "task": "raw", "file": str(folder / "affine.onnx"), "max_batch": 4}
-    port = _free_port()
+    port = free_port()
     config = write_config(
         folder, ["classify"], extra=[affine], limits=LIMITS, metrics={"http": f"127.0.0.1:{port}"}
     )
@@ -299,28 +293,19 @@ def _still_open(sock: socket.socket) -> bool:
 # -- 7. the counters count an answer before the caller has it ----------------------------------
 
 
-def _scraped_successes(port: int, model: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
-        text = reply.read().decode()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "duomo_inference_request_success_total" and sample.labels == {
-                "model": model
-            }:
-                return sample.value
-    raise AssertionError("no success counter for the model")
-
-
 def test_a_scrape_right_after_an_answer_counts_it(guarded: tuple[SupervisorProcess, int]) -> None:
     """The defect: a scrape made right after a producer received its answer could miss it
     (24 counted of 25 answered). Each scrape here follows its answer at once, with no poll."""
     sup, port = guarded
     with Client(sup.socket, timeout_s=30) as client:
         affine = client.model("affine", slots=1)
-        before = _scraped_successes(port, "affine")
+        before = value(scrape(port), "duomo_inference_request_success_total", model="affine")
         for n in range(1, 26):
             affine.infer(np.ones((1, 4), dtype=np.float32))
-            assert _scraped_successes(port, "affine") == before + n
+            assert (
+                value(scrape(port), "duomo_inference_request_success_total", model="affine")
+                == before + n
+            )
     served(sup)
 
 

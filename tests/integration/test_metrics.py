@@ -24,6 +24,7 @@ from tests.conftest import ROOT
 from tests.integration.harness import (
     duomo,
     faulty_model,
+    free_port,
     poll,
     running_supervisor,
     short_socket_dir,
@@ -36,12 +37,6 @@ pytestmark = pytest.mark.integration
 X = np.array([[1, 2, 3, 4]], dtype=np.float32)
 FAST_WATCHDOG = {"period_ms": 100}
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def scrape(port: int) -> Samples:

@@ -25,12 +25,12 @@ import pytest
 from duomo.ipc.client import Client
 from tests.integration.harness import (
     faulty_model,
+    free_port,
     poll,
     running_supervisor,
     stop_gracefully,
     write_config,
 )
-from tests.integration.test_metrics import free_port
 from tests.unit.test_grafana_dashboard import targets
 
 pytestmark = pytest.mark.integration
