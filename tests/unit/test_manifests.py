@@ -20,6 +20,13 @@ code's defaults — offline, with no cluster.
   mounts the same memory-backed socket directory and runs as uid 10001; that directory is the
   only volume two containers share, and none mounts ``/dev/shm`` or shares an IPC namespace
   (the rings are sealed memfd segments passed over the socket).
+* The stream source (issue 34): every overlay's pod has the sidecar ``stream-source`` of
+  ``components/stream-source`` — the supervisor's image running ``duomo stream --sources``, the
+  file it names mounted from the ConfigMap ``duomo-sources``, resource requests and limits, the
+  pod's hardening — and compose's service ``stream-source`` is the same beside the supervisor,
+  started once the supervisor is healthy. Every sources file deploy/ carries follows the format
+  of docs/deployment.md ("Cameras"), names only models its pod serves, and plays a clip the
+  images write; both Containerfiles copy every package of ``duomo``.
 """
 
 from __future__ import annotations
@@ -27,12 +34,14 @@ from __future__ import annotations
 import asyncio
 import re
 import subprocess
+import sys
 from functools import cache
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import kubernetes_validate
+import numpy as np
 import pytest
 import yaml
 from kubernetes_validate.utils import all_versions
@@ -57,6 +66,12 @@ CUSTOM_KINDS = {"ServiceMonitor", "ServingRuntime", "InferenceService"}
 UID = 10001
 SOCKET_DIR = "/run/duomo"
 SOCKET = "/run/duomo/sock/duomo.sock"
+SOURCES = "/etc/duomo-sources/sources.yaml"  # where the stream source reads its cameras
+SOURCE_KEYS = {"name", "url", "models", "policy", "max_fps"}  # docs/deployment.md, "Cameras"
+HARDENING = {
+    "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}  # fmt: skip
 
 # Field names from the CRDs named in the docstring, for the parts these files fill in.
 SERVICE_MONITOR_SPEC = {
@@ -286,8 +301,20 @@ def test_ports_and_probes_are_the_codes(target: str) -> None:
     assert port_of(config["metrics"]["http"]) == METRICS
 
 
+def config_map(target: str, name: str) -> dict[str, Any]:
+    """The ConfigMap that the generator ``name`` made (its name gains a hash of the data)."""
+    found = [
+        doc
+        for doc in rendered(target)
+        if doc["kind"] == "ConfigMap"
+        and re.fullmatch(rf"{name}(-[a-z0-9]+)?", doc["metadata"]["name"])
+    ]
+    assert len(found) == 1, f"{target}: {len(found)} ConfigMap {name}"
+    return found[0]
+
+
 def pod_config(target: str) -> dict[str, Any]:
-    data = one(target, "ConfigMap")["data"]
+    data = config_map(target, "duomo-config")["data"]
     config: dict[str, Any] = yaml.safe_load(data["duomo.yaml"])
     return config
 
@@ -363,6 +390,98 @@ def test_the_disruption_budget_and_the_service_select_the_pods() -> None:
     assert budget["maxUnavailable"] == 1
 
 
+# --- the stream source (cameras) ---------------------------------------------------------
+
+
+def check_sources(text: str, served: set[str]) -> list[dict[str, Any]]:
+    """The sources file ``text`` in the format of docs/deployment.md ("Cameras"): a list of
+    {name, url, models, policy, max_fps}; here every entry names its models (no --model), all
+    of them served by the pod's supervisor (``served``)."""
+    sources = yaml.safe_load(text)
+    assert isinstance(sources, list) and sources, "a YAML list of sources"
+    names = [source["name"] for source in sources]
+    assert len(set(names)) == len(names), f"the stream names repeat: {names}"
+    for source in sources:
+        assert {"name", "url", "models"} <= set(source) <= SOURCE_KEYS, source
+        name, url, models = source["name"], source["url"], source["models"]
+        assert isinstance(name, str) and 1 <= len(name) <= 64 and name.isprintable(), name
+        assert isinstance(url, str) and url.strip() == url and url, source
+        assert isinstance(models, list) and models and set(models) <= served, (models, served)
+        assert source.get("policy", "latest") in ("latest", "fifo"), source
+        max_fps = source.get("max_fps")
+        assert max_fps is None or (type(max_fps) in (int, float) and max_fps > 0), source
+    return sources
+
+
+def millicores(quantity: str) -> int:
+    match = re.fullmatch(r"(\d+)(m?)", quantity)
+    assert match, quantity
+    return int(match[1]) * (1 if match[2] else 1000)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_overlay_runs_the_stream_source_beside_the_supervisor(overlay: str) -> None:
+    target = f"overlays/{overlay}"
+    pod = one(target, "Deployment")["spec"]["template"]["spec"]
+    source, supervisor = containers(target)["stream-source"], containers(target)["supervisor"]
+    assert source["image"] == supervisor["image"], "duomo stream is in the supervisor's image"
+    assert source["command"] == ["duomo", "stream"]
+    args = source["args"]
+    assert args[args.index("--sources") + 1] == SOURCES
+    mounts = {m["mountPath"]: m for m in source["volumeMounts"]}
+    mount = mounts[str(Path(SOURCES).parent)]
+    assert mount["readOnly"] is True
+    volume = {v["name"]: v for v in pod["volumes"]}[mount["name"]]
+    sources = config_map(target, "duomo-sources")
+    assert volume["configMap"]["name"] == sources["metadata"]["name"]
+    served = {model["name"] for model in pod_config(target)["models"]}
+    check_sources(sources["data"][Path(SOURCES).name], served)
+    requests, limits = source["resources"]["requests"], source["resources"]["limits"]
+    assert set(requests) == set(limits) == {"cpu", "memory"}, "decoding needs no device"
+    assert millicores(limits["cpu"]) >= millicores(requests["cpu"]) > 0
+    assert mebibytes(limits["memory"]) >= mebibytes(requests["memory"]) >= 128  # measured: 60
+    assert source["securityContext"] == supervisor["securityContext"] == HARDENING
+    # no probe: a camera that is down is reported by the supervisor (the stream is stalled) and
+    # the source reconnects it by itself; restarting the container would not bring it back
+    assert not {"startupProbe", "readinessProbe", "livenessProbe"} & set(source)
+
+
+def test_the_sources_files_agree_and_play_the_images_clip() -> None:
+    """The component's list and compose's default are the same, and the clip they play is the
+    one both Containerfiles write."""
+    component = KUBE / "components" / "stream-source" / "sources.yaml"
+    compose = DEPLOY / "config" / "sources.yaml"
+    assert yaml.safe_load(component.read_text()) == yaml.safe_load(compose.read_text())
+    served = {model["name"] for model in yaml.safe_load(CONFIGS["image"].read_text())["models"]}
+    files = [s["url"] for s in check_sources(compose.read_text(), served) if s["url"][0] == "/"]
+    assert files, "the demo plays a file of the image"
+    for containerfile in ("Containerfile", "Containerfile.ascend"):
+        text = (DEPLOY / containerfile).read_text()
+        written = re.findall(r"demo_clip\.py (\S+) \\\n\s+(\S+)", text)
+        assert {out for _, out in written} == set(files), containerfile
+        assert all(photo == "frames/astronaut.png" for photo, _ in written), containerfile
+
+
+def test_the_demo_clip_is_h264_with_the_frames_asked_for(tmp_path: Path) -> None:
+    import av
+
+    clip = tmp_path / "demo.mp4"
+    photo = ROOT / "tests" / "fixtures" / "images" / "astronaut.png"
+    script = DEPLOY / "stream" / "demo_clip.py"
+    done = subprocess.run(
+        [sys.executable, str(script), str(photo), str(clip), "--seconds", "2", "--fps", "5"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    with av.open(str(clip)) as container:
+        stream = container.streams.video[0]
+        assert (stream.codec_context.name, stream.average_rate) == ("h264", 5)
+        frames = [frame.to_ndarray(format="rgb24") for frame in container.decode(stream)]
+    assert len(frames) == 10
+    assert {frame.shape for frame in frames} == {(512, 768, 3)}
+    assert not np.array_equal(frames[0], frames[4]), "the photo moves"
+
+
 # --- the configs deploy/ carries ---------------------------------------------------------
 
 CONFIGS = {
@@ -411,10 +530,12 @@ def test_ascend_configs_serve_what_configs_ascend_serves(soc: str) -> None:
 def test_compose_layout_shares_only_the_socket_directory_and_one_uid() -> None:
     compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
     services = compose["services"]
-    assert set(services) == {"supervisor", "producer-classify", "producer-face"}
+    assert set(services) == {"supervisor", "producer-classify", "producer-face", "stream-source"}
     for name, service in services.items():
         assert service["user"] == f"{UID}:{UID}", name
-        assert service["volumes"] == [f"run:{SOCKET_DIR}"], name
+        assert service["volumes"][0] == f"run:{SOCKET_DIR}", name
+        others = service["volumes"][1:]
+        assert others == ([COMPOSE_SOURCES] if name == "stream-source" else []), name
         assert not {"ipc", "shm_size", "volumes_from"} & set(service), name
         assert not any(on_dev_shm(path) for path in service.get("tmpfs", [])), name
         assert service["environment"]["DUOMO_SOCKET"] == SOCKET, name
@@ -427,6 +548,39 @@ def test_compose_layout_shares_only_the_socket_directory_and_one_uid() -> None:
     secret = services["supervisor"]["secrets"][0]["target"]
     image_config = yaml.safe_load(CONFIGS["image"].read_text())
     assert image_config["gateway"]["token_file"] == f"/run/secrets/{secret}"
+
+
+COMPOSE_SOURCES = f"${{DUOMO_SOURCES_FILE:-./config/sources.yaml}}:{SOURCES}:ro"
+
+
+def test_compose_runs_the_stream_source_once_the_supervisor_is_healthy() -> None:
+    services = yaml.safe_load((DEPLOY / "compose.yaml").read_text())["services"]
+    source, supervisor = services["stream-source"], services["supervisor"]
+    assert source["image"] == supervisor["image"], "duomo stream is in the supervisor's image"
+    assert source["entrypoint"] == ["duomo", "stream"]
+    command = source["command"]
+    assert command[command.index("--sources") + 1] == SOURCES
+    assert source["depends_on"] == {"supervisor": {"condition": "service_healthy"}}
+    assert "healthcheck" in supervisor
+    assert source["restart"] == "on-failure"
+    default = re.fullmatch(r"\$\{DUOMO_SOURCES_FILE:-(.+)\}", COMPOSE_SOURCES.split(":/")[0])
+    assert default
+    served = {model["name"] for model in yaml.safe_load(CONFIGS["image"].read_text())["models"]}
+    check_sources((DEPLOY / default[1]).read_text(), served)
+
+
+def test_the_images_carry_every_package_of_duomo() -> None:
+    """Each folder that ``duomo`` links (ipc, supervisor, video, ...) is in the build context and
+    copied by both Containerfiles, with the demo clip's script."""
+    packages = sorted(p.name for p in (ROOT / "duomo").iterdir() if p.is_symlink())
+    assert "video" in packages
+    context = (DEPLOY / "containerignore").read_text().splitlines()
+    assert {f"!{name}" for name in packages} | {"!deploy/stream"} <= set(context)
+    for containerfile in ("Containerfile", "Containerfile.ascend"):
+        text = (DEPLOY / containerfile).read_text()
+        for name in packages:
+            assert re.search(rf"^COPY {name} {name}$", text, re.M), (containerfile, name)
+        assert "COPY deploy/stream/demo_clip.py deploy/stream/" in text, containerfile
 
 
 def test_containerfile_runs_the_supervisor_as_the_shared_uid() -> None:
