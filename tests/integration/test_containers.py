@@ -1,11 +1,14 @@
 """One card, producers in their own containers, end to end: the images of deploy/Containerfile are
-built and deploy/compose.yaml runs a supervisor and two producer containers that share only a
-memory-backed socket directory and one user id.
+built and deploy/compose.yaml runs a supervisor, two producer containers and a stream source
+(`duomo stream` from the supervisor's image) that share only a memory-backed socket directory
+and one user id.
 
 What it checks: the socket directory is the only volume the containers share, none mounts
 /dev/shm or joins another's IPC namespace; each producer's answers (the espresso, the
 astronaut's face) came back through shared memory across containers all the same (the rings are
-sealed memfd segments the supervisor passes over the socket); the supervisor's probes and
+sealed memfd segments the supervisor passes over the socket); the stream source plays the
+image's demo clip (deploy/config/sources.yaml, the compose file's default) into face detection
+as the stream "demo", answered with the face, the stream in /metrics; the supervisor's probes and
 /metrics on the published port, and its gateway over HTTP (401 without the bearer token, a v2
 inference with it); a container of another user id is refused the key; `podman stop` stops the
 supervisor gracefully (exit 0, no request cut).
@@ -55,7 +58,7 @@ IMAGE = "localhost/duomo:cpu-test"
 PRODUCER = "localhost/duomo-producer:cpu-test"
 FRAMES = 3
 UID = 10001
-SERVICES = ("supervisor", "producer-classify", "producer-face")
+SERVICES = ("supervisor", "producer-classify", "producer-face", "stream-source")
 
 
 def run(*args: str, env: dict[str, str] | None = None, timeout: float = 900, check: bool = True):
@@ -249,9 +252,10 @@ def test_probes_metrics_and_gateway_on_the_published_ports(layout: Layout) -> No
     poll(lambda: layout.state("producer-face")["Status"] == "exited", timeout_s=300)
     with urllib.request.urlopen(f"{base}/metrics", timeout=5) as reply:
         text = reply.read().decode()
-    for model in ("classify", "face"):
-        line = f'duomo_inference_request_success_total{{model="{model}"}} {FRAMES:.1f}'
-        assert line in text.splitlines(), model
+    line = f'duomo_inference_request_success_total{{model="classify"}} {FRAMES:.1f}'
+    assert line in text.splitlines()
+    # face also answers the stream source's frames, all the time
+    assert metric(text, 'duomo_inference_request_success_total{model="face"}') >= FRAMES
 
     gateway = f"http://127.0.0.1:{layout.http}"
     assert http_status(f"{gateway}/v2/health/ready") == 200  # the probes need no token
@@ -266,6 +270,36 @@ def test_probes_metrics_and_gateway_on_the_published_ports(layout: Layout) -> No
     answer = client.infer("classify", [tensor], headers={"Authorization": f"Bearer {layout.token}"})
     result = json.loads(answer.as_numpy("RESULT")[0])
     assert result["top"][0]["label"] == "espresso"
+
+
+def metric(text: str, series: str) -> float:
+    values = [
+        float(line.rpartition(" ")[2])
+        for line in text.splitlines()
+        if line.startswith(series + " ")
+    ]
+    assert len(values) == 1, series
+    return values[0]
+
+
+def test_the_stream_source_plays_the_demo_clip_into_face(layout: Layout) -> None:
+    def answered() -> list[dict]:
+        lines = layout.answers("stream-source")
+        return [a for a in lines if a.get("stream") == "demo" and "result" in a]
+
+    def enough() -> bool:
+        time.sleep(0.5)  # each look runs podman logs
+        return len(answered()) >= FRAMES
+
+    poll(enough, timeout_s=300)
+    assert layout.state("stream-source")["Status"] == "running"  # --loop: it plays on
+    for answer in answered():
+        assert answer["model"] == "face", answer
+        assert len(answer["result"]["faces"]) == 1, answer
+        assert 0 <= answer["age_ms"] < 60_000, answer
+    with urllib.request.urlopen(f"http://127.0.0.1:{layout.metrics}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    assert 'stream="demo"' in text
 
 
 def test_another_user_id_is_refused_the_key(layout: Layout) -> None:
