@@ -27,6 +27,7 @@ from duomo.ipc.errors import (
     ModelChangedError,
     NotFoundError,
     ResourceExhaustedError,
+    SupersededError,
     UnavailableError,
 )
 from duomo.ipc.status_records import (
@@ -40,6 +41,7 @@ from duomo.ipc.status_records import (
 
 if TYPE_CHECKING:
     from duomo.ipc.client import Client, ModelHandle, Slot
+    from duomo.ipc.stream import Filler, Stream, StreamAnswer
 
 __all__ = [  # the same names as duomo.ipc's (tests/unit/test_producer_api.py pins them)
     "Client",
@@ -48,6 +50,7 @@ __all__ = [  # the same names as duomo.ipc's (tests/unit/test_producer_api.py pi
     "DeviceStatus",
     "DuomoError",
     "ErrorCode",
+    "Filler",
     "InternalError",
     "InvalidArgumentError",
     "ModelChangedError",
@@ -58,13 +61,16 @@ __all__ = [  # the same names as duomo.ipc's (tests/unit/test_producer_api.py pi
     "ResourceExhaustedError",
     "Slot",
     "StatusRecordError",
+    "Stream",
+    "StreamAnswer",
+    "SupersededError",
     "SupervisorStatus",
     "UnavailableError",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("Client", "ModelHandle", "Slot"):
+    if name in ("Client", "ModelHandle", "Slot", "Filler", "Stream", "StreamAnswer"):
         from duomo import ipc
 
         return getattr(ipc, name)

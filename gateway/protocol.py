@@ -83,6 +83,7 @@ HTTP_STATUS = {
     ErrorCode.RESOURCE_EXHAUSTED: 429,
     ErrorCode.DEADLINE_EXCEEDED: 504,
     ErrorCode.INTERNAL: 500,
+    ErrorCode.SUPERSEDED: 409,  # a newer frame of its stream took its place (policy latest)
 }
 # grpc.StatusCode names (the gRPC front looks them up; this module does not import grpc)
 GRPC_STATUS = {
@@ -93,6 +94,7 @@ GRPC_STATUS = {
     ErrorCode.RESOURCE_EXHAUSTED: "RESOURCE_EXHAUSTED",
     ErrorCode.DEADLINE_EXCEEDED: "DEADLINE_EXCEEDED",
     ErrorCode.INTERNAL: "INTERNAL",
+    ErrorCode.SUPERSEDED: "ABORTED",
 }
 
 

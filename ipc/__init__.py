@@ -29,6 +29,7 @@ from duomo.ipc.errors import (
     ModelChangedError,
     NotFoundError,
     ResourceExhaustedError,
+    SupersededError,
     UnavailableError,
 )
 from duomo.ipc.status_records import (
@@ -42,8 +43,10 @@ from duomo.ipc.status_records import (
 
 if TYPE_CHECKING:
     from duomo.ipc.client import Client, ModelHandle, Slot
+    from duomo.ipc.stream import Filler, Stream, StreamAnswer
 
 _FROM_CLIENT = ("Client", "ModelHandle", "Slot")
+_FROM_STREAM = ("Filler", "Stream", "StreamAnswer")
 
 __all__ = [
     "Client",
@@ -52,6 +55,7 @@ __all__ = [
     "DeviceStatus",
     "DuomoError",
     "ErrorCode",
+    "Filler",
     "InternalError",
     "InvalidArgumentError",
     "ModelChangedError",
@@ -62,6 +66,9 @@ __all__ = [
     "ResourceExhaustedError",
     "Slot",
     "StatusRecordError",
+    "Stream",
+    "StreamAnswer",
+    "SupersededError",
     "SupervisorStatus",
     "UnavailableError",
 ]
@@ -70,4 +77,6 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     if name in _FROM_CLIENT:
         return getattr(importlib.import_module("duomo.ipc.client"), name)
+    if name in _FROM_STREAM:
+        return getattr(importlib.import_module("duomo.ipc.stream"), name)
     raise AttributeError(f"module 'ipc' has no attribute {name!r}")

@@ -44,7 +44,7 @@ import threading
 import time
 from array import array
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -60,6 +60,8 @@ from duomo.ipc.framing import FrameReader, answer, json_frame, parse_json, recv_
 from duomo.ipc.ring import RingLayout, SlotRing
 from duomo.ipc.runtime_dir import default_socket_path, read_key
 from duomo.ipc.slots import ModelHandle, Slot
+from duomo.ipc.stream import DEFAULT_BACKLOG, Stream
+from duomo.ipc.stream import DEFAULT_SLOTS as DEFAULT_STREAM_SLOTS
 from duomo.ipc.wire import (
     FRAME,
     NOTICE,
@@ -334,6 +336,84 @@ class Client:
         """
         ring_id, ring = self._attach(name, slots)
         return ModelHandle(self, self._link, name, ring_id, ring)
+
+    def stream(
+        self,
+        name: str,
+        models: Sequence[str],
+        policy: str = "latest",
+        weight: float = 1.0,
+        fps: float | None = None,
+        max_fps: float | None = None,
+        every: int | None = None,
+        stall_after_s: float = 5.0,
+        slots: int = DEFAULT_STREAM_SLOTS,
+        backlog: int = DEFAULT_BACKLOG,
+        timeout_s: float | None = None,
+    ) -> Stream:
+        """Open stream ``name`` into ``models``: a camera's frames, answered freshest first
+        (``ipc.stream``). Blocks for the ``stream_open`` round trip and one ``attach`` per
+        model.
+
+        Args:
+            name: 1..64 printable characters, unique among the supervisor's live streams.
+            models: The models each frame goes to.
+            policy: ``latest`` (a frame waiting for a model is superseded by the next) or
+                ``fifo`` (every frame answered).
+            weight: Its share, against the other streams and clients of each model.
+            fps: Its nominal frame rate, if known (the status shows it; liveness uses it).
+            max_fps: Drop frames at the source above this rate.
+            every: Keep one frame in ``every`` at the source.
+            stall_after_s: No frame for this long: the supervisor shows it ``stalled``.
+            slots: Slots per model (at least 3 keeps ``latest``'s age bound).
+            backlog: ``fifo``: frames that may wait at the source per model.
+            timeout_s: Each frame's deadline in the supervisor; None: none.
+
+        Returns:
+            The stream; close it (``Stream.close``) or the client to end it.
+
+        Raises:
+            InvalidArgumentError: A bad name, policy, weight, rate or count, or the name is
+                another live stream's.
+            NotFoundError: A model that is not served.
+            ResourceExhaustedError: ``limits.max_streams`` streams exist, or no room for a
+                ring.
+            UnavailableError: The connection is closed or lost.
+        """
+        return Stream(
+            self, name, models, policy, weight, fps, max_fps, every, stall_after_s, slots,
+            backlog, timeout_s,
+        )  # fmt: skip
+
+    def open_stream(
+        self,
+        name: str,
+        models: Sequence[str],
+        policy: str = "latest",
+        weight: float = 1.0,
+        fps: float | None = None,
+        stall_after_s: float = 5.0,
+    ) -> int:
+        """Open stream ``name`` in the supervisor only, for a producer that writes its slots
+        itself (``Slot.set_stream``): its id. ``stream`` does this and the rest for you.
+
+        Raises:
+            As ``stream``.
+        """
+        reply = self.request(
+            "stream_open",
+            name=name,
+            models=list(models),
+            policy=policy,
+            weight=weight,
+            fps=fps,
+            stall_after_s=stall_after_s,
+        )
+        return int(reply["stream"])
+
+    def close_stream(self, stream_id: int) -> None:
+        """Close a stream opened by ``open_stream`` (it turns ``ended``)."""
+        self.request("stream_close", stream=stream_id)
 
     def _attach(
         self, name: str, slots: int, inputs: dict[str, int] | None = None

@@ -32,6 +32,7 @@ class ErrorCode(IntEnum):
     DEADLINE_EXCEEDED = 5
     INTERNAL = 6
     MODEL_CHANGED = 7
+    SUPERSEDED = 8  # a stream's newer frame took its place in the queue: an outcome, not a fault
 
 
 class DuomoError(Exception):
@@ -85,6 +86,14 @@ class DeadlineExceededError(DuomoError):
     code = ErrorCode.DEADLINE_EXCEEDED
 
 
+class SupersededError(DuomoError):
+    """A stream's frame was answered without running: a newer frame of the same stream took its
+    place in the model's queue (policy ``latest``). Not a fault: ``Stream.answers`` reports it
+    as the outcome ``SUPERSEDED``; only a plain ``Slot.wait`` on a stream's slot raises it."""
+
+    code = ErrorCode.SUPERSEDED
+
+
 class InternalError(DuomoError):
     """A bug or a backend failure; the details are in the supervisor log, not in the message."""
 
@@ -101,6 +110,7 @@ _BY_CODE: dict[ErrorCode, type[DuomoError]] = {
         DeadlineExceededError,
         InternalError,
         ModelChangedError,
+        SupersededError,
     )
 }
 

@@ -52,10 +52,12 @@ from duomo.ipc.wire import (
     dtype_code,
     pack_descriptors,
     request_packer,
+    stream_packer,
     unpack_done,
 )
 
 _DONE = int(SlotState.DONE)
+PLAIN = (0, 0, 0, 0)  # the stream block of a plain request
 STAGES = ("queue", "preprocess", "infer", "postprocess")  # an answer's stage timings, in order
 PRIORITY_MIN, PRIORITY_MAX = -(1 << 15), (1 << 15) - 1  # the header's field (the supervisor
 # clamps to the range a config may use)
@@ -539,6 +541,7 @@ class Slot:
         self._lock = threading.Lock()  # in-flight state: the caller's thread vs the reader's
         self._held = False
         self.on_done: Callable[[Slot], None] | None = None
+        self._stream_block = PLAIN
         self._bind_ring(index)
 
     def _bind_ring(self, index: int) -> None:
@@ -556,10 +559,12 @@ class Slot:
         self._output = ring.output(index)
         self._notice = notice_packer(self.ring_id, index)
         self._pack_request = request_packer(self._header)
+        self._pack_stream = stream_packer(self._header)
         self._result: TensorPlacement | None = None  # the last answer's records and views
 
     def _take(self) -> None:
         self._held = True
+        self._stream_block = PLAIN
         self._inputs = {}
         self._error = None
         self._answered = False
@@ -666,6 +671,35 @@ class Slot:
         for name, array in arrays:
             self.input(name, array.shape)[...] = array
 
+    def set_stream(
+        self, stream_id: int, frame: int, captured_us: int, superseded_before: int = 0
+    ) -> None:
+        """Make the next ``submit`` a frame of stream ``stream_id`` (``Client.open_stream``):
+        its frame number, its capture time in µs on ``CLOCK_MONOTONIC`` (``time.monotonic``),
+        and how many frames the source superseded since its last one for this model. A slot
+        taken afresh is a plain request until this is called; ``Stream`` calls it for you.
+
+        Args:
+            stream_id: The id ``Client.open_stream`` returned (0: a plain request).
+            frame: The frame number, 0..2**64-1.
+            captured_us: When the frame was captured, µs on the monotonic clock.
+            superseded_before: Frames replaced at the source since the last one sent.
+
+        Raises:
+            InvalidArgumentError: A value out of its field's range.
+        """
+        if not (
+            0 <= stream_id <= 0xFFFFFFFF
+            and 0 <= superseded_before <= 0xFFFFFFFF
+            and 0 <= frame < 1 << 64
+            and 0 <= captured_us < 1 << 64
+        ):
+            raise InvalidArgumentError(
+                f"stream block out of range: stream {stream_id}, frame {frame}, captured "
+                f"{captured_us} µs, superseded {superseded_before}"
+            )
+        self._stream_block = (stream_id, superseded_before, frame, captured_us)
+
     def submit(self, timeout_s: float | None = None, priority: int = 0) -> None:
         """Hand the slot to the supervisor ("slot ready"): writes its header and sends one
         8-byte notice; it does not wait for the answer (``wait``).
@@ -703,6 +737,7 @@ class Slot:
         timeout_us = int(timeout_s * 1e6) if timeout_s else 0
         count, block = descriptors
         self._header[DESCRIPTORS] = block
+        self._pack_stream(*self._stream_block)
         self._pack_request(self._seq, priority, count, timeout_us)
         self._deadline_s = time.monotonic() + timeout_s + NOTICE_GRACE_S if timeout_s else None
         with self._lock:

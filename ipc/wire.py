@@ -36,7 +36,12 @@ the limits leave no room for the ring.
 
 Slot header (``SlotHeader.FORMAT``, 256 bytes, little-endian) at the start of every slot:
 magic/version, sequence number, state, status code, priority, input count, relative timeout,
-result length, four stage timings, and per input its dtype code, rank and dims.
+result length, four stage timings, per input its dtype code, rank and dims, and at
+``STREAM_AT`` the stream block: the stream's id (0: a plain request), the frames the source
+superseded since its last one for this model, the frame number and the capture time (µs on the
+host's ``CLOCK_MONOTONIC``, the clock of ``time.monotonic``: producers run on the supervisor's
+host). Version 2 added the stream block; the supervisor answers a version-1 header
+INVALID_ARGUMENT, saying which version it speaks.
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ import numpy as np
 
 from duomo.ipc.errors import InvalidArgumentError
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: the stream block
 MAGIC = b"DUO1"
 FRAME = struct.Struct("<IB")
 NOTICE = struct.Struct("<HHI")
@@ -109,8 +114,13 @@ _TENSOR = struct.Struct("<BB2x" + "I" * MAX_RANK)
 _HEADER_USED = _FIXED.size + MAX_INPUTS * _TENSOR.size
 DESCRIPTORS = slice(_FIXED.size, _HEADER_USED)  # the per-input descriptor block of a header
 _ZERO_DIMS = (0,) * MAX_RANK
+# The stream block: stream id, frames superseded at the source before this one, frame number,
+# capture time in µs (CLOCK_MONOTONIC)
+_STREAM = struct.Struct("<IIQQ")
+STREAM_AT = ALIGN * ((_HEADER_USED + ALIGN - 1) // ALIGN)
 HEADER_BYTES = 256
-assert _HEADER_USED <= HEADER_BYTES
+assert STREAM_AT + _STREAM.size <= HEADER_BYTES
+MAX_STREAM_ID = 0xFFFFFFFF
 
 
 def pack_descriptors(inputs: Iterable[TensorDesc]) -> tuple[int, bytes]:
@@ -152,6 +162,18 @@ def request_packer(buffer: memoryview) -> Callable[[int, int, int, int], None]:
 # (magic, version, state, seq, priority, input count, timeout µs) of a request header; the
 # struct's own method, since the reactor calls it for every request
 unpack_request = _REQUEST.unpack_from
+
+
+def stream_packer(buffer: memoryview) -> Callable[[int, int, int, int], None]:
+    """The stream block's write for the slot header ``buffer``, as a call that runs no Python:
+    ``(stream id, superseded at the source, frame number, captured µs)``; ``(0, 0, 0, 0)`` for
+    a plain request."""
+    return functools.partial(_STREAM.pack_into, buffer, STREAM_AT)
+
+
+def unpack_stream(header: bytes) -> tuple[int, int, int, int]:
+    """(stream id, superseded at the source, frame, captured µs) of a request header copy."""
+    return _STREAM.unpack_from(header, STREAM_AT)
 
 
 # The supervisor's answer: _FIXED with magic, version, state, seq, status, the request's
@@ -207,6 +229,10 @@ class SlotHeader:
     infer_us: int = 0
     postprocess_us: int = 0
     inputs: list[TensorDesc] = field(default_factory=list)
+    stream: int = 0
+    superseded_before: int = 0
+    frame: int = 0
+    captured_us: int = 0
     magic: bytes = MAGIC
     version: int = PROTOCOL_VERSION
 
@@ -230,6 +256,14 @@ class SlotHeader:
             self.preprocess_us,
             self.infer_us,
             self.postprocess_us,
+        )
+        _STREAM.pack_into(
+            buffer,
+            offset + STREAM_AT,
+            self.stream,
+            self.superseded_before,
+            self.frame,
+            self.captured_us,
         )
 
     @classmethod
@@ -261,6 +295,9 @@ class SlotHeader:
                 raise ValueError(f"header declares rank {rank} (at most {MAX_RANK})")
             inputs.append(TensorDesc(dtype, tuple(dims[:rank])))
             at += _TENSOR.size
+        stream, superseded_before, frame_number, captured_us = _STREAM.unpack_from(
+            buffer, offset + STREAM_AT
+        )
         return cls(
             seq=seq,
             state=state,
@@ -273,6 +310,10 @@ class SlotHeader:
             infer_us=infer_us,
             postprocess_us=postprocess_us,
             inputs=inputs,
+            stream=stream,
+            superseded_before=superseded_before,
+            frame=frame_number,
+            captured_us=captured_us,
             magic=magic,
             version=version,
         )

@@ -27,7 +27,7 @@ import functools
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 import numpy as np
@@ -59,7 +59,9 @@ from duomo.ipc.wire import (
     done_packer,
     dtype_code,
     unpack_request,
+    unpack_stream,
 )
+from duomo.supervisor.streams import StreamState
 from duomo.worker.executors.base import SlotSpec, WrittenInPlace
 from duomo.worker.request import Outcome, Request, StageTimings
 from duomo.worker.served_model import ServedModel
@@ -124,9 +126,13 @@ class Attachment:
         layout: RingLayout,
         send: Callable[[bytes], None],
         on_close: Callable[[], None] | None = None,
+        streams: Mapping[int, StreamState] | None = None,
+        flow: Hashable = None,
     ) -> None:
         """``layout``: ``layout_for(model.slot_spec(), slots, grow)``; ``on_close`` runs once
-        when the ring is detached (the supervisor gives back what it charged for it)."""
+        when the ring is detached (the supervisor gives back what it charged for it);
+        ``streams``: the connection's open streams by id (``Connection.streams``), which its
+        slots may name; ``flow``: the connection's own flow, its plain requests'."""
         self.ring_id = ring_id
         self.model_name = model.spec.name
         self._models = models  # by name at every request, so a reload's replacement serves it
@@ -148,6 +154,10 @@ class Attachment:
         # the same shapes again is not validated and given views again
         self._accepted: list[tuple[int, bytes, Any] | None] = [None] * slots
         self._send = send  # the connection's: frames to the client, from any thread
+        self._streams: Mapping[int, StreamState] = streams if streams is not None else {}
+        self._flow = flow
+        # slot -> (its stream, capture time) while a stream's frame is in it: its answer counts
+        self._stream_of: list[tuple[StreamState, float] | None] = [None] * slots
         self._lock = threading.Lock()
         # slot -> its queued request (None between acceptance and queueing); the thread reading
         # the connection alone adds entries, and fills them in before it queues their requests
@@ -180,6 +190,7 @@ class Attachment:
                 raise self._busy(slot)
             self._in_flight[slot] = None
         self._seqs[slot] = seq
+        self._stream_of[slot] = None
         try:
             header = bytes(self._headers[slot])  # the one read; only this copy is used below
             magic, version, state, header_seq, priority, count, timeout_us = unpack_request(header)
@@ -202,7 +213,12 @@ class Attachment:
                 payload = self._accept(slot, count, header)
             now = time.monotonic()
             deadline_s = now + timeout_us / 1e6 if timeout_us else None
-            request = Request(payload, self._answers[slot], priority, deadline_s, now)
+            request = Request(
+                payload, self._answers[slot], priority, deadline_s, now, flow=self._flow
+            )
+            stream_id, superseded, _frame, captured_us = unpack_stream(header)
+            if stream_id:
+                self._streamed(request, slot, stream_id, superseded, captured_us, now)
             self._in_flight[slot] = request  # cancellable by ``close`` from now on
             model.enqueue(request)
         except DuomoError as err:
@@ -214,6 +230,30 @@ class Attachment:
             self._refuse(
                 slot, InternalError(f"could not queue the request for model {self.model_name!r}")
             )
+
+    def _streamed(
+        self,
+        request: Request,
+        slot: int,
+        stream_id: int,
+        superseded: int,
+        captured_us: int,
+        now: float,
+    ) -> None:
+        """Make ``request`` its stream's: its flow and weight, superseding under ``latest``,
+        and counted as arrived (its answer is counted in ``_complete``)."""
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            raise InvalidArgumentError(f"stream {stream_id} is not open on this connection")
+        if self.model_name not in stream.models:
+            raise InvalidArgumentError(
+                f"stream {stream.name!r} was opened for {list(stream.models)}, "
+                f"not model {self.model_name!r}"
+            )
+        request.flow, request.weight, request.supersedes = stream, stream.weight, stream.supersedes
+        captured_s = captured_us / 1e6 if 0 < captured_us / 1e6 <= now else now
+        self._stream_of[slot] = (stream, captured_s)
+        stream.received(self.model_name, superseded, now)
 
     def _refuse(self, slot: int, error: DuomoError) -> None:
         """Answer a request that was not queued, and count it against its model."""
@@ -243,8 +283,13 @@ class Attachment:
     ) -> ServedModel:
         """A header that is not the usual case: raise its error, or return the model that now
         serves it (a reload that kept the layout)."""
-        if magic != MAGIC or version != PROTOCOL_VERSION:
-            raise InvalidArgumentError(f"bad slot header magic/version {magic!r}/{version}")
+        if magic != MAGIC:
+            raise InvalidArgumentError(f"bad slot header magic {magic!r}")
+        if version != PROTOCOL_VERSION:
+            raise InvalidArgumentError(
+                f"the slot header is protocol version {version}; this supervisor speaks version "
+                f"{PROTOCOL_VERSION}: use a duomo client library of the supervisor's release"
+            )
         if state != SlotState.SUBMITTED:
             raise InvalidArgumentError(f"slot state is {state}, not SUBMITTED")
         if header_seq != seq:
@@ -312,6 +357,11 @@ class Attachment:
         slot gets exactly one answer, an INTERNAL one if writing the real one failed."""
         seq = self._seqs[slot]  # the slot stays reserved until below: nobody rewrites it
         closing = self._closing  # (read once: the ring stays mapped while the slot is in flight)
+        streamed = self._stream_of[slot]
+        if streamed is not None:  # counted before the answer goes out
+            stream, captured_s = streamed
+            now = time.monotonic()
+            stream.answered(self.model_name, outcome.code, now - captured_s, now)
         if not closing:
             try:
                 status, used = self._encode(outcome, self._outputs[slot])

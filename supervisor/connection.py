@@ -58,6 +58,7 @@ from duomo.ipc.framing import FrameReader, FrameTooLargeError, json_frame
 from duomo.ipc.wire import CHALLENGE_BYTES, MAX_JSON_BYTES, FrameKind
 from duomo.supervisor.attachment import Attachment
 from duomo.supervisor.limits import Limits
+from duomo.supervisor.streams import StreamState
 
 if TYPE_CHECKING:
     from duomo.supervisor.loan import Loan
@@ -125,6 +126,8 @@ class Connection:
         self.auth_deadline = now + limits.auth_timeout_s
         self.last_received_s = now  # the last frame from the client (the idle timeout)
         self.attachments: dict[int, Attachment] = {}
+        self.streams: dict[int, StreamState] = {}  # by id: the streams it opened
+        self.flow = ("client", conn_id)  # its plain requests' flow in the batchers
         # -- who reads it (``loan``: ``supervisor.lending``), under ``owner`` --
         # held while reading the socket and while lending it or giving it back, so one thread
         # reads it at a time; reentrant, since a read may end in ``Reactor._drop``

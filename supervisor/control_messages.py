@@ -37,10 +37,18 @@ load       ``model`` str                                ``load``: the model's st
                                                         (later)
 unload     ``model`` str                                ``unload``: ``model``,
                                                         ``answered_unavailable`` int (later)
+stream_    ``name`` str (1..64 printable); ``models``   ``stream`` int: its id, for the slot
+open       [str] (1..16); ``policy`` latest|fifo        headers' stream block
+           (latest); ``weight`` (0, 1000] (1); ``fps``
+           (0, 1000] (none); ``stall_after_s`` (5)
+stream_    ``stream`` int                               — (the stream is ``ended``)
+close
 ping       —                                            —
 =========  ===========================================  ========================================
 
-A model that is not served is NOT_FOUND, and so is a ring this client has not attached;
+A model that is not served is NOT_FOUND, and so is a ring (or stream) this client has not
+attached (opened); a stream name a live stream has is INVALID_ARGUMENT, and one past
+``limits.max_streams`` RESOURCE_EXHAUSTED;
 ``attach`` past 64 rings per client or the ``limits`` on slots and ring memory is
 RESOURCE_EXHAUSTED. The
 slow operations (marked "later") are control jobs, answered when done, in the order they came;
@@ -64,6 +72,7 @@ from duomo.ipc.errors import DuomoError, InternalError, InvalidArgumentError, ec
 Reply = dict[str, Any]
 MAX_SLOTS = 64  # in one ring
 DEFAULT_SLOTS = 4
+MAX_STREAM_MODELS = 16  # models one stream feeds
 
 
 class Fields:
@@ -97,6 +106,29 @@ class Fields:
             return value
         bounds = f" in {low}..{high}" if low is not None and high is not None else ""
         raise self._wrong(name, f"an integer{bounds}")
+
+    def number(
+        self, name: str, default: float | None = None, low: float = 0.0, high: float = 1e9
+    ) -> float | None:
+        """A positive number in (``low``, ``high``]; ``default`` when absent."""
+        value = self._message.get(name)
+        if value is None:
+            return default
+        if type(value) in (int, float) and low < value <= high:
+            return float(value)
+        raise self._wrong(name, f"a number in ({low:g}, {high:g}]")
+
+    def names(self, name: str, most: int) -> tuple[str, ...]:
+        """A non-empty list of at most ``most`` distinct strings."""
+        value = self._message.get(name)
+        if (
+            isinstance(value, list)
+            and 0 < len(value) <= most
+            and all(isinstance(v, str) for v in value)
+            and len(set(value)) == len(value)
+        ):
+            return tuple(value)
+        raise self._wrong(name, f"a list of 1..{most} distinct names")
 
     def flag(self, name: str) -> bool:
         value = self._message.get(name, False)
@@ -244,6 +276,43 @@ class Unload(ModelMessage):
 
 
 @dataclass(frozen=True)
+class StreamOpen(ControlMessage):
+    """``stream_open``: a stream named ``name`` feeding ``models`` (``supervisor.streams``);
+    answered with its id, which the producer writes into each of its slots' headers."""
+
+    op = "stream_open"
+    name: str
+    models: tuple[str, ...]
+    policy: str = "latest"
+    weight: float = 1.0
+    fps: float | None = None  # its nominal frame rate, if the producer knows it
+    stall_after_s: float = 5.0
+
+    @classmethod
+    def parse(cls, fields: Fields) -> StreamOpen:
+        return cls(
+            name=fields.text("name"),
+            models=fields.names("models", most=MAX_STREAM_MODELS),
+            policy=fields.optional_text("policy") or "latest",
+            weight=fields.number("weight", 1.0, high=1000.0) or 1.0,
+            fps=fields.number("fps", None, high=1000.0),
+            stall_after_s=fields.number("stall_after_s", 5.0, high=86400.0) or 5.0,
+        )
+
+
+@dataclass(frozen=True)
+class StreamClose(ControlMessage):
+    """``stream_close``: the producer is done with stream ``stream`` (its id)."""
+
+    op = "stream_close"
+    stream: int
+
+    @classmethod
+    def parse(cls, fields: Fields) -> StreamClose:
+        return cls(stream=fields.integer("stream"))
+
+
+@dataclass(frozen=True)
 class Ping(ControlMessage):
     """``ping``: answered at once, to show the supervisor is there."""
 
@@ -251,7 +320,20 @@ class Ping(ControlMessage):
 
 
 MESSAGES: dict[str, type[ControlMessage]] = {
-    m.op: m for m in (Models, Attach, Detach, Status, Stop, Reload, Load, Unload, Ping)
+    m.op: m
+    for m in (
+        Models,
+        Attach,
+        Detach,
+        Status,
+        Stop,
+        Reload,
+        Load,
+        Unload,
+        StreamOpen,
+        StreamClose,
+        Ping,
+    )
 }
 
 

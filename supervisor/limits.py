@@ -53,6 +53,7 @@ class LimitsConfig(StrictModel):
     shm_total_mb: int | None = Field(default=None, ge=1)
     control_queue: int = Field(default=64, ge=1, le=100_000)
     control_queue_per_client: int = Field(default=8, ge=1, le=100_000)
+    max_streams: int = Field(default=64, ge=1, le=100_000)  # live and ended, by name
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ class Limits:
     shm_total_bytes: int
     control_queue: int
     control_queue_per_client: int
+    max_streams: int
 
     def to_dict(self) -> dict[str, float]:
         return dict(self.__dict__)
@@ -102,6 +104,7 @@ def resolve_limits(config: LimitsConfig) -> Limits:
         shm_total_bytes=(config.shm_total_mb or 0) * MIB or shm_size // 2,
         control_queue=config.control_queue,
         control_queue_per_client=config.control_queue_per_client,
+        max_streams=config.max_streams,
     )
 
 

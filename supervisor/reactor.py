@@ -61,6 +61,7 @@ from duomo.supervisor.intake import Intake
 from duomo.supervisor.lending import Lending
 from duomo.supervisor.limits import Limits
 from duomo.supervisor.loan import LENT, Loan
+from duomo.supervisor.streams import StreamRegistry
 
 log = structlog.get_logger("duomo.reactor")
 HOUSEKEEPING_S = 0.1  # deadlines, timeouts and unmap retries are checked this often
@@ -87,13 +88,17 @@ class Reactor:
         handle: Handler,
         limits: Limits,
         wake_idle: Callable[[str], None] | None = None,
+        streams: StreamRegistry | None = None,
     ) -> None:
         """``wake_idle``: wakes a model's idle workers (``Engine.wake_idle``), to borrow a
-        connection or give one back (``supervisor.lending``); None where there are none."""
+        connection or give one back (``supervisor.lending``); None where there are none.
+        ``streams``: where a connection's streams end when it goes away, and whose liveness
+        the housekeeping checks."""
         self._listener: socket.socket | None = listener
         self._key = key
         self._handle = handle
         self.limits = limits
+        self.streams = streams
         self._epoll = select.epoll()
         self._wake_r, self._wake_w = socket.socketpair()
         self._connections: dict[int, Connection] = {}
@@ -451,11 +456,16 @@ class Reactor:
             conn.drop()  # (a lent one's worker wakes up and closes it as it gives it back)
             for ring in list(conn.attachments):
                 self.detach(conn, ring)
+            if conn.streams and self.streams is not None:
+                self.streams.close(conn.streams.values(), why="its producer went away")
+                conn.streams.clear()
             if conn.loan.reading is not LENT:
                 conn.sock.close()
 
     def _housekeeping(self, now: float) -> None:
         limits = self.limits
+        if self.streams is not None:
+            self.streams.tick(now)
         for conn in list(self._connections.values()):
             if conn.stage is CHALLENGED:
                 if now > conn.auth_deadline:

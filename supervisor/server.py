@@ -71,6 +71,8 @@ from duomo.supervisor.control_messages import (
     Reply,
     Status,
     Stop,
+    StreamClose,
+    StreamOpen,
     Unload,
     error_reply,
     internal_reply,
@@ -82,6 +84,7 @@ from duomo.supervisor.limits import Limits, RingLedger, resolve_limits
 from duomo.supervisor.metrics import DuomoCollector, ProcessView
 from duomo.supervisor.metrics_http import LIVE_TIMEOUT_S, MetricsServer
 from duomo.supervisor.reactor import Reactor
+from duomo.supervisor.streams import StreamRegistry
 from duomo.supervisor.watchdog import Watchdog
 from duomo.worker.model_spec import SERVING, ModelState
 from duomo.worker.served_model import ServedModel
@@ -115,6 +118,7 @@ class Supervisor:
         self.watchdog: Watchdog | None = None
         self.limits: Limits = resolve_limits(loaded.config.limits)
         self.shm = RingLedger(self.limits)
+        self.streams = StreamRegistry(self.limits.max_streams)
         self.control_jobs = ControlJobs(
             self.limits.control_queue, self.limits.control_queue_per_client
         )
@@ -138,6 +142,8 @@ class Supervisor:
             Reload.op: self._on_reload,
             Load.op: self._on_load,
             Unload.op: self._on_unload,
+            StreamOpen.op: self._on_stream_open,
+            StreamClose.op: self._on_stream_close,
             Ping.op: self._on_ping,
         }
 
@@ -174,7 +180,9 @@ class Supervisor:
         self._own(path)
         listener.listen(self.limits.listen_backlog)
         self.control_jobs.start()
-        self.reactor = Reactor(listener, key, self.handle, self.limits, self.engine.wake_idle)
+        self.reactor = Reactor(
+            listener, key, self.handle, self.limits, self.engine.wake_idle, self.streams
+        )
         self.reactor.start()
         # lending: models' idle workers read their producers through the reactor's connections
         self.engine.idle_spin.read_from(self.reactor.lending.read_when_idle)
@@ -311,6 +319,7 @@ class Supervisor:
     def _apply_limits(self, limits: Limits) -> None:
         self.limits = limits
         self.shm.limits = limits
+        self.streams.max_streams = limits.max_streams
         self.control_jobs.set_capacity(limits.control_queue, limits.control_queue_per_client)
         if self.reactor is not None:
             self.reactor.set_limits(limits)
@@ -408,6 +417,7 @@ class Supervisor:
             attachment = Attachment(
                 ring_id, model, self.engine.models, layout, conn.send,
                 on_close=functools.partial(self.shm.release, *charge),
+                streams=conn.streams, flow=conn.flow,
             )  # fmt: skip
         except BaseException as err:
             self.shm.release(*charge)
@@ -452,6 +462,29 @@ class Supervisor:
     def _on_unload(self, caller: Caller, request: Unload) -> None:
         self.engine.model(request.model)  # NotFoundError at once
         self._later(caller, request, lambda: {"unload": self.engine.unload(request.model)})
+
+    def _on_stream_open(self, caller: Caller, request: StreamOpen) -> Reply:
+        for name in request.models:
+            self.engine.model(name)  # NotFoundError for a model not served
+        conn = caller.conn
+        stream = self.streams.open(
+            request.name,
+            request.models,
+            request.policy,
+            request.weight,
+            request.fps,
+            request.stall_after_s,
+            client=f"client {conn.id} (pid {conn.pid})" if conn.pid else f"client {conn.id}",
+        )
+        conn.streams[stream.id] = stream
+        return {"ok": True, "stream": stream.id}
+
+    def _on_stream_close(self, caller: Caller, request: StreamClose) -> Reply:
+        stream = caller.conn.streams.pop(request.stream, None)
+        if stream is None:
+            raise NotFoundError(f"no open stream {request.stream}")
+        self.streams.close([stream])
+        return {"ok": True}
 
     def _on_ping(self, caller: Caller, request: Ping) -> Reply:
         return {"ok": True}

@@ -13,6 +13,18 @@ worker fills at a time, so two idle instances do not split a forming batch. High
 effective priority by ``aging_per_s``: a low priority is delayed for a bounded time under
 sustained higher-priority load, never starved.
 Requests whose deadline has passed are handed back as ``expired`` and never run.
+
+The fairness rule, after priority: within one priority level, requests are taken from their
+**flows** (``Request.flow``: a stream's, or a connection's own for its plain requests) in
+weighted round-robin, by stride scheduling — each flow has a pass, the flow with the lowest
+goes next (ties: the older request) and its pass grows by 1/weight; a flow that was idle joins
+at the pass last served, with no credit saved up. So a 30 fps camera cannot starve a 5 fps
+camera of the same model, and a client with many slots in flight cannot starve one with few.
+When the queue is full, the flow with the most queued requests gives way: its newest is
+refused RESOURCE_EXHAUSTED to make room for a flow with fewer (a full queue refuses the
+newcomer only when its own flow holds the most). A request that ``supersedes`` (a stream of
+policy ``latest``) takes the place of its flow's queued requests, which are answered
+SUPERSEDED: at most one frame of such a stream ever waits in the queue.
 ``next_batch`` always returns at least one request to run or expire, or ``None`` once the batcher
 is closed and empty, or once the calling worker's generation has been retired.
 
@@ -39,13 +51,18 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
 import structlog
 
-from duomo.ipc.errors import ResourceExhaustedError, UnavailableError
+from duomo.ipc.errors import (
+    DuomoError,
+    ResourceExhaustedError,
+    SupersededError,
+    UnavailableError,
+)
 from duomo.worker.batch_window import BatchWindow
 from duomo.worker.request import Request
 
@@ -114,6 +131,81 @@ class ReaderSeat:
             os.eventfd_write(wake_fd, 1)
 
 
+class Level:
+    """One priority level's queue: a FIFO per flow, taken in weighted round-robin (the module
+    docstring's rule). Used under the batcher's lock."""
+
+    __slots__ = ("count", "flows", "passes", "served")
+
+    def __init__(self) -> None:
+        self.flows: dict[Hashable, deque[Request]] = {}  # the flows with requests queued
+        self.passes: dict[Hashable, float] = {}  # flow -> its pass (idle ones: while ahead)
+        self.served = 0.0  # the pass last served
+        self.count = 0
+
+    def append(self, request: Request) -> None:
+        flow = request.flow
+        queue = self.flows.get(flow)
+        if queue is None:
+            queue = self.flows[flow] = deque()
+            self.passes[flow] = max(self.served, self.passes.get(flow, 0.0))
+        queue.append(request)
+        self.count += 1
+
+    def oldest(self) -> Request:
+        """The request queued longest (the batching window runs from its arrival)."""
+        if len(self.flows) == 1:
+            return next(iter(self.flows.values()))[0]
+        return min((queue[0] for queue in self.flows.values()), key=_arrival)
+
+    def pop(self) -> Request:
+        """The next request by the round-robin rule."""
+        flows, passes = self.flows, self.passes
+        if len(flows) == 1:
+            flow = next(iter(flows))
+        else:
+            flow = min(flows, key=lambda f: (passes[f], flows[f][0].seq))
+        queue = flows[flow]
+        request = queue.popleft()
+        self.count -= 1
+        self.served = passes[flow]
+        passes[flow] = self.served + 1.0 / request.weight
+        if not queue:
+            del flows[flow]
+            if len(passes) > 2 * len(flows) + 64:  # forget idle flows no longer ahead
+                self.passes = {f: p for f, p in passes.items() if f in flows or p > self.served}
+        return request
+
+    def remove_flow(self, flow: Hashable) -> list[Request]:
+        """Take out every queued request of ``flow``."""
+        queue = self.flows.pop(flow, None)
+        if queue is None:
+            return []
+        self.count -= len(queue)
+        return list(queue)
+
+    def remove_where(self, doomed: Callable[[Request], bool]) -> list[Request]:
+        removed: list[Request] = []
+        for flow, queue in list(self.flows.items()):
+            kept: deque[Request] = deque()
+            for request in queue:
+                (removed if doomed(request) else kept).append(request)
+            if not kept:
+                del self.flows[flow]
+            elif len(kept) != len(queue):
+                self.flows[flow] = kept
+        self.count -= len(removed)
+        return removed
+
+    def requests(self) -> Iterator[Request]:
+        for queue in self.flows.values():
+            yield from queue
+
+
+def _arrival(request: Request) -> tuple[float, int]:
+    return request.enqueued_s, request.seq
+
+
 @dataclass(slots=True)
 class TakenBatch:
     """What one take from the queue yields: the requests that run together, and those already
@@ -145,7 +237,7 @@ class Batcher:
         self.queue_size = queue_size
         self.aging_per_s = aging_per_s
         self._clock = clock
-        self._levels: dict[int, deque[Request]] = {}  # priority -> FIFO of its requests
+        self._levels: dict[int, Level] = {}  # priority -> its requests, by flow
         self._count = 0
         self._lock = threading.Lock()
         self._sleepers: list[threading.Lock] = []  # one held lock per sleeping worker
@@ -159,24 +251,75 @@ class Batcher:
         with self._lock:
             return self._count
 
-    def put(self, request: Request) -> None:
-        """Queue ``request``; a full queue or a closed batcher is an error at once."""
+    def put(self, request: Request) -> list[tuple[Request, DuomoError]]:
+        """Queue ``request``; a full queue or a closed batcher is an error at once.
+
+        Returns the queued requests it displaced, each with the error to answer it with (the
+        caller answers them, outside the lock): its flow's, SUPERSEDED, when it ``supersedes``;
+        or, the queue being full, the newest of the flow holding the most, RESOURCE_EXHAUSTED.
+        """
+        displaced: list[tuple[Request, DuomoError]] = []
         with self._lock:
             if self._closed:
                 raise UnavailableError(f"model {self.model!r} is not accepting requests")
+            if request.supersedes:
+                for old in self._remove_flow(request.flow):
+                    displaced.append((old, SupersededError(_superseded(self.model))))
             if self._count >= self.queue_size:
-                raise ResourceExhaustedError(
-                    f"model {self.model!r} queue is full ({self.queue_size} requests)"
-                )
+                displaced.append((self._make_room(request), self._full()))
             level = self._levels.get(request.priority)
             if level is None:
-                level = self._levels[request.priority] = deque()
+                level = self._levels[request.priority] = Level()
             level.append(request)
             self._count += 1
             if self._window is not None:
                 self._window.record_arrival()
             if self._sleepers or self._seat.holder is not None:
                 self._wake_all()
+        return displaced
+
+    def _full(self) -> ResourceExhaustedError:
+        return ResourceExhaustedError(
+            f"model {self.model!r} queue is full ({self.queue_size} requests)"
+        )
+
+    def _remove_flow(self, flow: Hashable) -> list[Request]:
+        removed: list[Request] = []
+        for priority, level in list(self._levels.items()):
+            removed += level.remove_flow(flow)
+            if not level.count:
+                del self._levels[priority]
+        self._count -= len(removed)
+        return removed
+
+    def _make_room(self, request: Request) -> Request:
+        """With the queue full: take out the newest request of the flow holding the most, if
+        that flow holds more than ``request``'s would; else refuse ``request``."""
+        held: dict[Hashable, int] = {}
+        for level in self._levels.values():
+            for flow, queue in level.flows.items():
+                held[flow] = held.get(flow, 0) + len(queue)
+        greediest = max(held, key=held.__getitem__)
+        if held[greediest] <= held.get(request.flow, 0) + 1:
+            raise self._full()
+        newest: tuple[int, Level] | None = None
+        for priority, level in self._levels.items():
+            held_here = level.flows.get(greediest)
+            if held_here and (
+                newest is None or held_here[-1].seq > newest[1].flows[greediest][-1].seq
+            ):
+                newest = (priority, level)
+        assert newest is not None
+        priority, level = newest
+        queue = level.flows[greediest]
+        victim = queue.pop()
+        level.count -= 1
+        if not queue:
+            del level.flows[greediest]
+        if not level.count:
+            del self._levels[priority]
+        self._count -= 1
+        return victim
 
     def close(self) -> None:
         """Stop accepting; workers drain what is queued, then ``next_batch`` returns None."""
@@ -210,20 +353,16 @@ class Batcher:
         with self._lock:
             expired: list[Request] = []
             for priority, level in list(self._levels.items()):
-                kept: deque[Request] = deque()
-                for request in level:
-                    (expired if request.expired(now) else kept).append(request)
-                if not kept:
+                expired += level.remove_where(lambda r: r.expired(now))
+                if not level.count:
                     del self._levels[priority]
-                elif len(kept) != len(level):
-                    self._levels[priority] = kept
             self._count -= len(expired)
             return expired
 
     def drain(self) -> list[Request]:
         """Remove and return everything still queued (for failing it on shutdown)."""
         with self._lock:
-            taken = [r for level in self._levels.values() for r in level]
+            taken = [r for level in self._levels.values() for r in level.requests()]
             self._levels.clear()
             self._count = 0
             return sorted(taken, key=lambda r: (-r.priority, r.seq))
@@ -284,7 +423,7 @@ class Batcher:
         closed, the worker retired, the queue drained). Other workers wait meanwhile."""
         self._filling = True
         try:
-            first = self._levels[self._best_level(self._clock())][0]
+            first = self._levels[self._best_level(self._clock())].oldest()
             fill_until = first.enqueued_s + delay_s
             late_from, late = fill_until - delay_s / 2, False  # (the second half)
             while self._count < self.max_batch and not self._closed:
@@ -360,7 +499,7 @@ class Batcher:
         best: int | None = None
         best_key = (0.0, 0)
         for priority, level in self._levels.items():
-            head = level[0]
+            head = level.oldest()
             key = (priority + (now - head.enqueued_s) * self.aging_per_s, -head.seq)
             if best is None or key > best_key:
                 best, best_key = priority, key
@@ -373,9 +512,13 @@ class Batcher:
         while self._count and len(taken.run) < self.max_batch:
             priority = self._best_level(now)
             level = self._levels[priority]
-            request = level.popleft()
-            if not level:
+            request = level.pop()
+            if not level.count:
                 del self._levels[priority]
             self._count -= 1
             (taken.expired if request.expired(now) else taken.run).append(request)
         return taken
+
+
+def _superseded(model: str) -> str:
+    return f"a newer frame of the stream took its place in model {model!r}'s queue"

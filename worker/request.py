@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,7 +54,12 @@ class Outcome:
 
 @dataclass(eq=False, slots=True)
 class Request:
-    """One unit of work for one model. ``deadline_s`` is on the ``time.monotonic`` clock."""
+    """One unit of work for one model. ``deadline_s`` is on the ``time.monotonic`` clock.
+
+    ``flow`` is whose request it is, for the batcher's round-robin between flows: a stream's
+    (its ``StreamState``), or a connection's own for its plain requests; ``weight`` is the
+    flow's share. ``supersedes``: queueing it answers the flow's queued requests SUPERSEDED
+    (a stream of policy ``latest``)."""
 
     payload: Any
     on_done: Callable[[Outcome], object]
@@ -62,6 +67,9 @@ class Request:
     deadline_s: float | None = None
     enqueued_s: float = field(default_factory=time.monotonic)
     seq: int = field(default_factory=_sequence.__next__)
+    flow: Hashable = None
+    weight: float = 1.0
+    supersedes: bool = False
     timings: StageTimings = field(default_factory=StageTimings)
     cancelled: bool = False  # set when nobody will read the answer (the client went away)
     abandoned: bool = False  # answered by the watchdog while its batch still runs

@@ -364,12 +364,14 @@ class ServedModel:
         with self._pending_lock:
             self._pending += 1
         try:
-            self.batcher.put(request)  # wakes a worker: nothing after this on the caller's path
+            displaced = self.batcher.put(request)  # wakes a worker
         except BaseException:
             request.on_counted = request.on_finished = None
             with self._pending_lock:
                 self._pending -= 1
             raise
+        for old, error in displaced:  # superseded by it, or made room for it
+            old.complete(error=error)
         if self.state is ModelState.UNLOADED and self._auto_load and self._on_demand is not None:
             self._on_demand(self)  # read after queueing: an eviction cannot slip in between
         if self._on_request is not None:

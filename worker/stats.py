@@ -114,6 +114,8 @@ class ModelStats:
                     ("compute_infer", t.infer_s),
                     ("compute_output", t.postprocess_s),
                 )
+            elif outcome.error.code is ErrorCode.SUPERSEDED:  # an outcome, not a failure
+                return
             else:
                 spent = (("fail", total_s),)
             for kind, seconds in spent:

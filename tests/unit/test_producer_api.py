@@ -18,6 +18,7 @@ PRODUCER_API = [
     "DeviceStatus",
     "DuomoError",
     "ErrorCode",
+    "Filler",
     "InternalError",
     "InvalidArgumentError",
     "ModelChangedError",
@@ -28,6 +29,9 @@ PRODUCER_API = [
     "ResourceExhaustedError",
     "Slot",
     "StatusRecordError",
+    "Stream",
+    "StreamAnswer",
+    "SupersededError",
     "SupervisorStatus",
     "UnavailableError",
 ]

@@ -1,0 +1,469 @@
+"""A producer's camera: a stream of frames into one or more models, freshest first.
+
+``Client.stream`` opens one (the supervisor's ``stream_open``) and attaches a ring per model;
+``Stream.send`` hands it a frame and returns at once, never waiting for the models, and
+``Stream.answers`` yields each frame's answers as they come (``StreamAnswer``). Used by
+producers directly, and by the video source (``duomo.video``).
+
+Each model has a lane: the stream's own slots for it (taken once and kept), and the frames
+waiting for one of them. A frame goes into a free slot at once (its header's stream block says
+which stream, which frame, when it was captured); with every slot in flight it waits in the
+lane:
+
+- ``latest`` keeps only the newest waiting frame: the one it replaces is answered SUPERSEDED
+  here, and the next frame sent tells the supervisor how many were (it counts them); in the
+  supervisor a queued, not yet started frame is superseded by the stream's next one as well.
+  With at least three slots a new frame always finds one free (one runs, one waits in the
+  queue, the third takes the newest and supersedes the one waiting), so an answer's age is
+  bounded by the time to finish the batch running, one batch window, its own service time
+  and at most one frame period — whatever the load.
+- ``fifo`` answers every frame: frames wait in order, at most ``backlog`` of them; beyond
+  that a frame is answered RESOURCE_EXHAUSTED here without being sent.
+
+``max_fps`` and ``every`` drop frames before anything is written (``send`` returns False; no
+answer comes for them). Slots freed by an answer are refilled from the lane by the thread that
+sends, or, when nobody sends, by the stream's own refill thread (the answer's thread reads the
+client's socket and never writes a frame).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from duomo.ipc.errors import (
+    DuomoError,
+    InvalidArgumentError,
+    ModelChangedError,
+    SupersededError,
+    UnavailableError,
+)
+
+if TYPE_CHECKING:
+    from duomo.ipc.client import Client
+    from duomo.ipc.slots import ModelHandle, Slot
+
+POLICIES = ("latest", "fifo")
+DEFAULT_SLOTS = 3
+DEFAULT_BACKLOG = 256  # fifo: frames that may wait at the source per model
+
+
+@dataclass(frozen=True)
+class Filler:
+    """A frame that writes itself into the slot: ``fill(out)`` writes an image of ``shape``
+    and ``dtype`` into the slot's input view ``out`` (a decoder converting its colours straight
+    into shared memory, say: the frame's one copy). Called once per model, on the thread that
+    sends or refills."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any] | type
+    fill: Callable[[np.ndarray], object]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamAnswer:
+    """One model's answer to one frame of a stream.
+
+    Attributes:
+        stream: The stream's name.
+        frame: The frame number.
+        model: The model that answered.
+        age_ms: Answer time minus capture time (the monotonic clock), in ms.
+        outcome: ``"OK"``, ``"SUPERSEDED"`` (a newer frame took its place: not an error) or
+            the error's code name (``"RESOURCE_EXHAUSTED"``, ``"UNAVAILABLE"``, …).
+        result: The model's result when ``outcome`` is OK (a dict for structured tasks,
+            ``{output: array}`` for raw models).
+        error: The error's message, for an error outcome.
+        captured: The capture time, seconds on ``time.monotonic``.
+    """
+
+    stream: str
+    frame: int
+    model: str
+    age_ms: float
+    outcome: str
+    result: Any = None
+    error: str | None = None
+    captured: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == "OK"
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON line ``duomo stream`` writes (a contract): ``stream``, ``frame``,
+        ``model``, ``age_ms``, then ``result`` or ``outcome`` (and ``error`` for an error)."""
+        line: dict[str, Any] = {
+            "stream": self.stream,
+            "frame": self.frame,
+            "model": self.model,
+            "age_ms": round(self.age_ms, 3),
+        }
+        if self.outcome == "OK":
+            line["result"] = self.result
+        else:
+            line["outcome"] = self.outcome
+            if self.error is not None:
+                line["error"] = self.error
+        return line
+
+
+@dataclass(slots=True)
+class _Frame:
+    data: Any
+    captured: float
+    number: int
+
+
+class _Lane:
+    """One model's slots of the stream and the frames waiting for them (under the stream's
+    lock)."""
+
+    def __init__(self, handle: ModelHandle, slots: int) -> None:
+        self.handle = handle
+        self.size = slots
+        self.free: list[Slot] = [handle.slot() for _ in range(slots)]
+        self.waiting: deque[_Frame] = deque()
+        self.superseded = 0  # replaced here since the last frame sent
+        self.pumping = False  # a thread is writing waiting frames into free slots
+        self.stale = False  # answered MODEL_CHANGED: take the slots anew once all are back
+
+    @property
+    def idle(self) -> bool:
+        return len(self.free) == self.size and not self.waiting
+
+
+class Stream:
+    """A stream of frames into models, opened by ``Client.stream`` (see the module docstring
+    for the policies).
+
+    Example:
+        cam = client.stream("gate-3", models=["face", "ocr"], policy="latest")
+        cam.send(frame, captured=time.monotonic())  # returns at once
+        for answer in cam.answers(timeout_s=1.0):
+            print(answer.to_json())
+
+    Attributes:
+        name: The stream's name.
+        models: The models each frame goes to.
+        policy: ``latest`` or ``fifo``.
+        stream_id: Its id on the connection (the slot headers carry it).
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        name: str,
+        models: Sequence[str],
+        policy: str = "latest",
+        weight: float = 1.0,
+        fps: float | None = None,
+        max_fps: float | None = None,
+        every: int | None = None,
+        stall_after_s: float = 5.0,
+        slots: int = DEFAULT_SLOTS,
+        backlog: int = DEFAULT_BACKLOG,
+        timeout_s: float | None = None,
+    ) -> None:
+        """Made by ``Client.stream``, which documents the arguments."""
+        if policy not in POLICIES:
+            raise InvalidArgumentError(f"policy must be one of {list(POLICIES)}, not {policy!r}")
+        if max_fps is not None and not max_fps > 0:
+            raise InvalidArgumentError(f"max_fps must be above 0, not {max_fps!r}")
+        if every is not None and not (isinstance(every, int) and every >= 1):
+            raise InvalidArgumentError(f"every must be an integer ≥ 1, not {every!r}")
+        if not (isinstance(slots, int) and slots >= 1) or backlog < 1:
+            raise InvalidArgumentError("slots and backlog must be at least 1")
+        self.client = client
+        self.name = name
+        self.models = tuple(models)
+        self.policy = policy
+        self.timeout_s = timeout_s
+        self._period = 1.0 / max_fps if max_fps else 0.0
+        self._every = every or 1
+        self._backlog = backlog
+        self._due = 0.0
+        self._offered = 0  # frames offered to send (``every`` counts them)
+        self._numbers = itertools.count()
+        self._lock = threading.Lock()
+        self._answers: deque[StreamAnswer] = deque()
+        self._arrived = threading.Condition(self._lock)
+        self._closed = False
+        self.stream_id = client.open_stream(name, self.models, policy, weight, fps, stall_after_s)
+        self._lanes: dict[str, _Lane] = {}
+        try:
+            for model in self.models:
+                self._lanes[model] = _Lane(client.model(model, slots=slots), slots)
+        except BaseException:
+            self._close_lanes()
+            raise
+        self._refill_wanted = threading.Event()
+        self._refiller: threading.Thread | None = None
+
+    # -- sending ---------------------------------------------------------------------------
+
+    def send(
+        self,
+        data: np.ndarray | Mapping[str, np.ndarray] | Filler,
+        captured: float | None = None,
+        frame: int | None = None,
+    ) -> bool:
+        """Hand one frame to every model of the stream; returns at once.
+
+        Args:
+            data: An image (uint8 H×W×C RGB, or H×W), a dict of arrays by input name, or a
+                ``Filler``. Kept, not copied, while it waits for a slot: do not change it.
+            captured: When it was captured, seconds on ``time.monotonic`` (default: now).
+            frame: Its frame number (default: counted from 0).
+
+        Returns:
+            False when ``max_fps`` or ``every`` dropped it (no answer will come for it).
+
+        Raises:
+            UnavailableError: The stream is closed, or the connection is lost.
+        """
+        if self._closed:
+            raise UnavailableError(f"stream {self.name!r} is closed")
+        now = time.monotonic()
+        captured = now if captured is None else captured
+        number = next(self._numbers) if frame is None else frame
+        if self._dropped_at_source(captured):
+            return False
+        item = _Frame(data, captured, number)
+        for model, lane in self._lanes.items():
+            with self._lock:
+                if self.policy == "latest" and lane.waiting:
+                    old = lane.waiting.pop()
+                    lane.superseded += 1
+                    self._answer(_local(self.name, model, old, "SUPERSEDED"))
+                if len(lane.waiting) >= self._backlog:
+                    self._answer(
+                        _local(self.name, model, item, "RESOURCE_EXHAUSTED", "backlog full")
+                    )
+                    continue
+                lane.waiting.append(item)
+            self._pump(model, lane)
+        return True
+
+    def _dropped_at_source(self, captured: float) -> bool:
+        self._offered += 1
+        if self._every > 1 and (self._offered - 1) % self._every:
+            return True
+        if self._period:
+            if captured < self._due:
+                return True
+            self._due = max(self._due + self._period, captured + self._period / 2)
+        return False
+
+    def _pump(self, model: str, lane: _Lane) -> None:
+        """Write waiting frames into free slots, oldest first, until either runs out; one
+        thread at a time per lane (another finds it pumping and leaves its frame to it)."""
+        with self._lock:
+            if lane.pumping:
+                return
+            lane.pumping = True
+        try:
+            while True:
+                with self._lock:
+                    renew = lane.stale and len(lane.free) == lane.size
+                    if not renew and (lane.stale or not (lane.waiting and lane.free)):
+                        lane.pumping = False
+                        return
+                    if not renew:
+                        item = lane.waiting.popleft()
+                        slot = lane.free.pop()
+                        superseded, lane.superseded = lane.superseded, 0
+                if renew:
+                    self._take_slots_anew(lane)
+                else:
+                    self._submit(model, lane, slot, item, superseded)
+        except BaseException:
+            with self._lock:
+                lane.pumping = False
+            raise
+
+    def _take_slots_anew(self, lane: _Lane) -> None:
+        """(Pumping, every slot back) after MODEL_CHANGED: the handle re-attaches."""
+        with self._lock:
+            old, lane.free = lane.free, []
+        for slot in old:
+            slot.release()
+        fresh = [lane.handle.slot() for _ in range(lane.size)]
+        with self._lock:
+            lane.free, lane.stale = fresh, False
+
+    def _submit(self, model: str, lane: _Lane, slot: Slot, item: _Frame, superseded: int) -> None:
+        link = lane.handle._link
+        try:
+            data = item.data
+            if isinstance(data, Filler):
+                name = lane.handle.layout.inputs[0].name
+                data.fill(slot.input(name, tuple(data.shape)))
+            else:
+                slot.write(data)
+            slot.set_stream(self.stream_id, item.number, int(item.captured * 1e6), superseded)
+            slot.on_done = functools.partial(self._on_answer, model, lane, item)
+            link.async_started()
+            try:
+                slot.submit(timeout_s=self.timeout_s)
+            except BaseException:
+                slot.on_done = None
+                link.async_finished()
+                raise
+        except DuomoError as err:
+            with self._lock:
+                lane.free.append(slot)
+            self._answer(_local(self.name, model, item, err.code.name, err.message))
+            if isinstance(err, UnavailableError):
+                raise
+
+    def _on_answer(self, model: str, lane: _Lane, item: _Frame, slot: Slot) -> None:
+        """A slot's answer, on the client's reading thread: record it, give the slot back to
+        the lane, and wake the refill thread if frames wait."""
+        lane.handle._link.async_finished()
+        now = time.monotonic()
+        outcome, result, error = "OK", None, None
+        try:
+            result = slot.wait(timeout_s=0, copy=True)
+        except SupersededError:
+            outcome = "SUPERSEDED"
+        except DuomoError as err:
+            outcome, error = err.code.name, err.message
+            if isinstance(err, ModelChangedError):
+                lane.stale = True
+        answer = StreamAnswer(
+            self.name,
+            item.number,
+            model,
+            (now - item.captured) * 1e3,
+            outcome,
+            result,
+            error,
+            item.captured,
+        )
+        with self._lock:
+            lane.free.append(slot)
+            refill = bool(lane.waiting) and not lane.pumping
+            self._answers.append(answer)
+            self._arrived.notify_all()
+        if refill:
+            self._refill_soon()
+
+    def _refill_soon(self) -> None:
+        if self._refiller is None:
+            with self._lock:
+                if self._refiller is None:
+                    self._refiller = threading.Thread(
+                        target=self._refill, name=f"duomo-stream-{self.name}", daemon=True
+                    )
+                    self._refiller.start()
+        self._refill_wanted.set()
+
+    def _refill(self) -> None:
+        while not self._closed or any(lane.waiting for lane in self._lanes.values()):
+            self._refill_wanted.wait(0.5)
+            self._refill_wanted.clear()
+            for model, lane in self._lanes.items():
+                try:
+                    self._pump(model, lane)
+                except DuomoError:
+                    return  # the connection is gone: nothing more can be sent
+
+    def _answer(self, answer: StreamAnswer) -> None:
+        with self._arrived:
+            self._answers.append(answer)
+            self._arrived.notify_all()
+
+    # -- answers ----------------------------------------------------------------------------
+
+    def answers(self, timeout_s: float | None = None) -> Iterator[StreamAnswer]:
+        """The answers in the order they arrive: blocks for each; ends once the stream is
+        closed and every answer was taken, or after ``timeout_s`` with none."""
+        while True:
+            with self._arrived:
+                deadline = None if timeout_s is None else time.monotonic() + timeout_s
+                while not self._answers:
+                    if self._closed and self._quiet():
+                        return
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        return
+                    self._arrived.wait(0.25 if remaining is None else min(remaining, 0.25))
+                answer = self._answers.popleft()
+            yield answer
+
+    def poll(self) -> list[StreamAnswer]:
+        """The answers that have arrived, without waiting."""
+        with self._arrived:
+            taken = list(self._answers)
+            self._answers.clear()
+        return taken
+
+    def _quiet(self) -> bool:
+        return all(lane.idle for lane in self._lanes.values())
+
+    @property
+    def in_flight(self) -> int:
+        """Frames sent and not answered, over all models."""
+        with self._lock:
+            return sum(lane.size - len(lane.free) for lane in self._lanes.values())
+
+    # -- closing ----------------------------------------------------------------------------
+
+    def close(self, drain_s: float = 5.0) -> None:
+        """Stop sending: wait up to ``drain_s`` for the frames in flight and waiting to be
+        answered, then close the stream (``ended`` in the supervisor) and detach its rings.
+        Answers already arrived stay readable (``answers``, ``poll``)."""
+        if self._closed:
+            return
+        self._closed = True
+        deadline = time.monotonic() + drain_s
+        self._refill_wanted.set()
+        while time.monotonic() < deadline and self.client.connected:
+            with self._arrived:
+                if self._quiet():
+                    break
+                self._arrived.wait(0.05)
+            for model, lane in self._lanes.items():
+                if lane.waiting and not lane.pumping:
+                    try:
+                        self._pump(model, lane)
+                    except DuomoError:
+                        break
+        with contextlib.suppress(DuomoError):  # (gone: the supervisor ended it already)
+            self.client.close_stream(self.stream_id)
+        self._close_lanes()
+        with self._arrived:
+            for model, lane in self._lanes.items():
+                for item in lane.waiting:
+                    self._answers.append(_local(self.name, model, item, "UNAVAILABLE", "closed"))
+                lane.waiting.clear()
+            self._arrived.notify_all()
+
+    def _close_lanes(self) -> None:
+        for lane in self._lanes.values():
+            with contextlib.suppress(DuomoError):
+                lane.handle.close()
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _local(
+    stream: str, model: str, item: _Frame, outcome: str, error: str | None = None
+) -> StreamAnswer:
+    """An answer given at the source, without the supervisor (superseded, or refused)."""
+    age_ms = (time.monotonic() - item.captured) * 1e3
+    return StreamAnswer(stream, item.number, model, age_ms, outcome, None, error, item.captured)
