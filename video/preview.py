@@ -15,7 +15,7 @@ Routes (``{s}`` a stream name, percent-encoded: a name may hold any printable ch
 ``GET /mjpeg/{s}``          the same JPEGs as they are encoded, as MJPEG
 ==========================  ========================================================================
 
-Threads (who runs what, owns what, and hands off through what):
+Threads (who runs what, and hands off through what):
 
 ===========================  ============================  =====================================
 thread                       runs                          hands off through
