@@ -36,6 +36,7 @@ from duomo.ipc.status_records import (
     ModelInfo,
     ModelStatus,
     StatusRecordError,
+    StreamStatus,
     SupervisorStatus,
 )
 
@@ -63,6 +64,7 @@ __all__ = [  # the same names as duomo.ipc's (tests/unit/test_producer_api.py pi
     "StatusRecordError",
     "Stream",
     "StreamAnswer",
+    "StreamStatus",
     "SupersededError",
     "SupervisorStatus",
     "UnavailableError",

@@ -38,6 +38,7 @@ from duomo.ipc.status_records import (
     ModelInfo,
     ModelStatus,
     StatusRecordError,
+    StreamStatus,
     SupervisorStatus,
 )
 
@@ -68,6 +69,7 @@ __all__ = [
     "StatusRecordError",
     "Stream",
     "StreamAnswer",
+    "StreamStatus",
     "SupersededError",
     "SupervisorStatus",
     "UnavailableError",

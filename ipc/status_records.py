@@ -6,7 +6,8 @@ in the order ``docs/operations.md`` documents) and ``from_dict`` (that object re
 that is missing, or holds a value of the wrong type, raises ``StatusRecordError`` naming the record
 and the key — never a default, so a renamed key fails loudly instead of showing 0 or "UNKNOWN".
 A field that may be ``null`` on the wire is ``X | None`` here; ``null`` and a missing key are not
-the same thing (only ``ModelInfo``'s loaded-only keys and ``ModelStatus.compute`` may be absent).
+the same thing (only ``ModelInfo``'s loaded-only keys, ``ModelStatus.compute`` and
+``SupervisorStatus.streams`` may be absent).
 
 ======================  ======================================  ==================  ===============
 record                  what it holds                           built by            read by
@@ -24,6 +25,10 @@ record                  what it holds                           built by        
                         (``RingStatus``)                        server``
 ``GatewayWorkerStatus`` one gateway worker process              ``supervisor.       CLI, ``--watch``
                                                                 server``
+``StreamStatus``        one stream (a camera): its liveness,    ``supervisor.       CLI, ``--watch``
+                        settings, and per model its figures     streams`` (the
+                        (``StreamModelFigures``)                registry's
+                                                                snapshot)
 ``SupervisorStatus``    the whole ``status`` reply: the         ``Supervisor.       CLI, ``--watch``
                         process, its limits, and the records    status``
                         above
@@ -65,6 +70,8 @@ __all__ = [
     "RingStatus",
     "StateChange",
     "StatusRecordError",
+    "StreamModelFigures",
+    "StreamStatus",
     "SupervisorStatus",
     "TensorRecord",
     "TimedCount",
@@ -230,14 +237,108 @@ class GatewayWorkerStatus:
         )
 
 
+# -- streams ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StreamModelFigures:
+    """One stream's figures for one of its models (a frame sent to two models counts in each).
+
+    ``frames_in`` counts the frames that reached the supervisor; ``superseded`` those a newer
+    frame replaced in the queue or at the source (which never reached it); ``refused`` every
+    other outcome than OK and SUPERSEDED. The rates are over the last few seconds, the answer
+    ages (answer time minus capture time) over the last answers; None before the first."""
+
+    frames_in: int
+    answered: int
+    superseded: int
+    refused: int
+    input_fps: float
+    answered_fps: float
+    age_ms_p50: float | None
+    age_ms_p99: float | None
+
+    def to_dict(self) -> JSON:
+        return {
+            "frames_in": self.frames_in,
+            "answered": self.answered,
+            "superseded": self.superseded,
+            "refused": self.refused,
+            "input_fps": self.input_fps,
+            "answered_fps": self.answered_fps,
+            "age_ms_p50": self.age_ms_p50,
+            "age_ms_p99": self.age_ms_p99,
+        }
+
+    @classmethod
+    def from_dict(cls, data: object) -> StreamModelFigures:
+        r = RecordReader("StreamModelFigures", data)
+        return cls(
+            r.integer("frames_in"),
+            r.integer("answered"),
+            r.integer("superseded"),
+            r.integer("refused"),
+            r.number("input_fps"),
+            r.number("answered_fps"),
+            r.optional_number("age_ms_p50"),
+            r.optional_number("age_ms_p99"),
+        )
+
+
+@dataclass(frozen=True)
+class StreamStatus:
+    """One stream, live or ended: its liveness (``state``: starting, running, blocked, stalled
+    or ended, for ``since_s`` seconds), what it was opened with, the client that opened it,
+    and its figures per model (``supervisor.streams`` has the rules)."""
+
+    name: str
+    state: str
+    since_s: float
+    policy: str  # latest, fifo
+    weight: float
+    fps_nominal: float | None  # the frame rate its producer declared (None: not declared)
+    stall_after_s: float
+    client: str
+    models: dict[str, StreamModelFigures]
+
+    def to_dict(self) -> JSON:
+        return {
+            "name": self.name,
+            "state": self.state,
+            "since_s": self.since_s,
+            "policy": self.policy,
+            "weight": self.weight,
+            "fps_nominal": self.fps_nominal,
+            "stall_after_s": self.stall_after_s,
+            "client": self.client,
+            "models": {name: m.to_dict() for name, m in self.models.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, data: object) -> StreamStatus:
+        r = RecordReader("StreamStatus", data)
+        return cls(
+            name=r.text("name"),
+            state=r.text("state"),
+            since_s=r.number("since_s"),
+            policy=r.text("policy"),
+            weight=r.number("weight"),
+            fps_nominal=r.optional_number("fps_nominal"),
+            stall_after_s=r.number("stall_after_s"),
+            client=r.text("client"),
+            models={n: StreamModelFigures.from_dict(m) for n, m in r.object("models").items()},
+        )
+
+
 # -- the whole status ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class SupervisorStatus:
     """The ``status`` reply: the process (pid, socket, config, uptime, memory, threads, fds),
-    its rings and refusals, its ``limits``, and a record per gateway worker, device, model and
-    client."""
+    its rings and refusals, its ``limits``, and a record per gateway worker, device, model,
+    client and stream. ``streams`` is left out of the JSON when there is none (a supervisor
+    older than streams never sends it): both read back as no streams."""
 
     pid: int
     socket: str
@@ -257,9 +358,10 @@ class SupervisorStatus:
     devices: tuple[DeviceStatus, ...]
     models: dict[str, ModelStatus]
     clients: tuple[ClientStatus, ...]
+    streams: tuple[StreamStatus, ...] = ()
 
     def to_dict(self) -> JSON:
-        return {
+        shown: JSON = {
             "pid": self.pid,
             "socket": self.socket,
             "config": self.config,
@@ -279,6 +381,9 @@ class SupervisorStatus:
             "models": {name: m.to_dict() for name, m in self.models.items()},
             "clients": [c.to_dict() for c in self.clients],
         }
+        if self.streams:
+            shown["streams"] = [s.to_dict() for s in self.streams]
+        return shown
 
     @classmethod
     def from_dict(cls, data: object) -> SupervisorStatus:
@@ -302,4 +407,5 @@ class SupervisorStatus:
             devices=r.records("devices", DeviceStatus.from_dict),
             models={n: ModelStatus.from_dict(m) for n, m in r.object("models").items()},
             clients=r.records("clients", ClientStatus.from_dict),
+            streams=r.records("streams", StreamStatus.from_dict) if "streams" in r.data else (),
         )

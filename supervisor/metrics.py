@@ -9,6 +9,12 @@ failure ``reason``, each state, each restart ``cause``), so ``rate()`` and alert
 the first failure. A scrape takes no lock a worker waits for: ``ModelStats.counters`` and
 ``Buckets.read`` copy without one. A model rebuilt by a reload starts its counters again from
 zero, which Prometheus reads as a counter reset.
+
+Streams (``duomo_stream_*``, from ``supervisor.streams``' registry) have their series from the
+moment they open, per ``stream`` and ``model``; an ended stream keeps them (its state
+``ended``) until the registry forgets it to open another past ``limits.max_streams``, which
+bounds the ``stream`` label's values. A stream opened again under its name carries its counts
+on. Its answer-age quantiles appear with its first answer.
 """
 
 from __future__ import annotations
@@ -26,7 +32,9 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from duomo.ipc.errors import ErrorCode
+from duomo.ipc.status_records import StreamStatus
 from duomo.supervisor.engine import Engine
+from duomo.supervisor.streams import STATES, StreamRegistry
 from duomo.worker.model_spec import ModelState
 from duomo.worker.stats import TOTALS, HistogramState
 
@@ -40,6 +48,7 @@ STAGE_DURATIONS = (
     ("compute_output", "compute_output"),
 )
 assert {kind for _, kind in STAGE_DURATIONS} <= set(TOTALS)
+STREAM_BOUND = " At most limits.max_streams streams, live or ended, have series."
 
 
 @dataclass(frozen=True)
@@ -64,13 +73,17 @@ def _histogram(
 class DuomoCollector(Collector):
     """Builds every ``duomo_*`` family on each scrape (``collect``)."""
 
-    def __init__(self, engine: Engine, process: Callable[[], ProcessView]) -> None:
+    def __init__(
+        self, engine: Engine, process: Callable[[], ProcessView], streams: StreamRegistry
+    ) -> None:
         self.engine = engine
         self.process = process
+        self.streams = streams
 
     def collect(self) -> Iterator[Metric]:
         yield from self._models()
         yield from self._devices()
+        yield from self._streams()
         view = self.process()
         yield GaugeMetricFamily(
             "duomo_clients_attached", "Authenticated client connections (producers, gateway "
@@ -233,3 +246,54 @@ class DuomoCollector(Collector):
                 cpu.add_metric([*key, mode], seconds)
         families: tuple[Metric, ...] = (used, budget, total, utilization, temperature, power, cpu)
         yield from (family for family in families if family.samples)  # absent when unreported
+
+    def _streams(self) -> Iterator[Metric]:
+        sm = ["stream", "model"]
+
+        def counter(name: str, doc: str) -> CounterMetricFamily:
+            return CounterMetricFamily(f"duomo_stream_{name}", doc + STREAM_BOUND, labels=sm)
+
+        def gauge(name: str, doc: str, labels: Sequence[str] = sm) -> GaugeMetricFamily:
+            return GaugeMetricFamily(
+                f"duomo_stream_{name}", doc + STREAM_BOUND, labels=list(labels)
+            )
+
+        frames = counter(
+            "frames", "Frames of the stream that reached the supervisor for the model (those "
+            "superseded at the source count only in duomo_stream_superseded_total).",
+        )  # fmt: skip
+        answered = counter("answered", "Frames of the stream the model answered successfully.")
+        superseded = counter(
+            "superseded", "Frames of the stream replaced by a newer one before the model took "
+            "them (latest): in its queue, or at the source before they were sent.",
+        )  # fmt: skip
+        refused = counter(
+            "refused", "Frames of the stream answered with an error (any outcome but OK and "
+            "SUPERSEDED).",
+        )  # fmt: skip
+        state = gauge(
+            "state", "1 for the stream's current state (starting, running, blocked, stalled, "
+            "ended), 0 for the others.", ["stream", "state"],
+        )  # fmt: skip
+        input_fps = gauge("input_fps", "Frames of the stream arriving per second, recently.")
+        answered_fps = gauge("answered_fps", "Frames of the stream answered per second, recently.")
+        age = gauge(
+            "age_ms", "Answer age (answer time minus capture time) of the stream's recent "
+            "answers, in ms, at the quantile.", [*sm, "quantile"],
+        )  # fmt: skip
+        for record in self.streams.snapshot():
+            stream = StreamStatus.from_dict(record)
+            for each in STATES:
+                state.add_metric([stream.name, each], 1.0 if each == stream.state else 0.0)
+            for model, f in stream.models.items():
+                key = [stream.name, model]
+                frames.add_metric(key, f.frames_in)
+                answered.add_metric(key, f.answered)
+                superseded.add_metric(key, f.superseded)
+                refused.add_metric(key, f.refused)
+                input_fps.add_metric(key, f.input_fps)
+                answered_fps.add_metric(key, f.answered_fps)
+                for quantile, ms in (("0.5", f.age_ms_p50), ("0.99", f.age_ms_p99)):
+                    if ms is not None:
+                        age.add_metric([*key, quantile], ms)
+        yield from (frames, answered, superseded, refused, state, input_fps, answered_fps, age)

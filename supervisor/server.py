@@ -53,6 +53,7 @@ from duomo.ipc.status_records import (
     ModelInfo,
     ModelStatus,
     RingStatus,
+    StreamStatus,
     SupervisorStatus,
     TensorRecord,
 )
@@ -155,7 +156,7 @@ class Supervisor:
         self._own(key_path(path))
         metrics = self.loaded.config.metrics
         if metrics is not None:  # first: the probes answer (not ready) while the models load
-            collector = DuomoCollector(self.engine, self._process_view)
+            collector = DuomoCollector(self.engine, self._process_view, self.streams)
             self.metrics = MetricsServer(metrics, collector, self._live, self._not_ready)
             self.metrics.start()
         try:
@@ -570,6 +571,7 @@ class Supervisor:
             devices=tuple(DeviceStatus.from_dict(d) for d in engine["devices"]),
             models={n: ModelStatus.from_dict(m) for n, m in engine["models"].items()},
             clients=tuple(clients),
+            streams=tuple(StreamStatus.from_dict(s) for s in self.streams.snapshot()),
         )
 
 

@@ -31,6 +31,7 @@ PRODUCER_API = [
     "StatusRecordError",
     "Stream",
     "StreamAnswer",
+    "StreamStatus",
     "SupersededError",
     "SupervisorStatus",
     "UnavailableError",
