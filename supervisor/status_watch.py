@@ -12,6 +12,9 @@ by ``supervisor/cli.py``'s ``cmd_status``.
   and logs. On a terminal too narrow for the model table, long model names fold onto more
   lines first.
 - ``q``, Ctrl-C and SIGTERM all end with exit 0, and every exit path restores the terminal.
+
+Under the models, the streams table when there are streams (``supervisor.stream_table``'s
+cells, each stream's state in colour).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import sys
 import termios
 import time
 import tty
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -40,7 +43,8 @@ from rich.text import Text
 
 from duomo.ipc.client import Client
 from duomo.ipc.errors import DuomoError
-from duomo.ipc.status_records import DeviceStatus, ModelStatus, SupervisorStatus
+from duomo.ipc.status_records import DeviceStatus, ModelStatus, StreamStatus, SupervisorStatus
+from duomo.supervisor import stream_table
 
 STATUS_TIMEOUT_S = 5.0  # the longest one poll waits for the supervisor's reply
 PLAIN_WIDTH = 140  # a plain frame's least width
@@ -162,6 +166,8 @@ def render(frame: Frame, plain: bool = False) -> RenderableType:
             style = "dim" if m.state == "READY" else "red"
             line = f"{name} last error: {m.last_error}"
             lines.append(Text(line, style=style, no_wrap=True, overflow="ellipsis"))
+    if s.streams:
+        lines += [Text(), _streams_table(s.streams, plain)]
     lines += [Text(), _devices_table(s.devices, plain), Text()]
     for g in s.gateways:
         lines.append(
@@ -182,13 +188,17 @@ def render(frame: Frame, plain: bool = False) -> RenderableType:
 
 def plain_frame(frame: Frame, at: datetime.datetime) -> str:
     """One frame as plain text: a line with the time, then the view without colour, at least
-    ``PLAIN_WIDTH`` wide and as wide as the model table needs (nothing in it is cut)."""
+    ``PLAIN_WIDTH`` wide and as wide as the model and streams tables need (nothing in them is
+    cut)."""
     out = io.StringIO()
     width = PLAIN_WIDTH
     if frame.status is not None:
-        table = _models_table(frame.status.models, frame.rates, plain=True)
+        tables = [
+            _models_table(frame.status.models, frame.rates, plain=True),
+            _streams_table(frame.status.streams, plain=True),
+        ]
         measuring = Console(file=io.StringIO(), width=UNLIMITED_WIDTH)
-        width = max(width, measuring.measure(table).maximum)
+        width = max(width, *(measuring.measure(table).maximum for table in tables))
     console = Console(file=out, color_system=None, width=width, highlight=False)
     console.print(render(frame, plain=True))
     lines = [f"-- duomo status at {at.isoformat(timespec='seconds')} --"]
@@ -196,14 +206,14 @@ def plain_frame(frame: Frame, at: datetime.datetime) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _table(plain: bool, *titles: str) -> Table:
-    """Columns with a rule under their titles only; numbers aligned right."""
+def _table(plain: bool, *titles: str, numbers: Collection[str] = NUMBERS) -> Table:
+    """Columns with a rule under their titles only; ``numbers``' columns aligned right."""
     table = Table(
         box=PLAIN_BOX if plain else SIMPLE_HEAD, show_edge=False, pad_edge=False,
         collapse_padding=True,
     )  # fmt: skip
     for title in titles:
-        table.add_column(title, justify="right" if title in NUMBERS else "left", no_wrap=True)
+        table.add_column(title, justify="right" if title in numbers else "left", no_wrap=True)
     return table
 
 
@@ -250,6 +260,21 @@ def _models_table(
             str(sum(m.restart_attempts.values())),
             _memory(m.memory.charged_bytes, m.memory.budget_bytes, plain),
         )
+    return table
+
+
+def _streams_table(streams: tuple[StreamStatus, ...], plain: bool) -> Table:
+    columns = stream_table.COLUMNS
+    numbers = {c.title for c in columns if c.number}
+    table = _table(plain, *(c.title for c in columns), numbers=numbers)
+    for cells in stream_table.rows(streams):
+        state = cells[stream_table.STATE_COLUMN]
+        shown: list[Text | str] = list(cells)
+        shown[0] = Text(cells[0], style="bold")
+        shown[stream_table.STATE_COLUMN] = Text(
+            state, style=stream_table.STATE_STYLES.get(state, "")
+        )
+        table.add_row(*shown)
     return table
 
 
