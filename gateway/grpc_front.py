@@ -26,6 +26,7 @@ from duomo.gateway import protocol
 from duomo.gateway.inference import Answer, read_answer, write_inputs
 from duomo.gateway.link import SupervisorLink
 from duomo.gateway.regions import Regions
+from duomo.gateway.streams import stream_parameters
 from duomo.ipc.errors import DuomoError, InvalidArgumentError
 
 log = structlog.get_logger("duomo.gateway.grpc")
@@ -176,6 +177,7 @@ class GrpcFront(service_pb2_grpc.GRPCInferenceServiceServicer):
             functools.partial(write_inputs, view, infer, regions=self.regions),
             functools.partial(read_answer, view, infer, regions=self.regions),
             infer.timeout_s,
+            infer.stream,
         )
         return _infer_response(infer, answer)
 
@@ -225,6 +227,7 @@ def _infer_request(request: Any) -> protocol.InferRequest:
     return protocol.InferRequest(
         request.model_name, inputs, outputs, id=protocol.request_id(request.id),
         binary_output=True, timeout_s=protocol.timeout_of(parameters),
+        stream=stream_parameters(parameters),
     )  # fmt: skip
 
 
@@ -233,7 +236,10 @@ def _infer_response(request: protocol.InferRequest, answer: Answer) -> Any:
         model_name=request.model, model_version=protocol.VERSION, id=request.id or ""
     )
     for key, value in answer.parameters.items():
-        response.parameters[key].int64_param = value
+        if isinstance(value, str):
+            response.parameters[key].string_param = value
+        else:
+            response.parameters[key].int64_param = value
     for tensor, asked in answer.outputs:
         output = response.outputs.add(name=tensor.name, datatype=tensor.datatype)
         output.shape.extend(tensor.shape)

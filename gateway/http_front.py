@@ -244,6 +244,7 @@ class HttpFront:
             functools.partial(write_inputs, model, request, regions=self.regions),
             functools.partial(read_answer, model, request, regions=self.regions),
             request.timeout_s,
+            request.stream,
         )
         return _infer_reply(name, request, answer)
 

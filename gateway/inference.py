@@ -37,23 +37,32 @@ from duomo.gateway.protocol import (
     output_selection,
 )
 from duomo.gateway.regions import Regions
+from duomo.gateway.streams import StreamRequest
 from duomo.ipc.client import Slot
-from duomo.ipc.errors import InvalidArgumentError
+from duomo.ipc.errors import InvalidArgumentError, SupersededError
 
 
 @dataclass
 class Answer:
     """The outputs asked for, each with how it was asked (binary, JSON, or into a region),
     and the supervisor's times for the request (the response's ``parameters``: µs queued, and
-    µs in the executor: pre-processing, inference and post-processing together)."""
+    µs in the executor: pre-processing, inference and post-processing together); for a frame of
+    a stream, also the name it went under in the supervisor and its frame number."""
 
     outputs: list[tuple[OutputTensor, OutputRequest]]
     queue_us: int = 0
     compute_us: int = 0
+    stream: StreamRequest | None = None
 
     @property
-    def parameters(self) -> dict[str, int]:
-        return {"duomo_queue_us": self.queue_us, "duomo_compute_us": self.compute_us}
+    def parameters(self) -> dict[str, int | str]:
+        found: dict[str, int | str] = {
+            "duomo_queue_us": self.queue_us, "duomo_compute_us": self.compute_us,
+        }  # fmt: skip
+        if self.stream is not None and self.stream.frame is not None:
+            found["duomo_stream"] = self.stream.served_as
+            found["duomo_frame"] = self.stream.frame
+        return found
 
 
 def write_inputs(view: ModelView, request: InferRequest, slot: Slot, regions: Regions) -> None:
@@ -141,9 +150,19 @@ def _slot_view(slot: Slot, name: str, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def read_answer(view: ModelView, request: InferRequest, slot: Slot, regions: Regions) -> Answer:
-    """The answered ``slot`` as the outputs ``request`` asks for (raises the request's error).
-    Everything is copied out of the slot (or into a region) before it returns."""
-    result = slot.wait(timeout_s=0)
+    """The answered ``slot`` as the outputs ``request`` asks for (raises the request's error;
+    a superseded frame's says which frame of which stream). Everything is copied out of the
+    slot (or into a region) before it returns."""
+    try:
+        result = slot.wait(timeout_s=0)
+    except SupersededError as err:
+        stream = request.stream
+        if stream is None:
+            raise
+        raise SupersededError(
+            f"superseded: frame {stream.frame} of stream {stream.name!r} was not run ({err}; "
+            f"policy {stream.policy}: only the newest waiting frame runs)"
+        ) from None
     outputs: list[tuple[OutputTensor, OutputRequest]] = []
     for info, asked in output_selection(view, request):
         if view.json_result:
@@ -162,4 +181,4 @@ def read_answer(view: ModelView, request: InferRequest, slot: Slot, regions: Reg
             tensor = OutputTensor(info.name, info.datatype, array.shape, array=array.copy())
         outputs.append((tensor, asked))
     queue_us, *compute_us = slot.timings_us.values()
-    return Answer(outputs, queue_us, sum(compute_us))
+    return Answer(outputs, queue_us, sum(compute_us), request.stream)

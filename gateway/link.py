@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import structlog
 
 from duomo.gateway.protocol import ModelView, model_view
+from duomo.gateway.streams import GatewayStreams, StreamRequest, StreamTag
 from duomo.ipc.client import Client, ModelHandle, Slot
 from duomo.ipc.errors import (
     DeadlineExceededError,
@@ -65,6 +66,7 @@ class SupervisorLink:
         self._lost = asyncio.Event()  # set when the connection drops: reconnect at once
         self._refreshed_s = 0.0  # when an unknown name last made the models be read again
         self._closing = False
+        self.streams = GatewayStreams(self._client)
 
     @property
     def ready(self) -> bool:
@@ -74,6 +76,7 @@ class SupervisorLink:
         """Connect in the background (and again whenever the supervisor goes away)."""
         self._loop = asyncio.get_running_loop()
         self._task = asyncio.create_task(self._keep_connected())
+        self.streams.start()
 
     async def wait_connected(self, timeout_s: float) -> bool:
         with contextlib.suppress(asyncio.TimeoutError):
@@ -82,6 +85,7 @@ class SupervisorLink:
 
     async def close(self) -> None:
         self._closing = True
+        await self.streams.stop()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -239,11 +243,29 @@ class SupervisorLink:
         write: Callable[[Slot], None],
         read: Callable[[Slot], T],
         timeout_s: float | None = None,
+        stream: StreamRequest | None = None,
     ) -> T:
         """One request through a slot of ``name``: ``write`` fills its inputs, the supervisor
         answers, ``read`` takes what it needs from the answered slot (which is released after).
-        RESOURCE_EXHAUSTED at once when every slot is in flight."""
+        RESOURCE_EXHAUSTED at once when every slot is in flight. With ``stream``, the request
+        is a frame of that stream (``gateway.streams``: opened on the supervisor first)."""
         handle = await self._handle(name)
+        tag = await self.streams.tag(stream, name) if stream is not None else None
+        try:
+            return await self._run(handle, write, read, timeout_s, tag)
+        finally:
+            if stream is not None:
+                self.streams.release(stream)
+
+    async def _run(
+        self,
+        handle: ModelHandle,
+        write: Callable[[Slot], None],
+        read: Callable[[Slot], T],
+        timeout_s: float | None,
+        tag: StreamTag | None,
+    ) -> T:
+        name = handle.name
         try:
             slot = handle.slot(timeout_s=0)
         except DeadlineExceededError:
@@ -256,6 +278,8 @@ class SupervisorLink:
         timer = None
         try:
             write(slot)
+            if tag is not None:
+                slot.set_stream(tag.stream_id, tag.frame, tag.captured_us)
             answered: asyncio.Future[None] = loop.create_future()
 
             def done(_: Slot) -> None:

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from duomo.gateway.streams import StreamRequest, stream_parameters
 from duomo.ipc.errors import ErrorCode, InvalidArgumentError, NotFoundError, UnavailableError
 from duomo.ipc.status_records import ModelInfo, ModelStatus, TimedCount
 from duomo.ipc.wire import MAX_RANK, MAX_TIMEOUT_US  # (a day: longer is a mistake, not a deadline)
@@ -320,7 +321,7 @@ class OutputRequest:
 @dataclass
 class InferRequest:
     """One inference request, parsed, whichever transport it came by: the model, its inputs, the
-    outputs asked for (None: all), its id and timeout."""
+    outputs asked for (None: all), its id and timeout, and its stream (``gateway.streams``)."""
 
     model: str
     inputs: list[InputTensor]
@@ -328,6 +329,7 @@ class InferRequest:
     id: str | None = None
     binary_output: bool = False  # the default form of outputs not named
     timeout_s: float | None = None
+    stream: StreamRequest | None = None  # None: a plain request
 
 
 @dataclass
@@ -512,6 +514,7 @@ def parse_infer_json(model: str, header: Any, blob: memoryview) -> InferRequest:
     return InferRequest(
         model, inputs, outputs, id=request_id(header.get("id")),
         binary_output=binary_default, timeout_s=timeout_of(parameters),
+        stream=stream_parameters(parameters),
     )  # fmt: skip
 
 
