@@ -8,7 +8,8 @@ only ``ipc`` from Duomo (never ``supervisor`` or ``worker``).
 
 Modules: ``protocol`` (the v2 wire contract: model metadata and configuration, requests and
 responses, datatypes, error statuses), ``images`` (encoded images decoded into a slot),
-``regions`` (the system shared-memory extension), ``link`` (the supervisor as a gateway worker
-sees it: connection, models, slots), ``http_front`` and ``grpc_front`` (the two transports),
-``main`` (the worker process).
+``regions`` (the system shared-memory extension), ``streams`` (a caller's camera named in the
+request's parameters, as a stream of the supervisor), ``link`` (the supervisor as a gateway
+worker sees it: connection, models, slots, streams), ``http_front`` and ``grpc_front`` (the two
+transports), ``main`` (the worker process).
 """

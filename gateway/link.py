@@ -11,6 +11,11 @@ Concurrency is bounded by the slots: a request that finds every slot of its mode
 answered RESOURCE_EXHAUSTED at once (HTTP 429), never queued. When the supervisor goes away
 every request in flight fails UNAVAILABLE, readiness turns false, and the link reconnects with
 back-off; requests meanwhile fail UNAVAILABLE at once.
+
+A request that names a stream (``gateway.streams``) runs as a frame of it: the worker's
+``GatewayStreams`` opens the stream on this connection first (control messages, off the loop),
+and the slot carries its stream block. The streams end with the connection and are opened
+again on the next one.
 """
 
 from __future__ import annotations

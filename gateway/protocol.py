@@ -25,8 +25,9 @@ the request ``id`` (a string of at most ``MAX_ID_CHARS``), ``timeout`` (finite �
 ``MAX_TIMEOUT_US``), ``priority`` (an integer 0..2⁶⁴−1, accepted and not used: every gateway
 request runs at the default priority), the sequence parameters (refused when set: Duomo's
 models keep no state between requests), a length header (at most ``MAX_LENGTH_DIGITS``
-digits), and JSON ``data`` (a list of values of the tensor's datatype, in range; BYTES: strings,
-as many as the shape takes).
+digits), JSON ``data`` (a list of values of the tensor's datatype, in range; BYTES: strings,
+as many as the shape takes), and a stream's parameters (``stream``, ``frame``,
+``captured_us``, ``stream_policy``: ``gateway.streams``).
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import struct
+import time
 from multiprocessing import shared_memory
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import pytest
 from duomo.gateway import protocol
 from duomo.gateway.images import decode_into
 from duomo.gateway.regions import Regions
+from duomo.gateway.streams import StreamRequest
 from duomo.ipc.errors import ErrorCode, InvalidArgumentError, NotFoundError, UnavailableError
 from duomo.ipc.status_records import ModelInfo
 from tests.conftest import IMAGES
@@ -94,6 +96,66 @@ def test_binary_data_is_matched_to_inputs_in_order() -> None:
             "m", {"inputs": [{"name": "a", "shape": "x", "datatype": "FP32", "data": [1]}]},
             memoryview(b""),
         )  # fmt: skip
+
+
+def stream_of(**parameters: object) -> StreamRequest | None:
+    header = {"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}],
+              "parameters": parameters}  # fmt: skip
+    return protocol.parse_infer_json("m", header, memoryview(b"")).stream
+
+
+def test_a_stream_in_the_parameters() -> None:
+    assert stream_of() is None and stream_of(priority=0) is None  # a plain request
+    before_us = time.monotonic() * 1e6
+    plain = stream_of(stream="gate-3")
+    assert plain is not None and (plain.name, plain.frame, plain.policy) == (
+        "gate-3",
+        None,
+        "latest",
+    )
+    assert before_us <= plain.captured_us <= time.monotonic() * 1e6  # arrival, when not given
+    # captured_us is µs of the UNIX epoch: 250 ms ago there is 250 ms ago on the monotonic clock
+    ago = stream_of(stream="s", frame=9, stream_policy="fifo",
+                    captured_us=int(time.time() * 1e6) - 250_000)  # fmt: skip
+    assert ago is not None and (ago.frame, ago.policy) == (9, "fifo")
+    age_s = time.monotonic() - ago.captured_us / 1e6
+    assert 0.25 <= age_s < 0.25 + 0.5
+    # never in the future, never before the monotonic clock's zero
+    ahead = stream_of(stream="s", captured_us=int(time.time() * 1e6) + 10_000_000)
+    assert ahead is not None and ahead.captured_us <= time.monotonic() * 1e6
+    ancient = stream_of(stream="s", captured_us=0)
+    assert ancient is not None and ancient.captured_us == 0
+    assert stream_of(stream="c" * 64, frame=2**64 - 1) is not None
+
+
+@pytest.mark.parametrize(
+    ("parameters", "named"),
+    [
+        ({"stream": "c" * 65}, "'stream' must be a string of 1..64"),
+        ({"stream": ""}, "'stream' must be a string"),
+        ({"stream": "tab\there"}, "'stream' must be a string of 1..64 printable"),
+        ({"stream": 7}, "'stream' must be a string"),
+        ({"stream": "s", "frame": -1}, "'frame' must be an integer"),
+        ({"stream": "s", "frame": 2**64}, "'frame' must be an integer"),
+        ({"stream": "s", "frame": 1.0}, "'frame' must be an integer"),
+        ({"stream": "s", "frame": True}, "'frame' must be an integer"),
+        ({"stream": "s", "captured_us": True}, "'captured_us' must be an integer"),
+        ({"stream": "s", "captured_us": 1.7e15}, "'captured_us' must be an integer"),
+        ({"stream": "s", "captured_us": "now"}, "'captured_us' must be an integer"),
+        ({"stream": "s", "stream_policy": "newest"}, "'stream_policy' must be one of"),
+        ({"stream": "s", "stream_policy": None}, "'stream_policy' must be one of"),
+        ({"frame": 3}, "'frame' needs a 'stream'"),
+        ({"stream_policy": "fifo"}, "'stream_policy' needs a 'stream'"),
+    ],
+)
+def test_bad_stream_parameters_name_themselves(parameters: dict[str, object], named: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=named):
+        stream_of(**parameters)
+
+
+def test_a_superseded_frame_is_its_own_status_on_both_transports() -> None:
+    assert protocol.HTTP_STATUS[ErrorCode.SUPERSEDED] == 409
+    assert protocol.GRPC_STATUS[ErrorCode.SUPERSEDED] == "ABORTED"
 
 
 def test_json_and_binary_tensors_become_arrays_of_their_shape() -> None:
