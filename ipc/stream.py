@@ -197,7 +197,8 @@ class Stream:
         self._lock = threading.Lock()
         self._answers: deque[StreamAnswer] = deque()
         self._arrived = threading.Condition(self._lock)
-        self._closed = False
+        self._closed = False  # no more frames are taken
+        self._stopped = False  # nothing more is written (closing, after the drain)
         self.stream_id = client.open_stream(name, self.models, policy, weight, fps, stall_after_s)
         self._lanes: dict[str, _Lane] = {}
         try:
@@ -274,8 +275,10 @@ class Stream:
         try:
             while True:
                 with self._lock:
-                    renew = lane.stale and len(lane.free) == lane.size
-                    if not renew and (lane.stale or not (lane.waiting and lane.free)):
+                    renew = lane.stale and len(lane.free) == lane.size and not self._stopped
+                    if not renew and (
+                        lane.stale or self._stopped or not (lane.waiting and lane.free)
+                    ):
                         lane.pumping = False
                         return
                     if not renew:
@@ -369,7 +372,7 @@ class Stream:
         self._refill_wanted.set()
 
     def _refill(self) -> None:
-        while not self._closed or any(lane.waiting for lane in self._lanes.values()):
+        while not self._stopped:
             self._refill_wanted.wait(0.5)
             self._refill_wanted.clear()
             for model, lane in self._lanes.items():
@@ -439,15 +442,19 @@ class Stream:
                         self._pump(model, lane)
                     except DuomoError:
                         break
-        with contextlib.suppress(DuomoError):  # (gone: the supervisor ended it already)
-            self.client.close_stream(self.stream_id)
-        self._close_lanes()
-        with self._arrived:
+        with self._arrived:  # what still waits is not sent
+            self._stopped = True
             for model, lane in self._lanes.items():
                 for item in lane.waiting:
                     self._answers.append(_local(self.name, model, item, "UNAVAILABLE", "closed"))
                 lane.waiting.clear()
             self._arrived.notify_all()
+        self._refill_wanted.set()
+        while any(lane.pumping for lane in self._lanes.values()):  # (a write under way)
+            time.sleep(0.001)
+        with contextlib.suppress(DuomoError):  # (gone: the supervisor ended it already)
+            self.client.close_stream(self.stream_id)
+        self._close_lanes()  # frames in flight are answered UNAVAILABLE
 
     def _close_lanes(self) -> None:
         for lane in self._lanes.values():

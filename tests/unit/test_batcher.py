@@ -312,3 +312,87 @@ def test_a_request_queued_while_the_reader_finds_nothing_is_not_lost() -> None:
         os.eventfd_read(wake)
     b.close()
     os.close(wake)
+
+
+# -- fairness between flows (streams, connections) -----------------------------------------
+
+
+def flowed(name: str, flow: object, weight: float = 1.0, supersedes: bool = False) -> Request:
+    r = request(name)
+    r.flow, r.weight, r.supersedes = flow, weight, supersedes
+    return r
+
+
+def take_all(b: Batcher) -> list[str]:
+    taken: list[str] = []
+    while b.depth:
+        batch = b.next_batch()
+        assert batch is not None
+        taken += names(batch.run)
+    return taken
+
+
+def test_flows_are_taken_in_round_robin_not_in_arrival_order() -> None:
+    b = Batcher("m", max_batch=1, max_delay_s=0.0, queue_size=64)
+    for i in range(6):  # a busy camera's backlog first, then a slow camera's one frame
+        b.put(flowed(f"a{i}", "cam-a"))
+    b.put(flowed("b0", "cam-b"))
+    b.put(flowed("b1", "cam-b"))
+    assert take_all(b) == ["a0", "b0", "a1", "b1", "a2", "a3", "a4", "a5"]
+
+
+def test_weights_share_the_model_in_proportion() -> None:
+    b = Batcher("m", max_batch=1, max_delay_s=0.0, queue_size=64)
+    for i in range(12):
+        b.put(flowed(f"h{i}", "heavy", weight=3.0))
+        b.put(flowed(f"l{i}", "light", weight=1.0))
+    first = take_all(b)[:16]
+    assert sum(n.startswith("h") for n in first) == 12  # 3 : 1
+    assert sum(n.startswith("l") for n in first) == 4
+
+
+def test_an_idle_flow_saves_up_no_credit() -> None:
+    b = Batcher("m", max_batch=1, max_delay_s=0.0, queue_size=64)
+    for i in range(4):
+        b.put(flowed(f"a{i}", "a"))
+    assert take_all(b) == ["a0", "a1", "a2", "a3"]
+    for i in range(3):  # b was idle all along: it joins at the pass last served, no burst
+        b.put(flowed(f"b{i}", "b"))
+        b.put(flowed(f"a{i + 4}", "a"))
+    assert take_all(b) == ["b0", "a4", "b1", "a5", "b2", "a6"]
+
+
+def test_priority_comes_before_fairness() -> None:
+    b = Batcher("m", max_batch=1, max_delay_s=0.0, queue_size=64)
+    b.put(flowed("low-b", "b"))
+    urgent = flowed("high-a", "a")
+    urgent.priority = 10
+    b.put(urgent)
+    assert take_all(b) == ["high-a", "low-b"]
+
+
+def test_a_superseding_request_takes_its_flows_queued_place() -> None:
+    b = Batcher("m", max_batch=4, max_delay_s=0.0, queue_size=64)
+    answered: dict[str, str] = {}
+    old = flowed("frame-1", "cam", supersedes=True)
+    other = flowed("other-1", "other", supersedes=True)
+    assert b.put(old) == [] and b.put(other) == []
+    displaced = b.put(flowed("frame-2", "cam", supersedes=True))
+    for r, error in displaced:
+        answered[r.payload] = error.code.name
+    assert answered == {"frame-1": "SUPERSEDED"}  # the other stream's frame is not touched
+    assert take_all(b) == ["other-1", "frame-2"]
+
+
+def test_a_full_queue_makes_room_from_the_flow_holding_the_most() -> None:
+    b = Batcher("m", max_batch=1, max_delay_s=0.0, queue_size=4)
+    for i in range(4):
+        assert b.put(flowed(f"greedy{i}", "greedy")) == []
+    displaced = b.put(flowed("modest0", "modest"))
+    assert [(r.payload, e.code.name) for r, e in displaced] == [
+        ("greedy3", "RESOURCE_EXHAUSTED")  # its newest
+    ]
+    with pytest.raises(ResourceExhaustedError):  # its own flow holds the most now: refused
+        b.put(flowed("greedy4", "greedy"))
+    b.put(flowed("modest1", "modest"))  # (made room again: greedy still holds more)
+    assert take_all(b) == ["greedy0", "modest0", "greedy1", "modest1"]
