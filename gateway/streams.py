@@ -52,7 +52,12 @@ from typing import Any
 import structlog
 
 from duomo.ipc.client import Client
-from duomo.ipc.errors import DuomoError, InvalidArgumentError, ResourceExhaustedError
+from duomo.ipc.errors import (
+    DuomoError,
+    InvalidArgumentError,
+    NotFoundError,
+    ResourceExhaustedError,
+)
 
 log = structlog.get_logger("duomo.gateway.streams")
 
@@ -219,11 +224,14 @@ class GatewayStreams:
             return
         entry.users -= 1
         entry.last_used_s = time.monotonic()
-        if entry.users == 0 and entry.stream_id is None and not entry.lock.locked():
-            del self._entries[request.name]  # (it never opened: nothing to keep)
+        never_opened = entry.stream_id is None and not entry.served_as
+        if entry.users == 0 and never_opened and not entry.lock.locked():
+            del self._entries[request.name]  # (nothing to keep: not even a frame count)
 
     async def _open(self, entry: _Entry, model: str, policy: str, client: Client) -> None:
-        """(Re)open ``entry`` on ``client`` with ``model`` added and ``policy``; under its lock."""
+        """(Re)open ``entry`` on ``client`` with ``model`` added and ``policy``; under its lock.
+        A model asked for earlier that the supervisor no longer serves (a reload removed it)
+        is dropped: the stream opens again for ``model`` alone."""
         same_connection = entry.client is client
         models = (entry.models if same_connection else frozenset()) | {model}
         loop = asyncio.get_running_loop()
@@ -232,23 +240,36 @@ class GatewayStreams:
             with contextlib.suppress(DuomoError):
                 await loop.run_in_executor(None, client.close_stream, stream_id)
         entry.stream_id = None
+        try:
+            name, stream_id = await self._open_as(entry, client, models, policy)
+        except NotFoundError:
+            if models == {model}:
+                raise
+            models = frozenset({model})
+            name, stream_id = await self._open_as(entry, client, models, policy)
+        entry.models, entry.policy, entry.served_as = models, policy, name
+        entry.client, entry.stream_id = client, stream_id
+        log.info("stream opened", stream=entry.name, served_as=name, models=sorted(models),
+                 policy=policy)  # fmt: skip
+
+    @staticmethod
+    async def _open_as(
+        entry: _Entry, client: Client, models: frozenset[str], policy: str
+    ) -> tuple[str, int]:
+        """Open the stream under the first of its names free in the supervisor (the one it
+        had before first, so its figures carry on): that name and the stream's id."""
         names = [_held_name(entry.name, n) for n in range(1, MAX_HOLDERS + 1)]
-        if entry.served_as in names:  # (the name it had first: its figures carry on)
+        if entry.served_as in names:
             names.remove(entry.served_as)
             names.insert(0, entry.served_as)
+        loop = asyncio.get_running_loop()
         for name in names:
             opening = functools.partial(client.open_stream, name, sorted(models), policy)
             try:
-                stream_id = await loop.run_in_executor(None, opening)
+                return name, await loop.run_in_executor(None, opening)
             except InvalidArgumentError as err:
                 if "already open" not in err.message:
                     raise
-                continue
-            entry.models, entry.policy, entry.served_as = models, policy, name
-            entry.client, entry.stream_id = client, stream_id
-            log.info("stream opened", stream=entry.name, served_as=name, models=sorted(models),
-                     policy=policy)  # fmt: skip
-            return
         raise ResourceExhaustedError(
             f"stream {entry.name!r} is open under {names[0]!r} and {MAX_HOLDERS - 1} more "
             "names of it by others: give this camera another name"

@@ -27,7 +27,7 @@ from tritonclient.utils import InferenceServerException
 from duomo.gateway.link import SupervisorLink
 from duomo.gateway.streams import StreamRequest
 from duomo.ipc.client import Client
-from duomo.ipc.errors import InvalidArgumentError, ResourceExhaustedError
+from duomo.ipc.errors import InvalidArgumentError, NotFoundError, ResourceExhaustedError
 from tests.integration.harness import (
     SupervisorProcess,
     affine_model,
@@ -259,19 +259,26 @@ async def table_scenario(socket_path: Path) -> None:
         status = await loop.run_in_executor(None, other.status)
         record = {s["name"]: s for s in status.get("streams", [])}["t-a"]
         assert set(record["models"]) == {"affine", "slow"} and record["state"] != "ended"
+        # a model the supervisor does not serve fails that request, not the stream
+        with pytest.raises(NotFoundError, match="nope"):
+            await table.tag(request("t-a"), "nope")
+        third = request("t-a")
+        assert (await table.tag(third, "affine")).stream_id == tag.stream_id
+        assert third.frame == 2  # (the count goes on)
+        table.release(third)
         # a name another producer holds: the gateway's goes under "<name>@2"
         held = await loop.run_in_executor(None, other.open_stream, "t-b", ["affine"])
-        third = request("t-b")
-        await table.tag(third, "affine")
-        assert third.served_as == "t-b@2"
-        table.release(third)
+        fourth = request("t-b")
+        await table.tag(fourth, "affine")
+        assert fourth.served_as == "t-b@2"
+        table.release(fourth)
         await loop.run_in_executor(None, other.close_stream, held)
         # the bound: a fourth name while three are held
-        fourth, fifth = request("t-c"), request("t-d")
-        await table.tag(fourth, "affine")
+        fifth, sixth = request("t-c"), request("t-d")
+        await table.tag(fifth, "affine")
         with pytest.raises(ResourceExhaustedError, match="holds 3 streams"):
-            await table.tag(fifth, "affine")
-        table.release(fourth)
+            await table.tag(sixth, "affine")
+        table.release(fifth)
         assert len(table) == 3
         # idle: every stream closed (their names free again in the supervisor)
         await asyncio.sleep(0.3)
