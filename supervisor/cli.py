@@ -6,7 +6,8 @@ in-process without one); ``check`` reports the environment (Ascend driver, CANN,
 providers), validates a config and opens each model file with its backend's cheapest check
 (``check_model_file`` in the backend's module); ``inspect`` describes one model file. Every
 command that talks to a supervisor takes ``--socket`` (default: ``$DUOMO_SOCKET`` or the standard
-runtime dir), so several can run side by side.
+runtime dir), so several can run side by side. ``stream`` decodes videos into the models as
+streams and prints their answers as JSON lines (``video.command``).
 Exit codes: 0 success, 1 a request or the supervisor failed, 2 invalid input (bad config,
 unknown model, bad arguments), 3 ``stop`` finished but its grace period cut accepted requests.
 """
@@ -250,7 +251,10 @@ def _aligned(
 
 def render_status(status: SupervisorStatus) -> str:
     """``duomo status``'s text: the process, each device, the model table (its columns:
-    docs/operations.md), limits, gateway workers and clients."""
+    docs/operations.md), the streams table when there are streams (``stream_table``), limits,
+    gateway workers and clients."""
+    from duomo.supervisor import stream_table  # (beside the models, the streams)
+
     rss_mb = status.rss_bytes / 2**20
     lines = [
         f"supervisor pid {status.pid} on {status.socket}, up {status.uptime_s:.0f}s, "
@@ -285,6 +289,8 @@ def render_status(status: SupervisorStatus) -> str:
         error = m.last_error if m.state != "READY" else None
         rows.append((cells, f"  {name}: {error}" if error else None))
     lines += _aligned(STATUS_COLUMNS, rows)
+    streams = stream_table.render(status.streams)
+    lines += ["", *streams] if streams else []
     limits = status.limits
     lines.append(
         f"clients {len(status.clients)} of {limits['max_connections']}, "
@@ -409,6 +415,13 @@ def _infer_in_process(args: argparse.Namespace) -> int:
     return status
 
 
+def cmd_stream(args: argparse.Namespace) -> int:
+    """``duomo stream``: video sources into the supervisor's models (``video.command``)."""
+    from duomo.video.command import run
+
+    return run(args)
+
+
 def _json_default(value: object) -> object:
     """Raw results carry numpy arrays; JSON gets them as nested lists."""
     if isinstance(value, np.ndarray):
@@ -527,6 +540,44 @@ def build_parser() -> argparse.ArgumentParser:
     infer.add_argument("--timeout", type=float, default=60.0, help="seconds per image")
     _socket_arg(infer)
     infer.set_defaults(func=cmd_infer)
+
+    stream = sub.add_parser(
+        "stream", help="decode videos (files, RTSP/RTMP/HTTP, V4L2) into models as streams"
+    )
+    stream.add_argument(
+        "sources", nargs="+", metavar="SOURCE",
+        help="a video file, an rtsp:// rtmp:// http(s):// URL, or a V4L2 device /dev/videoN",
+    )  # fmt: skip
+    fed = stream.add_mutually_exclusive_group(required=True)
+    fed.add_argument("--model", action="append", metavar="M", help="a model to feed (repeat)")
+    fed.add_argument(
+        "--pipeline", metavar="P", help="a pipeline to feed (pipelines arrive with issue 35)"
+    )
+    stream.add_argument("--policy", choices=("latest", "fifo"), default="latest")
+    stream.add_argument(
+        "--max-fps", type=float, default=None, metavar="F", help="drop frames above this rate"
+    )
+    stream.add_argument("--every", type=int, default=None, metavar="N", help="keep 1 frame in N")
+    stream.add_argument(
+        "--out", default="-", metavar="FILE.jsonl", help="one JSON line per answer (- : stdout)"
+    )
+    stream.add_argument("--preview", default=None, metavar="HOST:PORT", help="a live page")
+    stream.add_argument("--duration", type=_seconds, default=None, metavar="S")
+    stream.add_argument("--loop", action="store_true", help="restart files at their end")
+    stream.add_argument(
+        "--as-fast-as-possible", action="store_true", help="do not pace files at their frame rate"
+    )
+    stream.add_argument(
+        "--name", nargs="+", default=[], metavar="NAME",
+        help="stream names, in the order of the sources (default: the file's stem, the URL's "
+        "host and path)",
+    )  # fmt: skip
+    stream.add_argument(
+        "--stall-after", type=_seconds, default=5.0, metavar="S",
+        help="seconds without a frame before the supervisor shows the stream stalled",
+    )  # fmt: skip
+    _socket_arg(stream)
+    stream.set_defaults(func=cmd_stream)
 
     # ``duomo bench`` has its own parser, loaded only when it runs (``main``): the benchmark
     # lives with the tools of a source checkout, which are not installed

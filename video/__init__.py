@@ -1,5 +1,36 @@
 """The video source: cameras and files decoded straight into a supervisor's slots as streams.
 
 A producer process like the gateway, importing only ``duomo.ipc`` (and PyAV, numpy): ``duomo
-stream`` runs it, and a producer that wants the loop in its own process imports it from here.
+stream`` runs it, and a producer that wants the loop in its own process imports it from here::
+
+    from duomo import Client
+    from duomo.video import VideoSource
+
+    with Client() as client, VideoSource("cam.mp4", "cam", models=["face"], client=client) as cam:
+        for answer in cam.answers():
+            print(answer.to_json())
+
+The modules, one job each: ``locations`` (what a SOURCE names, stream names), ``media`` (PyAV
+open, decode, pacing), ``conversion`` (the frame into the slot as RGB), ``backoff`` (the
+reconnect schedule), ``figures`` (the source's counts and rates), ``source`` (``VideoSource``:
+the decode thread), ``answer_lines`` (the JSON-lines contract), ``command`` (``duomo stream``)
+and ``preview`` (the live page). ``VideoSource`` is loaded on first use, so importing the
+package loads neither PyAV nor OpenCV.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from duomo.video.source import VideoSource
+
+__all__ = ["VideoSource"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "VideoSource":
+        from duomo.video.source import VideoSource
+
+        return VideoSource
+    raise AttributeError(f"module 'duomo.video' has no attribute {name!r}")

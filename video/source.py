@@ -1,0 +1,284 @@
+"""``VideoSource``: one video decoded on its own thread straight into a supervisor stream.
+
+    from duomo import Client
+    from duomo.video import VideoSource
+
+    with Client() as client:
+        gate = VideoSource("rtsp://10.0.0.3/main", "gate-3", models=["face"], client=client)
+        gate.start()                                 # opens the stream; decoding begins
+        for answer in gate.answers():                # frame, model, age_ms, result / outcome
+            print(answer.to_json())
+
+A source opens the stream (``client.stream``: policy, weight, ``max_fps``, ``every`` and the
+stall bound pass through) and starts one decode thread that reads its ``MediaReader``
+(``video.media``) and sends each frame as a ``Filler``: the slot's view is filled with RGB by
+``video.conversion.write_rgb`` — the one copy from the decoder's frame into the slot. A file is
+paced at its own frame rate unless ``as_fast_as_possible``, and ends (or restarts, with
+``loop``) at its end. A live source (network URL, V4L2 device) that fails to open, fails to
+read or ends is reopened after a backoff (``video.backoff``: 0.5 s doubling to 10 s), each
+attempt logged; meanwhile nothing is sent, so the supervisor shows the stream ``stalled``.
+Frame numbers count on across loops and reconnects. A frame's captured time is
+``time.monotonic()`` when it left the decoder (for a paced file: when it was due; ``video.media``).
+
+Threads: the decode thread (one per source; PyAV decodes with the GIL released, so several
+sources in one process decode in parallel) runs ``_play``; answers are read by whoever iterates
+``answers()`` (``duomo stream`` runs one thread per source for it). ``on_frame(stream, rgb)``,
+for a live preview, gets a copy of at most one sent frame per ``frame_every_s``, taken on the
+thread that fills the slot. ``stop()`` stops decoding; ``close()`` also closes the stream, which
+ends ``answers()``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+import structlog
+
+from duomo.video.backoff import Backoff
+from duomo.video.conversion import rgb_shape, write_rgb
+from duomo.video.figures import SourceFigures
+from duomo.video.locations import SourceError, SourceLocation, parse_location
+from duomo.video.media import DecodedFrame, MediaReader, SourceDroppedError
+
+if TYPE_CHECKING:
+    from duomo.ipc.client import Client
+    from duomo.ipc.stream import Stream, StreamAnswer
+
+log = structlog.get_logger("duomo.video")
+
+FRAME_EVERY_S = 0.2  # ``on_frame``: at most 5 pictures a second per source
+ANSWER_CHECK_S = 0.25  # answers(): how often it checks whether a file's answers are all in
+STOP_JOIN_S = 10.0  # a decode thread blocked in a network read ends by its read timeout
+
+
+class VideoSource:
+    """One video (file, URL or device) fed into the stream ``stream`` of ``client``.
+
+    Args:
+        url_or_path: a file, an ``rtsp://`` ``rtmp://`` ``http(s)://`` … URL, or ``/dev/videoN``.
+        stream: the stream's name (1..64 printable characters, unique among live streams).
+        models: the models (or a pipeline's name) the frames feed.
+        client: the connection the stream belongs to (several sources may share one).
+        policy: ``"latest"`` or ``"fifo"``; weight, fps caps and the stall bound: see
+            ``Client.stream``.
+        loop: restart a file at its end.
+        as_fast_as_possible: do not pace a file at its frame rate.
+        on_frame: called with ``(stream, rgb)``, a copy of a sent frame, at most once per
+            ``frame_every_s``.
+    """
+
+    def __init__(
+        self,
+        url_or_path: str,
+        stream: str,
+        *,
+        models: Sequence[str],
+        client: Client,
+        policy: str = "latest",
+        weight: float = 1.0,
+        max_fps: float | None = None,
+        every: int | None = None,
+        stall_after_s: float = 5.0,
+        slots: int = 3,
+        loop: bool = False,
+        as_fast_as_possible: bool = False,
+        on_frame: Callable[[str, np.ndarray], None] | None = None,
+        frame_every_s: float = FRAME_EVERY_S,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self.url_or_path = url_or_path
+        self.name = stream
+        self.models = list(models)
+        self.client = client
+        self.policy = policy
+        self.weight = weight
+        self.max_fps = max_fps
+        self.every = every
+        self.stall_after_s = stall_after_s
+        self.slots = slots
+        self.loop = loop
+        self.as_fast_as_possible = as_fast_as_possible
+        self.on_frame = on_frame
+        self.frame_every_s = frame_every_s
+        self.backoff = backoff or Backoff()
+        self.figures = SourceFigures()
+        self.error: str | None = None  # why a file stopped before its end (bad data)
+        self.stream: Stream | None = None
+        self._location: SourceLocation | None = None
+        self._reader: MediaReader | None = None  # a file's, opened by start()
+        self._stop = threading.Event()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._next_frame = 0
+        self._next_picture_at = 0.0
+
+    def start(self) -> None:
+        """Check the source, open the stream and start decoding. Raises ``SourceError`` for a
+        source that can never play (a missing or undecodable file, an unknown scheme) and the
+        client's ``DuomoError`` when the stream is refused (``NotFoundError``: no such model)."""
+        location = parse_location(self.url_or_path)
+        if not location.live:  # a file is opened now: a bad one is the caller's error at once
+            self._reader = MediaReader(location, pace=not self.as_fast_as_possible)
+            self._reader.open()
+            self.figures.fps_nominal = self._reader.fps
+        self._location = location
+        try:
+            self.stream = self.client.stream(
+                self.name, models=self.models, policy=self.policy, weight=self.weight,
+                fps=self.figures.fps_nominal, max_fps=self.max_fps, every=self.every,
+                stall_after_s=self.stall_after_s, slots=self.slots,
+            )  # fmt: skip
+        except BaseException:
+            if self._reader is not None:
+                self._reader.close()
+            raise
+        self._thread = threading.Thread(target=self._play, name=f"video-{self.name}", daemon=True)
+        self._thread.start()
+
+    @property
+    def ended(self) -> bool:
+        """The decode thread has finished (a file's end, ``stop()``, or a fatal error)."""
+        return self._thread is not None and not self._thread.is_alive()
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Wait for decoding to end; whether it has."""
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        return self.ended
+
+    def answers(self) -> Iterator[StreamAnswer]:
+        """The stream's answers as they come (counted in ``figures``). Ends after ``close()``,
+        or once decoding has ended (a file's end) and every frame sent has its answers."""
+        if self.stream is None:
+            raise RuntimeError("VideoSource.answers before start")
+        while True:
+            for answer in self.stream.answers(timeout_s=ANSWER_CHECK_S):
+                self.figures.answered(answer)
+                yield answer
+            if self._closed or (self.ended and self.all_answered()):
+                return
+
+    def all_answered(self) -> bool:
+        """Every frame sent so far has an answer from every model (OK, superseded or not)."""
+        counts = self.figures.snapshot()
+        done = counts["answered"] + counts["superseded"] + counts["failed"]
+        return bool(done >= counts["sent"] * len(self.models))
+
+    def drain(self, timeout_s: float) -> bool:
+        """Wait until ``all_answered()`` (needs a reader of ``answers()``); whether it was
+        within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while not self.all_answered():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
+    def stop(self) -> None:
+        """Stop decoding (the stream stays open: answers in flight still arrive)."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(STOP_JOIN_S)
+
+    def close(self, drain_s: float = 5.0) -> None:
+        """Stop decoding and close the stream, after waiting up to ``drain_s`` for the frames
+        in flight (``Stream.close``); ``answers()`` ends."""
+        self.stop()
+        if self.stream is not None:
+            self.stream.close(drain_s)
+        self._closed = True  # (after: the answers that came while it drained are read first)
+
+    def __enter__(self) -> VideoSource:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the decode thread ---------------------------------------------------------------------
+
+    def _play(self) -> None:
+        assert self._location is not None
+        reader, self._reader = self._reader, None
+        try:
+            while not self._stop.is_set():
+                if reader is None:
+                    reader = MediaReader(self._location, pace=not self.as_fast_as_possible)
+                    try:
+                        reader.open()
+                    except SourceDroppedError as err:
+                        reader = None
+                        self._wait_to_reconnect(str(err))
+                        continue
+                if not self._play_reader(reader):
+                    return
+                reader = None
+        except SourceError as err:  # a file that turned out damaged beyond repair
+            self.error = str(err)
+            log.error("video source failed", stream=self.name, error=self.error)
+        except Exception as err:  # a bug must not die silently on a thread
+            self.error = f"{type(err).__name__}: {err}"
+            log.exception("video source failed", stream=self.name)
+        finally:
+            if reader is not None:
+                reader.close()
+            self.figures.set_state("ended")
+
+    def _play_reader(self, reader: MediaReader) -> bool:
+        """Send ``reader``'s frames until it ends; whether to open the source again."""
+        self.figures.set_state("playing")
+        try:
+            for decoded in reader.frames(self._stop):
+                self._send(decoded)
+                if self.backoff.attempts:
+                    log.warning("video source reconnected", stream=self.name)
+                    self.backoff.reset()
+        except SourceDroppedError as err:
+            self._wait_to_reconnect(str(err))
+            return True
+        finally:
+            reader.close()
+        if self._stop.is_set():
+            return False
+        if self._location is not None and self._location.live:
+            self._wait_to_reconnect(f"{self.url_or_path}: the source ended")
+            return True
+        return self.loop
+
+    def _wait_to_reconnect(self, why: str) -> None:
+        self.figures.set_state("reconnecting")
+        delay_s = self.backoff.next_delay_s()
+        log.warning(
+            "video source lost; reconnecting",
+            stream=self.name, attempt=self.backoff.attempts, delay_s=delay_s, error=why,
+        )  # fmt: skip
+        self._stop.wait(delay_s)
+
+    def _send(self, decoded: DecodedFrame) -> None:
+        from duomo.ipc.stream import Filler
+
+        assert self.stream is not None
+        frame = decoded.frame
+        picture_due = self.on_frame is not None and decoded.captured >= self._next_picture_at
+        if picture_due:
+            self._next_picture_at = decoded.captured + self.frame_every_s
+        taken = False
+
+        def fill(out: np.ndarray) -> None:
+            nonlocal taken
+            write_rgb(frame, out)
+            if picture_due and not taken and self.on_frame is not None:
+                taken = True  # (a frame fed to two models fills two slots: one picture)
+                self.on_frame(self.name, out.copy())
+
+        accepted = self.stream.send(
+            Filler(rgb_shape(frame), np.uint8, fill),
+            captured=decoded.captured,
+            frame=self._next_frame,
+        )
+        self._next_frame += 1
+        self.figures.decoded(accepted)
