@@ -545,10 +545,14 @@ def build_parser() -> argparse.ArgumentParser:
         "stream", help="decode videos (files, RTSP/RTMP/HTTP, V4L2) into models as streams"
     )
     stream.add_argument(
-        "sources", nargs="+", metavar="SOURCE",
+        "sources", nargs="*", metavar="SOURCE",
         help="a video file, an rtsp:// rtmp:// http(s):// URL, or a V4L2 device /dev/videoN",
     )  # fmt: skip
-    fed = stream.add_mutually_exclusive_group(required=True)
+    stream.add_argument(
+        "--sources", dest="sources_file", type=Path, default=None, metavar="FILE",
+        help="more sources from a YAML list of {name, url, models, policy, max_fps}",
+    )  # fmt: skip
+    fed = stream.add_mutually_exclusive_group()
     fed.add_argument("--model", action="append", metavar="M", help="a model to feed (repeat)")
     fed.add_argument(
         "--pipeline", metavar="P", help="a pipeline to feed (pipelines arrive with issue 35)"

@@ -1,10 +1,11 @@
 """``duomo stream``: video sources into a running supervisor, answers out as JSON lines.
 
 ``run(args)`` is the command's body (``supervisor.cli`` parses the arguments and calls it):
-it checks every source, connects one ``Client``, opens one ``VideoSource`` per source (one
-decode thread each) and one answer thread per source that writes each answer to the
-``AnswerLines`` sink (and to the live preview with ``--preview``), then waits until the files
-end, ``--duration`` passes, or SIGINT/SIGTERM arrives. At the end decoding stops, the answers
+it gathers the sources (SOURCE… and the entries of ``--sources FILE``: ``video.sources_file``),
+checks every one, connects one ``Client``, opens one ``VideoSource`` per source (one decode
+thread each) and one answer thread per source that writes each answer to the ``AnswerLines``
+sink (and to the live preview with ``--preview``), then waits until the files end,
+``--duration`` passes, or SIGINT/SIGTERM arrives. At the end decoding stops, the answers
 still owed are awaited for up to ``DRAIN_S`` (not after a signal), and every stream is closed.
 
 Exit codes (those of ``supervisor.cli``): 0 when the files ended or the duration passed, 1 when
@@ -28,6 +29,7 @@ from duomo.ipc.errors import DuomoError, ErrorCode
 from duomo.video.answer_lines import AnswerLines
 from duomo.video.locations import SourceError, SourceLocation, parse_location, stream_names
 from duomo.video.source import VideoSource
+from duomo.video.sources_file import SourceEntry, SourcesFileError, read_sources
 
 if TYPE_CHECKING:
     from duomo.video.preview import PreviewServer
@@ -40,12 +42,10 @@ FIGURES_EVERY_S = 1.0  # the preview's figures refresh
 def run(args: argparse.Namespace) -> int:
     """Run ``duomo stream`` as parsed by ``supervisor.cli``; the exit code."""
     try:
-        locations = [parse_location(text) for text in args.sources]
-    except SourceError as err:
+        entries = _entries(args)
+        locations = [parse_location(entry.url) for entry in entries]
+    except (SourceError, SourcesFileError) as err:
         return _fail(str(err), EXIT_INVALID)
-    if len(args.name) > len(locations):
-        return _fail(f"{len(args.name)} names for {len(locations)} source(s)", EXIT_INVALID)
-    models = args.model or [args.pipeline]
     sink = AnswerLines(args.out)
     try:
         sink.open()
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
             client = Client(args.socket, timeout_s=30)
             stack.enter_context(client)
             preview = _start_preview(args.preview, stack)
-            sources = _start_sources(args, locations, models, client, preview, stack)
+            sources = _start_sources(args, entries, locations, client, preview, stack)
             return _play(args, sources, sink, preview)
     except SourceError as err:
         return _fail(str(err), EXIT_INVALID)
@@ -65,6 +65,25 @@ def run(args: argparse.Namespace) -> int:
         invalid = err.code in (ErrorCode.NOT_FOUND, ErrorCode.INVALID_ARGUMENT)
         hint = "" if invalid else " (is a supervisor running? duomo start)"
         return _fail(f"{err.message}{hint}", EXIT_INVALID if invalid else EXIT_FAILED)
+
+
+def _entries(args: argparse.Namespace) -> list[SourceEntry]:
+    """The sources of the command line (SOURCE…, named by ``--name``), then the file's."""
+    models = tuple(args.model or ([args.pipeline] if args.pipeline else []))
+    if len(args.name) > len(args.sources):
+        raise SourceError(f"{len(args.name)} names for {len(args.sources)} source(s)")
+    if args.sources and not models:
+        raise SourceError("give the models (--model M …) or a pipeline (--pipeline P)")
+    names = [*args.name, *[None] * (len(args.sources) - len(args.name))]
+    entries = [
+        SourceEntry(url, name, models, args.policy, args.max_fps)
+        for url, name in zip(args.sources, names)
+    ]
+    if args.sources_file is not None:
+        entries += read_sources(args.sources_file, models, args.policy, args.max_fps)
+    if not entries:
+        raise SourceError("no source: give SOURCE… or --sources FILE")
+    return entries
 
 
 def _fail(message: str, code: int) -> int:
@@ -87,17 +106,18 @@ def _start_preview(where: str | None, stack: contextlib.ExitStack) -> PreviewSer
 
 def _start_sources(
     args: argparse.Namespace,
+    entries: list[SourceEntry],
     locations: list[SourceLocation],
-    models: list[str],
     client: Client,
     preview: PreviewServer | None,
     stack: contextlib.ExitStack,
 ) -> list[VideoSource]:
     sources = []
-    for location, name in zip(locations, stream_names(locations, args.name)):
+    names = stream_names(locations, [entry.name for entry in entries])
+    for entry, name in zip(entries, names):
         source = VideoSource(
-            location.text, name, models=models, client=client, policy=args.policy,
-            max_fps=args.max_fps, every=args.every, stall_after_s=args.stall_after,
+            entry.url, name, models=entry.models, client=client, policy=entry.policy,
+            max_fps=entry.max_fps, every=args.every, stall_after_s=args.stall_after,
             loop=args.loop, as_fast_as_possible=args.as_fast_as_possible,
             on_frame=None if preview is None else preview.frame,
         )  # fmt: skip
@@ -130,8 +150,7 @@ def _play(
             if deadline is not None and now >= deadline:
                 break
             if preview is not None and now >= next_figures:
-                for source in sources:
-                    preview.figures(source.name, source.figures.snapshot())
+                _show_figures(preview, sources)
                 next_figures = now + FIGURES_EVERY_S
             wait_s = 0.1 if deadline is None else min(0.1, max(deadline - now, 0.0))
             signalled.wait(wait_s)
@@ -149,6 +168,20 @@ def _play(
     for source in failed:
         print(f"duomo stream: {source.name}: {source.error}", file=sys.stderr)
     return EXIT_FAILED if failed else EXIT_OK
+
+
+def _show_figures(preview: PreviewServer, sources: list[VideoSource]) -> None:
+    """Each source's figures on the page, its ``state`` the supervisor's (running, stalled …)
+    when the status says, the source's own (playing, reconnecting …) as ``source``."""
+    states: dict[str, str] = {}
+    with contextlib.suppress(DuomoError):
+        shown = sources[0].client.status()
+        states = {s["name"]: s["state"] for s in shown.get("streams", [])}
+    for source in sources:
+        figures = source.figures.snapshot()
+        figures["source"] = figures["state"]
+        figures["state"] = states.get(source.name, figures["state"])
+        preview.figures(source.name, figures)
 
 
 def _read_answers(source: VideoSource, sink: AnswerLines, preview: PreviewServer | None) -> None:

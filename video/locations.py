@@ -97,12 +97,15 @@ def default_name(location: SourceLocation) -> str:
     return name[:MAX_STREAM_NAME] or "stream"
 
 
-def stream_names(locations: Sequence[SourceLocation], given: Sequence[str] = ()) -> list[str]:
-    """One name per location: ``given`` ones first (as many as there are), then defaults,
+def stream_names(
+    locations: Sequence[SourceLocation], given: Sequence[str | None] = ()
+) -> list[str]:
+    """One name per location: the ``given`` one (by position; None or missing: the default),
     made unique with a ``-N`` suffix (the supervisor refuses two live streams of one name)."""
     names: list[str] = []
     for index, location in enumerate(locations):
-        base = given[index] if index < len(given) else default_name(location)
+        chosen = given[index] if index < len(given) else None
+        base = chosen or default_name(location)
         name, count = base, 1
         while name in names:
             count += 1

@@ -22,10 +22,10 @@ Frame numbers count on across loops and reconnects. A frame's captured time is
 
 Threads: the decode thread (one per source; PyAV decodes with the GIL released, so several
 sources in one process decode in parallel) runs ``_play``; answers are read by whoever iterates
-``answers()`` (``duomo stream`` runs one thread per source for it). ``on_frame(stream, rgb)``,
-for a live preview, gets a copy of at most one sent frame per ``frame_every_s``, taken on the
-thread that fills the slot. ``stop()`` stops decoding; ``close()`` also closes the stream, which
-ends ``answers()``.
+``answers()`` (``duomo stream`` runs one thread per source for it). ``on_frame(stream, rgb,
+number)``, for a live preview, sees at most one sent frame per ``frame_every_s`` (the slot's
+view, just filled), on the thread that fills the slot. ``stop()`` stops decoding; ``close()``
+also closes the stream, which ends ``answers()``.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import structlog
 
+from duomo.ipc.errors import DuomoError
 from duomo.video.backoff import Backoff
 from duomo.video.conversion import rgb_shape, write_rgb
 from duomo.video.figures import SourceFigures
@@ -67,8 +68,9 @@ class VideoSource:
             ``Client.stream``.
         loop: restart a file at its end.
         as_fast_as_possible: do not pace a file at its frame rate.
-        on_frame: called with ``(stream, rgb)``, a copy of a sent frame, at most once per
-            ``frame_every_s``.
+        on_frame: called with ``(stream, rgb, frame number)`` for a sent frame, at most once
+            per ``frame_every_s``; ``rgb`` is the slot's view, valid during the call only
+            (``PreviewServer.frame`` copies what it keeps).
     """
 
     def __init__(
@@ -86,7 +88,7 @@ class VideoSource:
         slots: int = 3,
         loop: bool = False,
         as_fast_as_possible: bool = False,
-        on_frame: Callable[[str, np.ndarray], None] | None = None,
+        on_frame: Callable[[str, np.ndarray, int], None] | None = None,
         frame_every_s: float = FRAME_EVERY_S,
         backoff: Backoff | None = None,
     ) -> None:
@@ -220,6 +222,9 @@ class VideoSource:
         except SourceError as err:  # a file that turned out damaged beyond repair
             self.error = str(err)
             log.error("video source failed", stream=self.name, error=self.error)
+        except DuomoError as err:  # the supervisor went away, or refused the stream's frames
+            self.error = err.message
+            log.error("video source stopped", stream=self.name, error=self.error)
         except Exception as err:  # a bug must not die silently on a thread
             self.error = f"{type(err).__name__}: {err}"
             log.exception("video source failed", stream=self.name)
@@ -267,18 +272,17 @@ class VideoSource:
         if picture_due:
             self._next_picture_at = decoded.captured + self.frame_every_s
         taken = False
+        number = self._next_frame
 
         def fill(out: np.ndarray) -> None:
             nonlocal taken
             write_rgb(frame, out)
             if picture_due and not taken and self.on_frame is not None:
                 taken = True  # (a frame fed to two models fills two slots: one picture)
-                self.on_frame(self.name, out.copy())
+                self.on_frame(self.name, out, number)
 
         accepted = self.stream.send(
-            Filler(rgb_shape(frame), np.uint8, fill),
-            captured=decoded.captured,
-            frame=self._next_frame,
+            Filler(rgb_shape(frame), np.uint8, fill), captured=decoded.captured, frame=number
         )
         self._next_frame += 1
         self.figures.decoded(accepted)

@@ -193,3 +193,38 @@ def test_without_a_supervisor_exit_1(video: Path, tmp_path: Path) -> None:
     )  # fmt: skip
     assert run.returncode == 1, run.stderr
     assert "duomo start" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_several_sources_from_a_sources_file_play_in_one_process(
+    supervisor: SupervisorProcess, video: Path, tmp_path: Path
+) -> None:
+    sources = tmp_path / "sources.yaml"
+    sources.write_text(
+        f"- {{name: north, url: {video}, models: [face]}}\n"
+        f"- {{name: south, url: {video}, max_fps: 5}}\n"
+    )
+    out = tmp_path / "answers.jsonl"
+    run = subprocess.run(
+        stream_command(supervisor, "--sources", str(sources), "--model", "ocr",
+                       "--duration", "4", "--out", str(out)),
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    lines = read_lines(out)
+    check_contract(lines)
+    by_stream = Counter((line["stream"], line["model"]) for line in lines)
+    assert set(by_stream) == {("north", "face"), ("south", "ocr")}, by_stream
+    south = sorted({line["frame"] for line in lines if line["stream"] == "south"})
+    assert len(south) <= 4 * 5 + 2  # max_fps 5: most of the 15 fps were dropped at the source
+
+
+def test_a_bad_sources_file_names_the_entry_and_field(
+    supervisor: SupervisorProcess, video: Path, tmp_path: Path
+) -> None:
+    sources = tmp_path / "sources.yaml"
+    sources.write_text(f"- {{name: a, url: {video}, models: [face], colour: red}}\n")
+    run = subprocess.run(
+        stream_command(supervisor, "--sources", str(sources)),
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 2 and "[0].colour" in run.stderr, run.stderr
