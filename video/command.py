@@ -39,6 +39,10 @@ DRAIN_S = 30.0  # the answers still owed when the run ends, awaited for at most 
 FIGURES_EVERY_S = 1.0  # the preview's figures refresh
 
 
+class ArgumentError(ValueError):
+    """An option the command cannot use (``--preview`` without a port, a port in use)."""
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``duomo stream`` as parsed by ``supervisor.cli``; the exit code."""
     try:
@@ -59,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
             preview = _start_preview(args.preview, stack)
             sources = _start_sources(args, entries, locations, client, preview, stack)
             return _play(args, sources, sink, preview)
-    except SourceError as err:
+    except (SourceError, ArgumentError) as err:
         return _fail(str(err), EXIT_INVALID)
     except DuomoError as err:
         invalid = err.code in (ErrorCode.NOT_FOUND, ErrorCode.INVALID_ARGUMENT)
@@ -97,8 +101,13 @@ def _start_preview(where: str | None, stack: contextlib.ExitStack) -> PreviewSer
     from duomo.video.preview import PreviewServer  # (only with --preview)
 
     host, _, port = where.rpartition(":")
-    preview = PreviewServer(host or "127.0.0.1", int(port))
-    preview.start()
+    if not port.isdigit() or int(port) > 65535:
+        raise ArgumentError(f"--preview {where}: give HOST:PORT (127.0.0.1:8090, say)")
+    preview = PreviewServer(host.strip("[]") or "127.0.0.1", int(port))
+    try:
+        preview.start()
+    except OSError as err:
+        raise ArgumentError(f"--preview {where}: {err.strerror or err}") from None
     stack.callback(preview.stop)
     print(f"duomo stream: preview at {preview.url}", file=sys.stderr, flush=True)
     return preview
