@@ -241,13 +241,13 @@ class Stream:
             return False
         item = _Frame(data, captured, number)
         for model, lane in self._lanes.items():
-            with self._lock:
+            with self._arrived:
                 if self.policy == "latest" and lane.waiting:
                     old = lane.waiting.pop()
                     lane.superseded += 1
-                    self._answer(_local(self.name, model, old, "SUPERSEDED"))
+                    self._answer_held(_local(self.name, model, old, "SUPERSEDED"))
                 if len(lane.waiting) >= self._backlog:
-                    self._answer(
+                    self._answer_held(
                         _local(self.name, model, item, "RESOURCE_EXHAUSTED", "backlog full")
                     )
                     continue
@@ -383,8 +383,12 @@ class Stream:
 
     def _answer(self, answer: StreamAnswer) -> None:
         with self._arrived:
-            self._answers.append(answer)
-            self._arrived.notify_all()
+            self._answer_held(answer)
+
+    def _answer_held(self, answer: StreamAnswer) -> None:
+        """(Under the lock) an answer for ``answers``."""
+        self._answers.append(answer)
+        self._arrived.notify_all()
 
     # -- answers ----------------------------------------------------------------------------
 

@@ -164,3 +164,19 @@ def test_a_slot_may_not_name_a_stream_of_another_connection(
             other.open_stream("owned", ["slow"])
         owner.close_stream(stream_id)
         other.close_stream(other.open_stream("owned", ["slow"]))  # ended: the name is free
+
+
+def test_latest_keeps_only_the_newest_frame_at_the_source_and_never_blocks(
+    slow_model: SupervisorProcess,
+) -> None:
+    with Client(slow_model.socket, timeout_s=30) as client:
+        cam = client.stream("one-slot", models=["slow"], policy="latest", slots=1)
+        sender = threading.Thread(target=lambda: [cam.send(FRAME) for _ in range(20)])
+        sender.start()
+        sender.join(10)  # 20 sends while the one slot is in flight: none waits for the model
+        assert not sender.is_alive()
+        answers = closed_answers(cam)
+    by_frame = {a.frame: a.outcome for a in answers}
+    assert sorted(by_frame) == list(range(20))  # each frame answered exactly once
+    assert by_frame[0] == "OK" and by_frame[19] == "OK"  # the first ran, the newest ran
+    assert list(by_frame.values()).count("SUPERSEDED") >= 17  # the rest: replaced at the source
