@@ -34,6 +34,7 @@ from tests.integration.harness import (
     write_config,
 )
 from tests.integration.test_metrics import Samples, scrape, value
+from tests.unit.test_grafana_dashboard import dashboard_metric_names
 
 pytestmark = pytest.mark.integration
 FRAME = {"x": np.ones((1, 4), dtype=np.float32)}
@@ -132,6 +133,10 @@ def test_the_metrics_count_exactly_what_the_producer_was_answered(tmp_path: Path
             p99 = value(samples, "duomo_stream_age_ms", **labels, quantile="0.99")
             assert 50 <= p50 <= p99  # no answer comes sooner than the model's 50 ms
         assert status.streams[1].fps_nominal == 80.0 and status.streams[1].policy == "latest"
+        # the Grafana dashboard's stream panels ask only for what is exposed
+        exposed = {name for name, _ in samples}
+        asked = {name for name in dashboard_metric_names() if name.startswith("duomo_stream_")}
+        assert asked <= exposed, asked - exposed
 
 
 class Sender:
