@@ -122,12 +122,13 @@ def test_every_series_exists_at_zero_and_counts_exactly_the_requests_sent(
     assert rose("duomo_inference_request_success_total", model="b") == 0
     assert value(after, "duomo_clients_attached") >= 1
     # the Grafana dashboard asks only for what is exposed (accelerators add their telemetry,
-    # budgets exist where they are configured: the eviction test sees them)
+    # budgets exist where they are configured: the eviction test sees them; streams where one
+    # is open: test_stream_status sees them)
     exposed = {name for name, _ in after}
     not_here = {
         "duomo_device_utilization_ratio", "duomo_device_temperature_celsius",
         "duomo_device_power_watts", "duomo_model_memory_budget_bytes",
-        "duomo_device_memory_budget_bytes",
+        "duomo_device_memory_budget_bytes", "duomo_stream_answered_total", "duomo_stream_age_ms",
     }  # fmt: skip
     assert dashboard_metric_names() - not_here <= exposed
 

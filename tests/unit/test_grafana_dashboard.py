@@ -36,6 +36,7 @@ COUNTERS = {
     "duomo_model_evictions": True,
     "duomo_model_restarts": True,
     "duomo_device_cpu_seconds": False,
+    "duomo_stream_answered": True,
 }
 HISTOGRAMS = {
     "duomo_request_duration_seconds": True,
@@ -56,6 +57,7 @@ GAUGES = {
     "duomo_clients_attached": False,
     "duomo_gateway_workers_running": False,
     "duomo_process_resident_bytes": False,
+    "duomo_stream_age_ms": True,
 }
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 
