@@ -580,6 +580,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--stall-after", type=_seconds, default=5.0, metavar="S",
         help="seconds without a frame before the supervisor shows the stream stalled",
     )  # fmt: skip
+    stream.add_argument(
+        "--wait-s", type=_seconds_or_zero, default=0.0, metavar="S",
+        help="wait up to S seconds for the supervisor's socket at the start (0: do not wait; "
+        "a supervisor lost later is always waited for and attached again)",
+    )  # fmt: skip
     _socket_arg(stream)
     stream.set_defaults(func=cmd_stream)
 
@@ -597,6 +602,17 @@ def build_parser() -> argparse.ArgumentParser:
 def _lifecycle_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait")
     _socket_arg(parser)
+
+
+def _seconds_or_zero(text: str) -> float:
+    """A finite number of seconds, 0 or more (``duomo stream --wait-s``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds ≥ 0, not {text!r}")
+    return value
 
 
 def _seconds(text: str) -> float:

@@ -2,15 +2,20 @@
 
 ``run(args)`` is the command's body (``supervisor.cli`` parses the arguments and calls it):
 it gathers the sources (SOURCE… and the entries of ``--sources FILE``: ``video.sources_file``),
-checks every one, connects one ``Client``, opens one ``VideoSource`` per source (one decode
-thread each) and one answer thread per source that writes each answer to the ``AnswerLines``
-sink (and to the live preview with ``--preview``), then waits until the files end,
-``--duration`` passes, or SIGINT/SIGTERM arrives. At the end decoding stops, the answers
+checks every one, connects one ``SupervisorLink`` (``video.supervisor_link``: with ``--wait-s
+S`` it waits up to S seconds for the supervisor's socket and key, a log line per backoff step),
+opens one ``VideoSource`` per source (one decode thread each) and one answer thread per source
+that writes each answer to the ``AnswerLines`` sink (and to the live preview with
+``--preview``), then waits until the files end, ``--duration`` passes, or SIGINT/SIGTERM
+arrives. A supervisor that goes away meanwhile is waited for and connected to again, and every
+stream opens again on it under its name (``video.source``): the process runs beside the
+supervisor for as long as the operator wants it to. At the end decoding stops, the answers
 still owed are awaited for up to ``DRAIN_S`` (not after a signal), and every stream is closed.
 
-Exit codes (those of ``supervisor.cli``): 0 when the files ended or the duration passed, 1 when
-the supervisor is unreachable or a file failed while playing, 2 for a bad source, an unknown
-model or bad arguments — each with a one-line message on stderr.
+Exit codes (those of ``supervisor.cli``): 0 when the files ended, the duration passed or a
+signal came, 1 when no supervisor answered at the start (within ``--wait-s``) or a file failed
+while playing, 2 for a bad source, an unknown model or bad arguments — each with a one-line
+message on stderr.
 """
 
 from __future__ import annotations
@@ -24,12 +29,12 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from duomo.ipc.client import Client
 from duomo.ipc.errors import DuomoError, ErrorCode
 from duomo.video.answer_lines import AnswerLines
 from duomo.video.locations import SourceError, SourceLocation, parse_location, stream_names
 from duomo.video.source import VideoSource
 from duomo.video.sources_file import SourceEntry, SourcesFileError, read_sources
+from duomo.video.supervisor_link import SupervisorLink
 
 if TYPE_CHECKING:
     from duomo.video.preview import PreviewServer
@@ -55,19 +60,23 @@ def run(args: argparse.Namespace) -> int:
         sink.open()
     except OSError as err:
         return _fail(f"--out {args.out}: {err.strerror or err}", EXIT_INVALID)
+    signalled = threading.Event()
     try:
-        with contextlib.ExitStack() as stack:
+        with _stopped_by_signals(signalled), contextlib.ExitStack() as stack:
             stack.callback(sink.close)
-            client = Client(args.socket, timeout_s=30)
-            stack.enter_context(client)
+            link = SupervisorLink(args.socket, timeout_s=30)
+            stack.callback(link.close)
+            if link.connect(args.wait_s, signalled) is None:
+                return EXIT_OK  # a signal while waiting for the supervisor
             preview = _start_preview(args.preview, stack)
-            sources = _start_sources(args, entries, locations, client, preview, stack)
-            return _play(args, sources, sink, preview)
+            sources = _start_sources(args, entries, locations, link, preview, stack)
+            return _play(args, sources, sink, preview, signalled)
     except (SourceError, ArgumentError) as err:
         return _fail(str(err), EXIT_INVALID)
     except DuomoError as err:
         invalid = err.code in (ErrorCode.NOT_FOUND, ErrorCode.INVALID_ARGUMENT)
-        hint = "" if invalid else " (is a supervisor running? duomo start)"
+        waited = f"waited {args.wait_s:g} s; " if args.wait_s else ""
+        hint = "" if invalid else f" ({waited}is a supervisor running? duomo start)"
         return _fail(f"{err.message}{hint}", EXIT_INVALID if invalid else EXIT_FAILED)
 
 
@@ -117,7 +126,7 @@ def _start_sources(
     args: argparse.Namespace,
     entries: list[SourceEntry],
     locations: list[SourceLocation],
-    client: Client,
+    link: SupervisorLink,
     preview: PreviewServer | None,
     stack: contextlib.ExitStack,
 ) -> list[VideoSource]:
@@ -125,7 +134,7 @@ def _start_sources(
     names = stream_names(locations, [entry.name for entry in entries])
     for entry, name in zip(entries, names):
         source = VideoSource(
-            entry.url, name, models=entry.models, client=client, policy=entry.policy,
+            entry.url, name, models=entry.models, client=link, policy=entry.policy,
             max_fps=entry.max_fps, every=args.every, stall_after_s=args.stall_after,
             loop=args.loop, as_fast_as_possible=args.as_fast_as_possible,
             on_frame=None if preview is None else preview.frame,
@@ -141,38 +150,35 @@ def _play(
     sources: list[VideoSource],
     sink: AnswerLines,
     preview: PreviewServer | None,
+    signalled: threading.Event,
 ) -> int:
-    signalled = threading.Event()
-    with _stopped_by_signals(signalled):
-        readers = [
-            threading.Thread(
-                target=_read_answers, args=(s, sink, preview), name=f"answers-{s.name}"
-            )
-            for s in sources
-        ]
-        for reader in readers:
-            reader.start()
-        deadline = None if args.duration is None else time.monotonic() + args.duration
-        next_figures = 0.0
-        while not signalled.is_set() and not all(s.ended for s in sources):
-            now = time.monotonic()
-            if deadline is not None and now >= deadline:
-                break
-            if preview is not None and now >= next_figures:
-                _show_figures(preview, sources)
-                next_figures = now + FIGURES_EVERY_S
-            wait_s = 0.1 if deadline is None else min(0.1, max(deadline - now, 0.0))
-            signalled.wait(wait_s)
+    readers = [
+        threading.Thread(target=_read_answers, args=(s, sink, preview), name=f"answers-{s.name}")
+        for s in sources
+    ]
+    for reader in readers:
+        reader.start()
+    deadline = None if args.duration is None else time.monotonic() + args.duration
+    next_figures = 0.0
+    while not signalled.is_set() and not all(s.ended for s in sources):
+        now = time.monotonic()
+        if deadline is not None and now >= deadline:
+            break
+        if preview is not None and now >= next_figures:
+            _show_figures(preview, sources)
+            next_figures = now + FIGURES_EVERY_S
+        wait_s = 0.1 if deadline is None else min(0.1, max(deadline - now, 0.0))
+        signalled.wait(wait_s)
+    for source in sources:
+        source.stop()
+    if not signalled.is_set():
+        drain_until = time.monotonic() + DRAIN_S
         for source in sources:
-            source.stop()
-        if not signalled.is_set():
-            drain_until = time.monotonic() + DRAIN_S
-            for source in sources:
-                source.drain(max(drain_until - time.monotonic(), 0.0))
-        for source in sources:
-            source.close(0.0 if signalled.is_set() else 5.0)  # the readers finish
-        for reader in readers:
-            reader.join(DRAIN_S)
+            source.drain(max(drain_until - time.monotonic(), 0.0))
+    for source in sources:
+        source.close(0.0 if signalled.is_set() else 5.0)  # the readers finish
+    for reader in readers:
+        reader.join(DRAIN_S)
     failed = [s for s in sources if s.error]
     for source in failed:
         print(f"duomo stream: {source.name}: {source.error}", file=sys.stderr)
@@ -183,8 +189,9 @@ def _show_figures(preview: PreviewServer, sources: list[VideoSource]) -> None:
     """Each source's figures on the page, its ``state`` the supervisor's (running, stalled …)
     when the status says, the source's own (playing, reconnecting …) as ``source``."""
     states: dict[str, str] = {}
+    client = sources[0].client  # (None while the supervisor is being reconnected)
     with contextlib.suppress(DuomoError):
-        shown = sources[0].client.status()
+        shown = {} if client is None else client.status()
         states = {s["name"]: s["state"] for s in shown.get("streams", [])}
     for source in sources:
         figures = source.figures.snapshot()

@@ -5,6 +5,12 @@
 lock, and read by anyone (``snapshot``). Rates count the last ``RATE_WINDOW_S`` seconds; the
 answer age percentiles the last ``AGE_SAMPLES`` answers. The supervisor keeps its own figures
 per stream (``duomo status``); these are the source's side, available without a round trip.
+
+States: ``opening``, ``playing``, ``reconnecting`` (the camera dropped: backoff), ``detached``
+(the supervisor went away: frames are decoded and dropped until the stream opens again) and
+``ended``. Counts: ``decoded`` = ``sent`` + ``dropped`` (by ``max_fps``/``every``) +
+``detached`` (no supervisor to send to); ``reconnects`` counts the camera's, ``reattached`` the
+stream's openings on a new supervisor connection.
 """
 
 from __future__ import annotations
@@ -28,27 +34,39 @@ class SourceFigures:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.state = "opening"  # opening | playing | reconnecting | ended
+        self.state = "opening"  # opening | playing | reconnecting | detached | ended
         self.fps_nominal: float | None = None
         self.counts = dict.fromkeys(
-            ("decoded", "sent", "dropped", "answered", "superseded", "failed", "reconnects"), 0
-        )
+            (
+                "decoded", "sent", "dropped", "detached", "answered", "superseded", "failed",
+                "reconnects", "reattached",
+            ),
+            0,
+        )  # fmt: skip
         self._decoded_at: deque[float] = deque()
         self._answered_at: deque[float] = deque()
         self._ages_ms: deque[float] = deque(maxlen=AGE_SAMPLES)
 
     def set_state(self, state: str) -> None:
         with self._lock:
-            self.state = state
             if state == "reconnecting":
                 self.counts["reconnects"] += 1
+            self.state = state
 
-    def decoded(self, accepted: bool) -> None:
-        """A frame left the decoder; ``accepted``: sent (else dropped at the source)."""
+    def reattached(self) -> None:
+        """The stream opened again on a new connection to the supervisor: playing."""
+        with self._lock:
+            self.counts["reattached"] += 1
+            self.state = "playing"
+
+    def decoded(self, accepted: bool, attached: bool = True) -> None:
+        """A frame left the decoder; ``accepted``: sent (else dropped at the source: by
+        ``max_fps``/``every``, or, not ``attached``, for want of a supervisor)."""
         now = time.monotonic()
         with self._lock:
             self.counts["decoded"] += 1
-            self.counts["sent" if accepted else "dropped"] += 1
+            kept = "sent" if accepted else "dropped"
+            self.counts[kept if attached else "detached"] += 1
             _push(self._decoded_at, now)
 
     def answered(self, answer: StreamAnswer) -> None:

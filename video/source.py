@@ -20,9 +20,19 @@ attempt logged; meanwhile nothing is sent, so the supervisor shows the stream ``
 Frame numbers count on across loops and reconnects. A frame's captured time is
 ``time.monotonic()`` when it left the decoder (for a paced file: when it was due; ``video.media``).
 
+**The supervisor going away.** Given a plain ``Client``, a source stops when the connection is
+lost (``error`` says why). Given a ``SupervisorLink`` (``video.supervisor_link``, as ``duomo
+stream`` does), it goes on decoding: the stream is closed (the frames in flight are answered
+``UNAVAILABLE``), the link connects again with backoff, and the first frame decoded after that
+opens the stream again on the new connection under the same name and settings; the frames
+decoded meanwhile are dropped (counted ``detached``; their numbers are skipped, so the numbers
+count on). A new supervisor that refuses the stream (its models changed) is asked again with
+the same backoff, a log line each time.
+
 Threads: the decode thread (one per source; PyAV decodes with the GIL released, so several
 sources in one process decode in parallel) runs ``_play``; answers are read by whoever iterates
-``answers()`` (``duomo stream`` runs one thread per source for it). ``on_frame(stream, rgb,
+``answers()`` (``duomo stream`` runs one thread per source for it), across the streams a
+reconnected source opens in turn. ``on_frame(stream, rgb,
 number)``, for a live preview, sees at most one sent frame per ``frame_every_s`` (the slot's
 view, just filled), on the thread that fills the slot. ``stop()`` stops decoding; ``close()``
 also closes the stream, which ends ``answers()``.
@@ -38,12 +48,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 import structlog
 
-from duomo.ipc.errors import DuomoError
+from duomo.ipc.errors import DuomoError, UnavailableError
 from duomo.video.backoff import Backoff
 from duomo.video.conversion import rgb_shape, write_rgb
 from duomo.video.figures import SourceFigures
 from duomo.video.locations import SourceError, SourceLocation, parse_location
 from duomo.video.media import DecodedFrame, MediaReader, SourceDroppedError
+from duomo.video.supervisor_link import SupervisorLink
 
 if TYPE_CHECKING:
     from duomo.ipc.client import Client
@@ -63,7 +74,8 @@ class VideoSource:
         url_or_path: a file, an ``rtsp://`` ``rtmp://`` ``http(s)://`` … URL, or ``/dev/videoN``.
         stream: the stream's name (1..64 printable characters, unique among live streams).
         models: the models (or a pipeline's name) the frames feed.
-        client: the connection the stream belongs to (several sources may share one).
+        client: the connection the stream belongs to (several sources may share one); a
+            ``SupervisorLink`` also opens the stream again after the supervisor restarts.
         policy: ``"latest"`` or ``"fifo"``; weight, fps caps and the stall bound: see
             ``Client.stream``.
         loop: restart a file at its end.
@@ -79,7 +91,7 @@ class VideoSource:
         stream: str,
         *,
         models: Sequence[str],
-        client: Client,
+        client: Client | SupervisorLink,
         policy: str = "latest",
         weight: float = 1.0,
         max_fps: float | None = None,
@@ -95,7 +107,8 @@ class VideoSource:
         self.url_or_path = url_or_path
         self.name = stream
         self.models = list(models)
-        self.client = client
+        self.link = client if isinstance(client, SupervisorLink) else None
+        self._client = None if isinstance(client, SupervisorLink) else client
         self.policy = policy
         self.weight = weight
         self.max_fps = max_fps
@@ -107,6 +120,11 @@ class VideoSource:
         self.on_frame = on_frame
         self.frame_every_s = frame_every_s
         self.backoff = backoff or Backoff()
+        self._reopen = Backoff(self.backoff.first_s, self.backoff.max_s, self.backoff.factor)
+        self._reopen_at = 0.0  # a refused reopening is asked again from this monotonic time
+        self._generation = 0  # the link's connection the stream was opened on
+        self._lock = threading.Lock()  # ``stream`` and ``_owed`` (decode thread, answers reader)
+        self._owed = 0  # answers still due on the stream now open
         self.figures = SourceFigures()
         self.error: str | None = None  # why a file stopped before its end (bad data)
         self.stream: Stream | None = None
@@ -129,17 +147,41 @@ class VideoSource:
             self.figures.fps_nominal = self._reader.fps
         self._location = location
         try:
-            self.stream = self.client.stream(
-                self.name, models=self.models, policy=self.policy, weight=self.weight,
-                fps=self.figures.fps_nominal, max_fps=self.max_fps, every=self.every,
-                stall_after_s=self.stall_after_s, slots=self.slots,
-            )  # fmt: skip
+            client, self._generation = self._connection()
+            if client is None:
+                raise UnavailableError("the supervisor is being reconnected")
+            self.stream = self._open(client, self._generation)
         except BaseException:
             if self._reader is not None:
                 self._reader.close()
             raise
         self._thread = threading.Thread(target=self._play, name=f"video-{self.name}", daemon=True)
         self._thread.start()
+
+    @property
+    def client(self) -> Client | None:
+        """The connection now (None while a ``SupervisorLink`` makes it again)."""
+        return self._connection()[0]
+
+    def _connection(self) -> tuple[Client | None, int]:
+        """The client and its link generation (0 for a plain client)."""
+        return (self._client, 0) if self.link is None else self.link.current()
+
+    def _open(self, client: Client, generation: int) -> Stream:
+        """Open the stream on ``client``, held on the link meanwhile and after (a lost
+        connection is not closed under a stream opening or open on it)."""
+        if self.link is not None:
+            self.link.opened(generation)
+        try:
+            return client.stream(
+                self.name, models=self.models, policy=self.policy, weight=self.weight,
+                fps=self.figures.fps_nominal, max_fps=self.max_fps, every=self.every,
+                stall_after_s=self.stall_after_s, slots=self.slots,
+            )  # fmt: skip
+        except BaseException:
+            if self.link is not None:
+                self.link.closed(generation)
+            raise
 
     @property
     def ended(self) -> bool:
@@ -154,21 +196,37 @@ class VideoSource:
 
     def answers(self) -> Iterator[StreamAnswer]:
         """The stream's answers as they come (counted in ``figures``). Ends after ``close()``,
-        or once decoding has ended (a file's end) and every frame sent has its answers."""
-        if self.stream is None:
+        or once decoding has ended (a file's end) and every frame sent has its answers. After
+        the supervisor went away, the closed stream's last answers come first (``UNAVAILABLE``
+        for the frames it had in flight), then the reopened stream's."""
+        if self._thread is None:
             raise RuntimeError("VideoSource.answers before start")
         while True:
-            for answer in self.stream.answers(timeout_s=ANSWER_CHECK_S):
-                self.figures.answered(answer)
-                yield answer
+            stream = self.stream
+            if stream is None:  # detached: the supervisor is being reconnected
+                self._stop.wait(ANSWER_CHECK_S)
+            else:
+                for answer in stream.answers(timeout_s=ANSWER_CHECK_S):
+                    yield self._took(stream, answer)
+                if stream is not self.stream:  # (closed before it was replaced: all is in)
+                    for answer in stream.poll():
+                        yield self._took(stream, answer)
+                    continue
             if self._closed or (self.ended and self.all_answered()):
                 return
 
+    def _took(self, stream: Stream, answer: StreamAnswer) -> StreamAnswer:
+        self.figures.answered(answer)
+        with self._lock:
+            if stream is self.stream:
+                self._owed -= 1
+        return answer
+
     def all_answered(self) -> bool:
-        """Every frame sent so far has an answer from every model (OK, superseded or not)."""
-        counts = self.figures.snapshot()
-        done = counts["answered"] + counts["superseded"] + counts["failed"]
-        return bool(done >= counts["sent"] * len(self.models))
+        """Every frame sent on the stream now open has an answer from every model (OK,
+        superseded or not); a stream closed when the supervisor went away owes nothing."""
+        with self._lock:
+            return self._owed <= 0
 
     def drain(self, timeout_s: float) -> bool:
         """Wait until ``all_answered()`` (needs a reader of ``answers()``); whether it was
@@ -190,8 +248,11 @@ class VideoSource:
         """Stop decoding and close the stream, after waiting up to ``drain_s`` for the frames
         in flight (``Stream.close``); ``answers()`` ends."""
         self.stop()
-        if self.stream is not None:
-            self.stream.close(drain_s)
+        stream = self.stream
+        if stream is not None:
+            stream.close(drain_s)
+            if self.link is not None:
+                self.link.closed(self._generation)
         self._closed = True  # (after: the answers that came while it drained are read first)
 
     def __enter__(self) -> VideoSource:
@@ -222,7 +283,7 @@ class VideoSource:
         except SourceError as err:  # a file that turned out damaged beyond repair
             self.error = str(err)
             log.error("video source failed", stream=self.name, error=self.error)
-        except DuomoError as err:  # the supervisor went away, or refused the stream's frames
+        except DuomoError as err:  # the supervisor went away (a plain client), or refused frames
             self.error = err.message
             log.error("video source stopped", stream=self.name, error=self.error)
         except Exception as err:  # a bug must not die silently on a thread
@@ -266,13 +327,19 @@ class VideoSource:
     def _send(self, decoded: DecodedFrame) -> None:
         from duomo.ipc.stream import Filler
 
-        assert self.stream is not None
+        stream = self._attached()
+        number = self._next_frame
+        self._next_frame += 1
+        if stream is None:  # no supervisor now: the frame is dropped, its number skipped
+            if self.figures.state != "detached":  # (a camera reopened meanwhile says playing)
+                self.figures.set_state("detached")
+            self.figures.decoded(False, attached=False)
+            return
         frame = decoded.frame
         picture_due = self.on_frame is not None and decoded.captured >= self._next_picture_at
         if picture_due:
             self._next_picture_at = decoded.captured + self.frame_every_s
         taken = False
-        number = self._next_frame
 
         def fill(out: np.ndarray) -> None:
             nonlocal taken
@@ -281,8 +348,69 @@ class VideoSource:
                 taken = True  # (a frame fed to two models fills two slots: one picture)
                 self.on_frame(self.name, out, number)
 
-        accepted = self.stream.send(
-            Filler(rgb_shape(frame), np.uint8, fill), captured=decoded.captured, frame=number
-        )
-        self._next_frame += 1
+        try:
+            accepted = stream.send(
+                Filler(rgb_shape(frame), np.uint8, fill), captured=decoded.captured, frame=number
+            )
+        except UnavailableError as err:
+            if self.link is None:
+                raise
+            self._detach(err.message)  # (the frame's answers, UNAVAILABLE, end the old stream)
+            self.figures.decoded(False, attached=False)
+            return
+        if accepted:
+            with self._lock:
+                if stream is self.stream:
+                    self._owed += len(self.models)
         self.figures.decoded(accepted)
+
+    # -- the supervisor going away (with a SupervisorLink) -------------------------------------
+
+    def _attached(self) -> Stream | None:
+        """The stream to send to: the one open, or (with a link) one opened again on the
+        link's new connection after the supervisor was lost; None while there is none."""
+        if self.link is None:
+            return self.stream
+        client, generation = self.link.current()
+        if self.stream is not None and client is not None and generation == self._generation:
+            return self.stream
+        if self.stream is not None:
+            self._detach("the supervisor closed the connection")
+        if client is None or time.monotonic() < self._reopen_at:
+            return None
+        try:
+            stream = self._open(client, generation)
+        except UnavailableError as err:  # lost again already
+            self.link.lost(generation, err.message)
+            return None
+        except DuomoError as err:  # the new supervisor refuses it (a model gone, say)
+            delay_s = self._reopen.next_delay_s()
+            self._reopen_at = time.monotonic() + delay_s
+            log.warning(
+                "video source: the supervisor refused the stream; asking again",
+                stream=self.name, attempt=self._reopen.attempts, delay_s=delay_s,
+                error=err.message,
+            )  # fmt: skip
+            return None
+        with self._lock:
+            self.stream, self._owed = stream, 0
+        self._generation = generation
+        self._reopen.reset()
+        self._reopen_at = 0.0
+        self.figures.reattached()
+        log.warning("video source attached again", stream=self.name)
+        return stream
+
+    def _detach(self, why: str) -> None:
+        """(With a link) the supervisor went away: close the stream (its last answers stay
+        readable), hand the connection to the link to make again, and send nothing meanwhile."""
+        assert self.link is not None
+        stream = self.stream
+        self.figures.set_state("detached")
+        log.warning("video source detached: the supervisor went away", stream=self.name, error=why)
+        self.link.lost(self._generation, why)
+        if stream is not None:
+            stream.close(0.0)
+        with self._lock:
+            self.stream, self._owed = None, 0
+        self.link.closed(self._generation)  # (the last stream on it closes the lost client)
