@@ -10,12 +10,16 @@ stream`` runs it, and a producer that wants the loop in its own process imports 
         for answer in cam.answers():
             print(answer.to_json())
 
+Given a ``SupervisorLink`` instead of a ``Client``, the sources outlive the supervisor: they wait
+for it and open their streams again after it restarts (``duomo stream`` does this).
+
 The modules, one job each: ``locations`` (what a SOURCE names, stream names), ``media`` (PyAV
 open, decode, pacing), ``conversion`` (the frame into the slot as RGB), ``backoff`` (the
-reconnect schedule), ``figures`` (the source's counts and rates), ``source`` (``VideoSource``:
+reconnect schedule), ``supervisor_link`` (the shared connection, made again when the
+supervisor restarts), ``figures`` (the source's counts and rates), ``source`` (``VideoSource``:
 the decode thread), ``answer_lines`` (the JSON-lines contract), ``command`` (``duomo stream``)
-and ``preview`` (the live page). ``VideoSource`` is loaded on first use, so importing the
-package loads neither PyAV nor OpenCV.
+and ``preview`` (the live page). ``VideoSource`` and ``SupervisorLink`` are loaded on first use,
+so importing the package loads neither PyAV nor OpenCV.
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from duomo.video.source import VideoSource
+    from duomo.video.supervisor_link import SupervisorLink
 
-__all__ = ["VideoSource"]
+__all__ = ["SupervisorLink", "VideoSource"]
 
 
 def __getattr__(name: str) -> Any:
@@ -33,4 +38,8 @@ def __getattr__(name: str) -> Any:
         from duomo.video.source import VideoSource
 
         return VideoSource
+    if name == "SupervisorLink":
+        from duomo.video.supervisor_link import SupervisorLink
+
+        return SupervisorLink
     raise AttributeError(f"module 'duomo.video' has no attribute {name!r}")
