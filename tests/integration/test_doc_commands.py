@@ -18,6 +18,10 @@ is not skipped: it fails.
 The ``curl`` examples of ``docs/gateway.md`` need a supervisor with its gateway:
 ``test_the_gateway_curl_examples`` runs each of their blocks whole, in ``bash``, against one
 (on a free port instead of the documented 8000), and checks the answer.
+The example of ``docs/streams.md`` ("Try it": a demo clip played through ``duomo stream``) needs
+a supervisor too: ``test_the_streams_guide_example`` runs its block whole against one (its
+``/tmp/`` files in the test's own folder) and checks the answers; the commands that need a
+camera are left to ``tests/integration/test_video_source.py``, which plays a real RTSP server.
 ``docs/adding-a-model.md`` is left out: ``tests/integration/test_adding_a_model.py`` runs every
 block of that guide.
 """
@@ -25,6 +29,7 @@ block of that guide.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import socket
@@ -52,6 +57,15 @@ CURL_RUN_BELOW = (
     "a line of the gateway's curl examples, which need a running gateway: "
     "test_the_gateway_curl_examples runs each of their blocks whole against one"
 )
+STREAMS_PAGE = ROOT / "docs" / "streams.md"
+STREAMS_RUN_BELOW = (
+    "a line of the streams guide's example, which needs a running supervisor: "
+    "test_the_streams_guide_example runs its block whole against one"
+)
+CAMERA = (
+    "needs a camera (an RTSP server, a V4L2 device, the cameras of a sources file): "
+    "test_video_source.py plays a real RTSP server and a sources file through duomo stream"
+)
 # (a regular expression the whole command matches, why it is not run here)
 NOT_RUN: list[tuple[str, str]] = [
     (r"make test", "it is what CI runs (.ci/run), this test among its tests"),
@@ -71,6 +85,9 @@ NOT_RUN: list[tuple[str, str]] = [
     ),
     (r"podman-compose -f deploy/compose\.yaml .*", "test_containers.py runs this layout"),
     (r"kubectl .*", "needs a cluster; tests/unit/test_manifests.py validates the manifests"),
+    (r"\.venv/bin/python deploy/stream/demo_clip\.py \S+ /tmp/\S+\.mp4", STREAMS_RUN_BELOW),
+    (r"\.venv/bin/duomo stream /tmp/\S+\.mp4 .*", STREAMS_RUN_BELOW),
+    (r"\.venv/bin/duomo stream (rtsp://|/dev/video|--sources )\S* .*", CAMERA),
     *(
         (pattern, CURL_RUN_BELOW)
         for pattern in (
@@ -152,3 +169,28 @@ def test_the_gateway_curl_examples(tmp_path: Path, demo_config: object) -> None:
             assert (output["name"], output["datatype"], output["shape"]) == ("RESULT", "BYTES", [1])
             answers.append(json.loads(output["data"][0])["top"][0])
     assert answers[1]["index"] == 967, "the coffee photo, as the page says (espresso)"
+
+
+def test_the_streams_guide_example(tmp_path: Path, demo_config: object) -> None:
+    (block,) = [
+        m.group(3) for m in FENCE.finditer(STREAMS_PAGE.read_text("utf-8")) if "/tmp/" in m.group(3)
+    ]
+    config = write_config(tmp_path, ["face", "ocr"])
+    with running_supervisor(config) as sup:
+        done = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", block.replace("/tmp/", f"{tmp_path}/")],
+            cwd=ROOT, capture_output=True, text=True, timeout=180,
+            env={**os.environ, "DUOMO_SOCKET": str(sup.socket)},
+        )  # fmt: skip
+        assert done.returncode == 0, f"{block}\nexited {done.returncode}: {done.stderr}"
+    lines = [json.loads(line) for line in (tmp_path / "answers.jsonl").read_text().splitlines()]
+    # the clip's 40 frames, each answered once by each model: OK, or superseded by a newer one
+    assert sorted((line["frame"], line["model"]) for line in lines) == [
+        (frame, model) for frame in range(40) for model in ("face", "ocr")
+    ]
+    assert {line["stream"] for line in lines} == {"astronaut"}, "the file's stem, as the page says"
+    faces = [
+        line["result"]["faces"] for line in lines if line["model"] == "face" and "result" in line
+    ]
+    assert faces and all(len(found) == 1 for found in faces), "the astronaut's face, in each"
+    assert all(line.get("outcome", "SUPERSEDED") == "SUPERSEDED" for line in lines)
