@@ -33,6 +33,7 @@ def _common_packages() -> list[str]:
         "pydantic>=2.6",
         "structlog",
         "psutil",
+        "prometheus-client>=0.20",  # (duomo.supervisor.config imports it: the apps load configs)
     ]
 
 

@@ -389,18 +389,23 @@ def charts(report: dict[str, Any], out: Path) -> list[str]:
     return ["throughput.png", "latency.png"]
 
 
-def write_report(raw: dict[str, Any], out: Path) -> dict[str, Any]:
+def machine() -> dict[str, Any]:
+    """The machine a report's figures come from (also ``tools.bench.camera_report``'s)."""
     import onnxruntime
 
+    return {
+        "cpus": os.cpu_count(),
+        "processor": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "onnxruntime": onnxruntime.__version__,
+    }
+
+
+def write_report(raw: dict[str, Any], out: Path) -> dict[str, Any]:
     modes = {mode: _mode_figures(rounds, raw["alone"]) for mode, rounds in raw["rounds"].items()}
     report = {
         "date": raw["date"],
-        "machine": {
-            "cpus": os.cpu_count(),
-            "processor": platform.processor() or platform.machine(),
-            "python": platform.python_version(),
-            "onnxruntime": onnxruntime.__version__,
-        },
+        "machine": machine(),
         "workload_file": raw["workload_file"],
         "workload": raw["workload"],
         "alone": raw["alone"],

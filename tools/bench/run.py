@@ -11,7 +11,10 @@
    mode: start its servers; for ``duomo`` in the first round, the idle supervisor's CPU; every
    model at once with its producers, a warm-up and the measured window, while the servers'
    memory and CPU are sampled; stop;
-3. **report** — ``tools.bench.report`` writes ``report.json``, ``report.md`` and the PNG charts.
+3. **report** — ``tools.bench.report`` writes ``report.json``, ``report.md`` and the PNG charts;
+4. **cameras** (``--cameras``, or ``--cameras-only`` without 1–3) — ``tools.bench.cameras``:
+   one camera ``latest`` against ``fifo``, then N cameras per producer; its section joins the
+   report (``tools.bench.camera_report``).
 
 Called by ``duomo bench`` (``supervisor.cli``) and as ``python -m tools.bench.run``.
 """
@@ -297,6 +300,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out", type=Path, default=None,
         help="report folder (default: bench-results/<UTC date and time>)",
     )  # fmt: skip
+    # the camera benchmark (issue 34: tools.bench.cameras), after the mixed load or alone
+    cameras = parser.add_mutually_exclusive_group()
+    cameras.add_argument(
+        "--cameras", action="store_true",
+        help="then the camera benchmark: one camera latest vs fifo, N cameras per producer",
+    )  # fmt: skip
+    cameras.add_argument(
+        "--cameras-only", action="store_true", help="only the camera benchmark (no mixed load)"
+    )
+    parser.add_argument(
+        "--camera-window", type=float, default=15.0,
+        help="seconds measured in each N-camera trial (default 15)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--camera-producers", default="source,naive,triton",
+        help="comma-separated producers of the N-camera part (default source,naive,triton)",
+    )  # fmt: skip
 
 
 def bench(args: argparse.Namespace) -> int:
@@ -313,8 +333,20 @@ def bench(args: argparse.Namespace) -> int:
         return 2
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = args.out or ROOT / "bench-results" / stamp
-    report = run(workload, out, args.workload)
-    print(report["markdown"])
+    if not args.cameras_only:
+        report = run(workload, out, args.workload)
+        print(report["markdown"])
+    if args.cameras or args.cameras_only:
+        from tools.bench.cameras import bench_cameras  # (it imports this module)
+
+        try:
+            section = bench_cameras(
+                workload.config, out, args.camera_window, args.camera_producers.split(",")
+            )
+        except ValueError as err:
+            print(f"duomo bench: {err}", file=sys.stderr)
+            return 2
+        print(section)
     print(f"duomo bench: report in {out}", file=sys.stderr)
     return 0
 
