@@ -331,22 +331,22 @@ def bench(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as err:
         print(f"duomo bench: {err}", file=sys.stderr)
         return 2
+    cameras = args.camera_producers.split(",") if args.cameras or args.cameras_only else []
+    if args.cameras or args.cameras_only:
+        from tools.bench.cameras import PRODUCERS  # (it imports this module)
+
+        if not cameras or not set(cameras) <= set(PRODUCERS):
+            print(f"duomo bench: --camera-producers: one or more of {PRODUCERS}", file=sys.stderr)
+            return 2
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = args.out or ROOT / "bench-results" / stamp
     if not args.cameras_only:
         report = run(workload, out, args.workload)
         print(report["markdown"])
-    if args.cameras or args.cameras_only:
-        from tools.bench.cameras import bench_cameras  # (it imports this module)
+    if cameras:
+        from tools.bench.cameras import bench_cameras
 
-        try:
-            section = bench_cameras(
-                workload.config, out, args.camera_window, args.camera_producers.split(",")
-            )
-        except ValueError as err:
-            print(f"duomo bench: {err}", file=sys.stderr)
-            return 2
-        print(section)
+        print(bench_cameras(workload.config, out, args.camera_window, cameras))
     print(f"duomo bench: report in {out}", file=sys.stderr)
     return 0
 
