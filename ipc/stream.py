@@ -97,6 +97,7 @@ class StreamAnswer:
 
     @property
     def ok(self) -> bool:
+        """Whether the model answered with a result (``outcome`` is OK)."""
         return self.outcome == "OK"
 
     def to_json(self) -> dict[str, Any]:

@@ -3,8 +3,8 @@
     .venv/bin/python tools/api_reference.py           # rewrites docs/producer-api.md
     .venv/bin/python tools/api_reference.py --check   # exit 1 if the page is stale
 
-The page documents what a producer imports from ``ipc``: ``Client``, ``ModelHandle`` and
-``Slot`` (each class's docstring and signature, then every public method and property in
+The page documents what a producer imports from ``ipc``: ``Client``, ``ModelHandle``,
+``Slot``, and a camera's ``Stream`` with its ``StreamAnswer`` and ``Filler`` (each class's docstring and signature, then every public method and property in
 source order), and the errors (``ipc.errors``'s module docstring, which draws the hierarchy,
 and each class with its code). Nothing is written by hand: a change to a docstring is a change
 to the page, and ``tests/unit/test_api_reference.py`` fails until the page is regenerated.
@@ -28,7 +28,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "producer-api.md"
-CLASSES = ("Client", "ModelHandle", "Slot")
+CLASSES = ("Client", "ModelHandle", "Slot", "Stream", "StreamAnswer", "Filler")
 CODE_SECTIONS = ("Example", "Examples")
 LIST_SECTIONS = ("Args", "Arguments", "Attributes", "Raises", "Returns", "Yields")
 TEXT_SECTIONS = ("Note", "Notes", "Warning", "Blocks")
@@ -40,8 +40,8 @@ HEADER = """\
 English · [中文](zh/producer-api.md) · [README](../README.md)
 
 What a producer process imports from `duomo` (`from duomo import Client`, the same names as
-`duomo.ipc`'s): the client, an attached model's handle, a slot, and the errors every call may
-raise.
+`duomo.ipc`'s): the client, an attached model's handle, a slot, a camera's stream with its
+answers, and the errors every call may raise.
 How they are used, by example: [producers](../README.md#producers); the threads behind them:
 [architecture](architecture.md#concurrency).
 
