@@ -123,11 +123,12 @@ def markdown(raw: dict[str, Any], found: list[dict[str, Any]]) -> str:
         "frames answered by a model). Decode: frames decoded × one frame's CPU alone "
         f"({calibration['source']['cpu_ms_per_frame']:.2f} ms with PyAV as the video source "
         f"decodes, {calibration['opencv']['cpu_ms_per_frame']:.2f} ms with cv2), in cores of "
-        f"the machine's {cpus} and as a share of the cores busy.",
+        f"the machine's {cpus} and as a share of the cores busy. *Others*: the cores busy "
+        "that were neither the servers nor the producers (the machine is shared).",
         "",
         "| producer | N | kept face, least–most | kept classify, least–most | least ÷ most "
         "| passed | age p50 / worst p99 ms | decode cores (of busy) | producer cores "
-        "| server cores | machine busy |",
+        "| server cores | machine busy (others) |",
         "|---|--:|---|---|--:|---|---|---|--:|--:|--:|",
     ]
     summary = []
@@ -138,6 +139,7 @@ def markdown(raw: dict[str, Any], found: list[dict[str, Any]]) -> str:
         for t in part["trials"]:
             busy = t["server"].get("machine_busy_cores") or 0.0
             share = f" ({t['decode_cores'] / busy:.0%})" if busy else ""
+            others = busy - t["server"]["cpu_cores"] - t["producers"]["cpu_cores"]
             kept = [
                 f"{t['least'].get(m, 0.0):.2f}–{t['most'].get(m, 0.0):.2f}"
                 for m in ("face", "classify")
@@ -147,7 +149,7 @@ def markdown(raw: dict[str, Any], found: list[dict[str, Any]]) -> str:
                 f"| {name} | {t['cameras']} | {kept[0]} | {kept[1]} | {t['evenness']:.2f} "
                 f"| {'yes' if t['passed'] else '**no**'} | {ages} "
                 f"| {t['decode_cores']:.3f}{share} | {t['producers']['cpu_cores']:.2f} "
-                f"| {t['server']['cpu_cores']:.2f} | {busy:.2f} |"
+                f"| {t['server']['cpu_cores']:.2f} | {busy:.2f} ({others:.2f}) |"
             )
         summary.append(f"{kind} {_fmt(part['largest_n'], 'd')}")
     lines += ["", "Largest N: " + ", ".join(summary) + "."]

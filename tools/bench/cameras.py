@@ -1,8 +1,9 @@
 """The camera benchmark of ``duomo bench --cameras`` (issue 34): cameras as producers.
 
-Two parts, in one run on one machine, each trial against a fresh server:
+Two parts, in one run on one machine:
 
-1. **freshness** — one 1280×720 camera into ``face`` through Duomo's video source: ``fifo``
+1. **freshness** — one 1280×720 camera into ``face`` through Duomo's video source, a fresh
+   supervisor per trial: ``fifo``
    then ``latest`` at 30 fps, then both again at 3× what ``face`` answered under ``fifo`` (its
    capacity here: the model never idles under ``fifo``). Per trial: answered frames/s, the
    answers' age p50/p99/max, superseded and refused counts over the window, against the bound
@@ -13,10 +14,11 @@ Two parts, in one run on one machine, each trial against a fresh server:
    ``VideoSource`` per camera, policy ``latest``), the hand-written loop (``naive``: a process
    per camera, ``cv2.VideoCapture`` + ``client.model(m).infer``) and Triton fed by the same
    loop (``triton``: ``tritonclient.http`` to the Triton server of ``tools.bench.servers``, the
-   same executors). N goes up from 1 until a trial fails: a trial passes when every camera
-   kept ≥ ``kept_at_least`` of its rate for every model (OK answers ÷ frames offered, the
-   camera's rate × the window). Decode's CPU is the frames decoded in the window × what one
-   frame's decode costs alone (``calibrate``, per decode path).
+   same executors). N goes up from 1, the producers taking turns at each N (``scaling``), each
+   until its first failed trial: a trial passes when every camera kept ≥ ``kept_at_least`` of
+   its rate for every model (OK answers ÷ frames offered, the camera's rate × the window).
+   Decode's CPU is the frames decoded in the window × what one frame's decode costs alone
+   (``calibrate``, per decode path).
 
 The clips are made once (``tools.bench.camera_clip``, cached under ``.bench/clips``). Called by
 ``tools.bench.run`` (``--cameras``); the report's section is ``tools.bench.camera_report``'s.
@@ -226,49 +228,82 @@ def _outcomes(cameras: dict[str, Any]) -> dict[str, int]:
     return total
 
 
-def _servers(kind: str, config: Path, workdir: Path) -> ModeServers:
-    if kind == "triton":
-        return TritonServer(config, ["face", "classify"], workdir)
-    return DuomoServers(config, [["face", "classify"]], workdir)
+def _start_servers(kinds: tuple[str, ...], config: Path, workdir: Path) -> dict[str, Any]:
+    """Per producer its servers: one supervisor for ``source`` and ``naive`` (their trials
+    take turns), one Triton for ``triton``; or the reason it could not start."""
+    started: dict[str, Any] = {}
+    duomo: ModeServers | None = None
+    for kind in kinds:
+        if kind == "triton":
+            (workdir / "triton").mkdir(parents=True)
+            servers: ModeServers = TritonServer(config, ["face", "classify"], workdir / "triton")
+        elif duomo is not None:
+            started[kind] = duomo
+            continue
+        else:
+            (workdir / "duomo").mkdir(parents=True)
+            servers = duomo = DuomoServers(config, [["face", "classify"]], workdir / "duomo")
+        try:
+            servers.start()
+            started[kind] = servers
+        except RuntimeError as err:  # a server that cannot start here: said in the report
+            _log(f"{kind}: {err}")
+            started[kind] = str(err)
+    return started
+
+
+def _scaling_trial(
+    kind: str, n: int, servers: ModeServers, settings: CameraSettings, decode_ms: float
+) -> dict[str, Any]:
+    _log(f"{kind}: {n} camera(s) × {settings.many_fps} fps into face + classify")
+    clip = make_clip(CLIPS, settings.many_fps)
+    children = _children(kind, n, servers, clip, settings.many_fps)
+    results, server, producers = _measure(children, servers, settings.warmup_s, settings.window_s)
+    offered = settings.many_fps * settings.window_s
+    figures = trial_figures(results, offered, decode_ms, settings.window_s, settings.kept_at_least)
+    time.sleep(2.0)  # what the trial left queued drains before the next
+    return {"cameras": n, **figures, "server": server, "producers": producers,
+            "producer_cpu_s": sum(r["cpu_s"] for r in results)}  # fmt: skip
 
 
 def scaling(
-    kind: str,
-    config: Path,
-    settings: CameraSettings,
-    calibration: dict[str, Any],
-    workdir: Path,
+    config: Path, settings: CameraSettings, calibration: dict[str, Any], workdir: Path
 ) -> dict[str, Any]:
-    """Part 2 for one producer: N = 1, 2, … until a trial fails (or ``max_cameras``)."""
-    clip = make_clip(CLIPS, settings.many_fps)
-    decode_ms = calibration["source" if kind == "source" else "opencv"]["cpu_ms_per_frame"]
-    offered = settings.many_fps * settings.window_s
-    workdir.mkdir(parents=True)
-    servers = _servers(kind, config, workdir)
-    trials: list[dict[str, Any]] = []
+    """Part 2: N = 1, 2, … (up to ``max_cameras``); at each N every producer that has not
+    failed yet takes its turn, in order at odd N and reversed at even N (A B C C B A …), so the
+    machine's drift hits them alike; a producer stops at its first failed trial."""
+    kinds = settings.producers
+    parts: dict[str, dict[str, Any]] = {
+        kind: {"producer": kind, "trials": [], "largest_n": 0} for kind in kinds
+    }
+    started = _start_servers(kinds, config, workdir)
     try:
-        servers.start()
+        running = [k for k in kinds if not isinstance(started[k], str)]
+        for kind in kinds:
+            if isinstance(started[kind], str):
+                parts[kind].update(error=started[kind], largest_n=None)
         for n in range(1, settings.max_cameras + 1):
-            _log(f"{kind}: {n} camera(s) × {settings.many_fps} fps into face + classify")
-            children = _children(kind, n, servers, clip, settings.many_fps)
-            results, server, producers = _measure(
-                children, servers, settings.warmup_s, settings.window_s
-            )
-            figures = trial_figures(
-                results, offered, decode_ms, settings.window_s, settings.kept_at_least
-            )
-            trials.append({"cameras": n, **figures, "server": server, "producers": producers,
-                           "producer_cpu_s": sum(r["cpu_s"] for r in results)})  # fmt: skip
-            if not figures["passed"]:
+            if not running:
                 break
-            time.sleep(2.0)  # what the last trial left queued drains
-    except RuntimeError as err:  # a server that cannot start here: said in the report
-        _log(f"{kind}: {err}")
-        return {"producer": kind, "error": str(err), "trials": trials, "largest_n": None}
+            for kind in list(running) if n % 2 else list(reversed(running)):
+                path = "source" if kind == "source" else "opencv"
+                decode_ms = calibration[path]["cpu_ms_per_frame"]
+                try:
+                    trial = _scaling_trial(kind, n, started[kind], settings, decode_ms)
+                except RuntimeError as err:  # a producer that failed: said in the report
+                    _log(f"{kind}, {n} camera(s): {err}")
+                    parts[kind]["error"] = str(err)
+                    trial = None
+                if trial is not None:
+                    parts[kind]["trials"].append(trial)
+                if trial is None or not trial["passed"]:
+                    running.remove(kind)
+                else:
+                    parts[kind]["largest_n"] = n
     finally:
-        servers.stop()
-    passed = [t["cameras"] for t in trials if t["passed"]]
-    return {"producer": kind, "trials": trials, "largest_n": max(passed, default=0)}
+        for servers in {id(s): s for s in started.values() if not isinstance(s, str)}.values():
+            servers.stop()
+    return parts
 
 
 def run_cameras(config: Path, settings: CameraSettings, workdir: Path) -> dict[str, Any]:
@@ -282,10 +317,7 @@ def run_cameras(config: Path, settings: CameraSettings, workdir: Path) -> dict[s
         "cpus": os.cpu_count(),
         "calibration": calibration,
         "freshness": freshness(config, settings, workdir / "freshness"),
-        "scaling": {
-            kind: scaling(kind, config, settings, calibration, workdir / f"scaling-{kind}")
-            for kind in settings.producers
-        },
+        "scaling": scaling(config, settings, calibration, workdir / "scaling"),
     }
     raw["elapsed_s"] = time.monotonic() - started
     return raw
