@@ -306,6 +306,8 @@ class Stream:
             lane.free, lane.stale = fresh, False
 
     def _submit(self, model: str, lane: _Lane, slot: Slot, item: _Frame, superseded: int) -> None:
+        """Write ``item`` into ``slot`` and submit it; a failure is the frame's answer (once:
+        a connection lost during the submit may have answered it already, through the slot)."""
         link = lane.handle._link
         try:
             data = item.data
@@ -315,20 +317,30 @@ class Stream:
             else:
                 slot.write(data)
             slot.set_stream(self.stream_id, item.number, int(item.captured * 1e6), superseded)
-            slot.on_done = functools.partial(self._on_answer, model, lane, item)
-            link.async_started()
-            try:
-                slot.submit(timeout_s=self.timeout_s)
-            except BaseException:
-                slot.on_done = None
-                link.async_finished()
-                raise
         except DuomoError as err:
-            with self._lock:
-                lane.free.append(slot)
-            self._answer(_local(self.name, model, item, err.code.name, err.message))
-            if isinstance(err, UnavailableError):
+            self._failed(model, lane, slot, item, err)
+            return
+        slot.on_done = functools.partial(self._on_answer, model, lane, item)
+        link.async_started()
+        try:
+            slot.submit(timeout_s=self.timeout_s)
+        except BaseException as err:
+            with slot._lock:  # (``Slot._done`` takes the callback under it)
+                answered, slot.on_done = slot.on_done is None, None
+            if answered:  # the connection's loss answered it, and gave the slot back
                 raise
+            link.async_finished()
+            if not isinstance(err, DuomoError):
+                raise
+            self._failed(model, lane, slot, item, err)
+
+    def _failed(self, model: str, lane: _Lane, slot: Slot, item: _Frame, err: DuomoError) -> None:
+        """``item`` could not be sent: answered with ``err``, its slot free again."""
+        with self._lock:
+            lane.free.append(slot)
+        self._answer(_local(self.name, model, item, err.code.name, err.message))
+        if isinstance(err, UnavailableError):
+            raise err
 
     def _on_answer(self, model: str, lane: _Lane, item: _Frame, slot: Slot) -> None:
         """A slot's answer, on the client's reading thread: record it, give the slot back to
