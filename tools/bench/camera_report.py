@@ -87,6 +87,13 @@ def targets(raw: dict[str, Any]) -> list[dict[str, Any]]:
     return found
 
 
+def _busy(server: dict[str, Any], producers: dict[str, Any]) -> str:
+    """The machine's cores busy, and (in brackets) those neither the servers' nor the
+    producers'."""
+    busy = server.get("machine_busy_cores") or 0.0
+    return f"{busy:.2f} ({busy - server['cpu_cores'] - producers['cpu_cores']:.2f})"
+
+
 def markdown(raw: dict[str, Any], found: list[dict[str, Any]]) -> str:
     """The section ``## Cameras`` of report.md."""
     settings, fresh = raw["settings"], raw["freshness"]
@@ -102,18 +109,18 @@ def markdown(raw: dict[str, Any], found: list[dict[str, Any]]) -> str:
         "Bound: 2 service times (1 ÷ answered rate) + 1 frame period.",
         "",
         "| camera fps | policy | sent /s | answered /s | age p50 / p99 / max ms | bound ms "
-        "| superseded | refused | server cores |",
-        "|--:|---|--:|--:|---|--:|--:|--:|--:|",
+        "| superseded | refused | server cores | machine busy (others) |",
+        "|--:|---|--:|--:|---|--:|--:|--:|--:|--:|",
     ]
     for t in fresh["trials"]:
         if "error" in t:
-            lines.append(f"| {t['fps']} | {t['policy']} | {t['error']} |" + " |" * 6)
+            lines.append(f"| {t['fps']} | {t['policy']} | {t['error']} |" + " |" * 7)
             continue
         ages = " / ".join(_fmt(t[k], ".0f") for k in ("age_ms_p50", "age_ms_p99", "age_ms_max"))
         lines.append(
             f"| {t['fps']} | {t['policy']} | {t['sent_fps']:.1f} | {t['answered_fps']:.1f} "
             f"| {ages} | {t['bound_ms']:.0f} | {t['superseded']} | {t['refused']} "
-            f"| {t['server']['cpu_cores']:.2f} |"
+            f"| {t['server']['cpu_cores']:.2f} | {_busy(t['server'], t['producer'])} |"
         )
     lines += [
         "",
@@ -139,7 +146,6 @@ def markdown(raw: dict[str, Any], found: list[dict[str, Any]]) -> str:
         for t in part["trials"]:
             busy = t["server"].get("machine_busy_cores") or 0.0
             share = f" ({t['decode_cores'] / busy:.0%})" if busy else ""
-            others = busy - t["server"]["cpu_cores"] - t["producers"]["cpu_cores"]
             kept = [
                 f"{t['least'].get(m, 0.0):.2f}–{t['most'].get(m, 0.0):.2f}"
                 for m in ("face", "classify")
@@ -149,7 +155,7 @@ def markdown(raw: dict[str, Any], found: list[dict[str, Any]]) -> str:
                 f"| {name} | {t['cameras']} | {kept[0]} | {kept[1]} | {t['evenness']:.2f} "
                 f"| {'yes' if t['passed'] else '**no**'} | {ages} "
                 f"| {t['decode_cores']:.3f}{share} | {t['producers']['cpu_cores']:.2f} "
-                f"| {t['server']['cpu_cores']:.2f} | {busy:.2f} ({others:.2f}) |"
+                f"| {t['server']['cpu_cores']:.2f} | {_busy(t['server'], t['producers'])} |"
             )
         summary.append(f"{kind} {_fmt(part['largest_n'], 'd')}")
     lines += ["", "Largest N: " + ", ".join(summary) + "."]
