@@ -74,6 +74,10 @@ NOT_RUN: list[tuple[str, str]] = [
     (r"\.venv/bin/pytest tests(/unit)?", "make test runs the whole suite, in CI"),
     (r"\.venv/bin/pytest tests/hardware -v", "needs an Ascend card (skipped without one)"),
     (r"make bench", "20–25 minutes; test_bench.py runs `duomo bench` on the smoke workload"),
+    (
+        r"\.venv/bin/duomo bench --cameras(-only --out \S+)?",
+        "5 minutes (with --cameras, 25–30) of a whole machine; test_bench.py runs `duomo bench`",
+    ),
     (r"\.venv/bin/python tools/atc_convert\.py .*", "needs CANN's ATC, on an Ascend machine"),
     (r"\.venv/bin/python tools/ascend_smoke\.py .*", "needs .om files and an Ascend card"),
     (r"\.venv/bin/duomo start -c configs/ascend-\w+\.yaml", "needs an Ascend card"),
