@@ -4,9 +4,10 @@
     .venv/bin/python tools/api_reference.py --check   # exit 1 if the page is stale
 
 The page documents what a producer imports from ``ipc``: ``Client``, ``ModelHandle``,
-``Slot``, and a camera's ``Stream`` with its ``StreamAnswer`` and ``Filler`` (each class's docstring and signature, then every public method and property in
-source order), and the errors (``ipc.errors``'s module docstring, which draws the hierarchy,
-and each class with its code). Nothing is written by hand: a change to a docstring is a change
+``Slot``, and a camera's ``Stream`` with its ``StreamAnswer`` and ``Filler`` (each class's
+docstring and signature, then every public method and property in source order), and the
+errors (``ipc.errors``'s module docstring, which draws the hierarchy, and each class with its
+code). Nothing is written by hand: a change to a docstring is a change
 to the page, and ``tests/unit/test_api_reference.py`` fails until the page is regenerated.
 
 Docstrings are read as the code base writes them: reStructuredText literals (````x````) become
