@@ -34,6 +34,8 @@ BUILTIN_TASKS = {
     "classification": "duomo.worker.executors.classification:ClassificationExecutor",
     "face_detection": "duomo.worker.executors.face_detection:FaceDetectionExecutor",
     "ocr": "duomo.worker.executors.ocr:OcrExecutor",
+    "face_embedding": "duomo.worker.executors.face_embedding:FaceEmbeddingExecutor",
+    "face_attributes": "duomo.worker.executors.face_attributes:FaceAttributesExecutor",
 }
 DUOMO_PACKAGES = frozenset({"duomo", "tools"})  # never re-imported
 
