@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import yaml
 
 from duomo.ipc.client import Client
 from duomo.ipc.errors import InvalidArgumentError
@@ -210,6 +211,19 @@ def test_through_a_supervisor_the_slot_carries_the_landmarks(
             with pytest.raises(InvalidArgumentError, match=message):
                 attr.infer({**face, "landmarks": landmarks}, timeout_s=60)
         assert attr.infer(face, timeout_s=60)["gender"] == want_attributes["gender"]
+
+
+def test_the_documented_entries_are_these(tmp_path: Path) -> None:
+    """docs/configuration.md's example entries (both languages carry the same block) load."""
+    page = (ROOT / "docs" / "configuration.md").read_text("utf-8")
+    section = page.split("## Second-stage models", 1)[1]
+    block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    entries = yaml.safe_load(block)
+    assert entries == [{**EMBEDDING, "max_batch": 8}, {**ATTRIBUTES, "max_batch": 8}]
+    path = tmp_path / "second.yaml"
+    path.write_text(yaml.safe_dump({"model_root": str(ROOT / "models"), "models": entries}))
+    loaded = load_config(path)
+    assert [m.config.task for m in loaded.models.values()] == ["face_embedding", "face_attributes"]
 
 
 def test_a_manifest_that_does_not_fit_its_models_stops_the_load(tmp_path: Path) -> None:
