@@ -83,8 +83,11 @@ def face_landmarks(value: Any, width: int, height: int, name: str = "landmarks")
     """
     try:
         points = np.array(value, dtype=np.float64)
-    except (TypeError, ValueError) as err:
-        raise InvalidArgumentError(f"input {name!r} must be 5×2 numbers (x, y): {err}") from None
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(
+            f"input {name!r} must be 5×2 numbers (x, y), got {type(value).__name__} "
+            "that is not an array of numbers"
+        ) from None
     if points.shape != (LANDMARKS, 2):
         raise InvalidArgumentError(
             f"input {name!r} must be {LANDMARKS}×2 points (x, y) in pixels, "
