@@ -30,13 +30,12 @@ import numpy as np
 
 from duomo.worker.backends.base import ModelSession
 from duomo.worker.config_model import StrictModel
-from duomo.worker.executors.base import Executor, SlotSpec, StageTimer
+from duomo.worker.executors.base import StageTimer
 from duomo.worker.executors.face_align import ChipTemplate, dlib_mean_face
 from duomo.worker.executors.face_embedding import (
-    FACE_SLOT,
+    FaceChipExecutor,
     FaceRequest,
     chip_side,
-    face_request,
     make_chip,
 )
 
@@ -123,7 +122,7 @@ def chip_model(manifest: dict[str, Any], path: Path, role: str, session: ModelSe
     return ChipModel(session, size, means[:, None, None], scale, order == "BGR", classes)
 
 
-class FaceAttributesExecutor(Executor):
+class FaceAttributesExecutor(FaceChipExecutor):
     """Face attributes: each request's face aligned on dlib's mean face at two sizes, gender and
     age networks run over the batch, the answer read with the manifest's labels and weights."""
 
@@ -155,15 +154,6 @@ class FaceAttributesExecutor(Executor):
                 f"{path}: {self.age_weights.size} age_weights for the model's "
                 f"{self.age.classes} outputs"
             )
-
-    def slot_spec(self) -> SlotSpec:
-        return FACE_SLOT
-
-    def payload_from_slot(self, tensors: dict[str, np.ndarray], output: memoryview) -> Any:
-        return {"image": tensors["image"], "landmarks": tensors["landmarks"]}
-
-    def prepare(self, payload: Any) -> FaceRequest:
-        return face_request(payload)
 
     def execute(self, items: Sequence[FaceRequest], timer: StageTimer) -> list[Any]:
         n = len(items)

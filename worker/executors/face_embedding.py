@@ -110,7 +110,21 @@ def make_chip(item: FaceRequest, template: ChipTemplate, size: int) -> np.ndarra
     return warp_chip(item.image, chip_transform(item.landmarks, template, size), size)
 
 
-class FaceEmbeddingExecutor(Executor):
+class FaceChipExecutor(Executor):
+    """What the face tasks share: their slot (``FACE_SLOT``), its payload and its checks; a
+    subclass makes its chips (``make_chip``) and runs them in ``execute``."""
+
+    def slot_spec(self) -> SlotSpec:
+        return FACE_SLOT
+
+    def payload_from_slot(self, tensors: dict[str, np.ndarray], output: memoryview) -> Any:
+        return {"image": tensors["image"], "landmarks": tensors["landmarks"]}
+
+    def prepare(self, payload: Any) -> FaceRequest:
+        return face_request(payload)
+
+
+class FaceEmbeddingExecutor(FaceChipExecutor):
     """Face embedding: each request's face aligned on the ArcFace template, embedded in one
     batch, the vectors scaled to unit length."""
 
@@ -122,15 +136,6 @@ class FaceEmbeddingExecutor(Executor):
         self.input = self.session.inputs[0].name
         self.output = self.session.outputs[0].name
         self.size = chip_side(self.session)
-
-    def slot_spec(self) -> SlotSpec:
-        return FACE_SLOT
-
-    def payload_from_slot(self, tensors: dict[str, np.ndarray], output: memoryview) -> Any:
-        return {"image": tensors["image"], "landmarks": tensors["landmarks"]}
-
-    def prepare(self, payload: Any) -> FaceRequest:
-        return face_request(payload)
 
     def execute(self, items: Sequence[FaceRequest], timer: StageTimer) -> list[Any]:
         size = self.size
