@@ -72,8 +72,8 @@ __all__ = [  # the same names as duomo.ipc's (tests/unit/test_producer_api.py pi
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("Client", "ModelHandle", "Slot", "Filler", "Stream", "StreamAnswer"):
-        from duomo import ipc
+    from duomo import ipc
 
+    if name in ipc.LAZY_NAMES:
         return getattr(ipc, name)
     raise AttributeError(f"module 'duomo' has no attribute {name!r}")

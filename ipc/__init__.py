@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 
 _FROM_CLIENT = ("Client", "ModelHandle", "Slot")
 _FROM_STREAM = ("Filler", "Stream", "StreamAnswer")
+LAZY_NAMES = _FROM_CLIENT + _FROM_STREAM  # loaded on first use (``duomo`` forwards them here)
 
 __all__ = [
     "Client",
