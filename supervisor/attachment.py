@@ -245,12 +245,14 @@ class Attachment:
         stream = self._streams.get(stream_id)
         if stream is None:
             raise InvalidArgumentError(f"stream {stream_id} is not open on this connection")
-        if self.model_name not in stream.models:
+        settings = stream.settings
+        if self.model_name not in settings.models:
             raise InvalidArgumentError(
-                f"stream {stream.name!r} was opened for {list(stream.models)}, "
+                f"stream {stream.name!r} was opened for {list(settings.models)}, "
                 f"not model {self.model_name!r}"
             )
-        request.flow, request.weight, request.supersedes = stream, stream.weight, stream.supersedes
+        request.flow, request.weight = stream, settings.weight
+        request.supersedes = settings.supersedes
         captured_s = captured_us / 1e6 if 0 < captured_us / 1e6 <= now else now
         self._stream_of[slot] = (stream, captured_s)
         stream.received(self.model_name, superseded, now)

@@ -68,6 +68,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from duomo.ipc.errors import DuomoError, InternalError, InvalidArgumentError, echoed
+from duomo.supervisor.streams import DEFAULT_STALL_AFTER_S, StreamSettings
 
 Reply = dict[str, Any]
 MAX_SLOTS = 64  # in one ring
@@ -277,26 +278,25 @@ class Unload(ModelMessage):
 
 @dataclass(frozen=True)
 class StreamOpen(ControlMessage):
-    """``stream_open``: a stream named ``name`` feeding ``models`` (``supervisor.streams``);
+    """``stream_open``: a stream named ``name`` opened with ``settings`` (``supervisor.streams``);
     answered with its id, which the producer writes into each of its slots' headers."""
 
     op = "stream_open"
     name: str
-    models: tuple[str, ...]
-    policy: str = "latest"
-    weight: float = 1.0
-    fps: float | None = None  # its nominal frame rate, if the producer knows it
-    stall_after_s: float = 5.0
+    settings: StreamSettings
 
     @classmethod
     def parse(cls, fields: Fields) -> StreamOpen:
         return cls(
             name=fields.text("name"),
-            models=fields.names("models", most=MAX_STREAM_MODELS),
-            policy=fields.optional_text("policy") or "latest",
-            weight=fields.number("weight", 1.0, high=1000.0) or 1.0,
-            fps=fields.number("fps", None, high=1000.0),
-            stall_after_s=fields.number("stall_after_s", 5.0, high=86400.0) or 5.0,
+            settings=StreamSettings(
+                models=fields.names("models", most=MAX_STREAM_MODELS),
+                policy=fields.optional_text("policy") or "latest",
+                weight=fields.number("weight", 1.0, high=1000.0) or 1.0,
+                fps=fields.number("fps", None, high=1000.0),
+                stall_after_s=fields.number("stall_after_s", DEFAULT_STALL_AFTER_S, high=86400.0)
+                or DEFAULT_STALL_AFTER_S,
+            ),
         )
 
 

@@ -465,18 +465,11 @@ class Supervisor:
         self._later(caller, request, lambda: {"unload": self.engine.unload(request.model)})
 
     def _on_stream_open(self, caller: Caller, request: StreamOpen) -> Reply:
-        for name in request.models:
+        for name in request.settings.models:
             self.engine.model(name)  # NotFoundError for a model not served
         conn = caller.conn
-        stream = self.streams.open(
-            request.name,
-            request.models,
-            request.policy,
-            request.weight,
-            request.fps,
-            request.stall_after_s,
-            client=f"client {conn.id} (pid {conn.pid})" if conn.pid else f"client {conn.id}",
-        )
+        client = f"client {conn.id} (pid {conn.pid})" if conn.pid else f"client {conn.id}"
+        stream = self.streams.open(request.name, request.settings, client=client)
         conn.streams[stream.id] = stream
         return {"ok": True, "stream": stream.id}
 

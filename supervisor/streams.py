@@ -34,7 +34,7 @@ import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,54 +75,52 @@ class ModelFigures:
     ages_s: deque[float] = field(default_factory=lambda: deque(maxlen=AGE_WINDOW))
 
 
+@dataclass(frozen=True)
+class StreamSettings:
+    """What a producer opens a stream with (``stream_open``): the models it feeds, its policy,
+    its weight in the batchers' round-robin, its nominal frame rate and its stall bound."""
+
+    models: tuple[str, ...]
+    policy: str = "latest"
+    weight: float = 1.0
+    fps: float | None = None
+    stall_after_s: float = DEFAULT_STALL_AFTER_S
+
+    @property
+    def supersedes(self) -> bool:
+        """A newer frame takes a queued one's place (policy ``latest``)."""
+        return self.policy == "latest"
+
+    @property
+    def blocked_for_s(self) -> float:
+        """How long a superseded or refused frame keeps the stream ``blocked``."""
+        return max(BLOCKED_FOR_S, 3 / self.fps) if self.fps else BLOCKED_FOR_S
+
+
 class StreamState:
     """One stream: what it was opened with, its figures and its liveness. Hashable by
     identity: it is its requests' ``flow`` in the batcher."""
 
     def __init__(
-        self,
-        stream_id: int,
-        name: str,
-        models: Sequence[str],
-        policy: str,
-        weight: float,
-        fps: float | None,
-        stall_after_s: float,
-        client: str,
-        now: float,
+        self, stream_id: int, name: str, settings: StreamSettings, client: str, now: float
     ) -> None:
         self.id = stream_id
         self.name = name
         self._lock = threading.Lock()
         self._figures: dict[str, ModelFigures] = {}
-        self.reopen(models, policy, weight, fps, stall_after_s, client, now)
+        self.reopen(settings, client, now)
 
-    def reopen(
-        self,
-        models: Sequence[str],
-        policy: str,
-        weight: float,
-        fps: float | None,
-        stall_after_s: float,
-        client: str,
-        now: float,
-    ) -> None:
+    def reopen(self, settings: StreamSettings, client: str, now: float) -> None:
         """(Re)start it with these settings; an ended stream's counts carry on."""
         with self._lock:
-            self.models = tuple(models)
-            self.policy = policy
-            self.supersedes = policy == "latest"
-            self.weight = weight
-            self.fps = fps
-            self.stall_after_s = stall_after_s
+            self.settings = settings
             self.client = client
-            self.blocked_for_s = max(BLOCKED_FOR_S, 3 / fps) if fps else BLOCKED_FOR_S
             self.opened_s = now
             self.last_frame_s = now
             self.last_trouble_s = -1e18
             self.any_answer = False
             self.ended = False
-            for model in self.models:
+            for model in settings.models:
                 self._figures.setdefault(model, ModelFigures())
         self.logged_state = "starting"
         self.state_since_s = now
@@ -165,9 +163,10 @@ class StreamState:
         """Its liveness now (the module docstring's rules)."""
         if self.ended:
             return "ended"
-        if now - self.last_frame_s > self.stall_after_s:
+        settings = self.settings
+        if now - self.last_frame_s > settings.stall_after_s:
             return "stalled"
-        if now - self.last_trouble_s < self.blocked_for_s:
+        if now - self.last_trouble_s < settings.blocked_for_s:
             return "blocked"
         return "running" if self.any_answer else "starting"
 
@@ -195,10 +194,10 @@ class StreamState:
             "name": self.name,
             "state": state,
             "since_s": round(max(now - self.state_since_s, 0.0), 3),
-            "policy": self.policy,
-            "weight": self.weight,
-            "fps_nominal": self.fps,
-            "stall_after_s": self.stall_after_s,
+            "policy": self.settings.policy,
+            "weight": self.settings.weight,
+            "fps_nominal": self.settings.fps,
+            "stall_after_s": self.settings.stall_after_s,
             "client": self.client,
             "models": per_model,
         }
@@ -228,22 +227,16 @@ class StreamRegistry:
         self._ids = itertools.count(1)
 
     def open(
-        self,
-        name: str,
-        models: Sequence[str],
-        policy: str = "latest",
-        weight: float = 1.0,
-        fps: float | None = None,
-        stall_after_s: float = DEFAULT_STALL_AFTER_S,
-        client: str = "",
-        now: float | None = None,
+        self, name: str, settings: StreamSettings, client: str = "", now: float | None = None
     ) -> StreamState:
         """Open stream ``name`` (INVALID_ARGUMENT if a live stream has it;
         RESOURCE_EXHAUSTED at ``max_streams`` live streams). An ended stream of that name is
         opened again, its counts carried on."""
         check_name(name)
-        if policy not in POLICIES:
-            raise InvalidArgumentError(f"policy must be one of {list(POLICIES)}, not {policy!r}")
+        if settings.policy not in POLICIES:
+            raise InvalidArgumentError(
+                f"policy must be one of {list(POLICIES)}, not {settings.policy!r}"
+            )
         now = time.monotonic() if now is None else now
         with self._lock:
             stream = self._by_name.get(name)
@@ -254,14 +247,18 @@ class StreamRegistry:
             if stream is None:
                 if len(self._by_name) >= self.max_streams:
                     self._forget_oldest_ended(name)
-                stream = StreamState(
-                    next(self._ids), name, models, policy, weight, fps, stall_after_s, client, now
-                )
+                stream = StreamState(next(self._ids), name, settings, client, now)
                 self._by_name[name] = stream
             else:
                 self._ended_s.pop(name, None)
-                stream.reopen(models, policy, weight, fps, stall_after_s, client, now)
-        log.info("stream opened", stream=name, models=list(models), policy=policy, client=client)
+                stream.reopen(settings, client, now)
+        log.info(
+            "stream opened",
+            stream=name,
+            models=list(settings.models),
+            policy=settings.policy,
+            client=client,
+        )
         return stream
 
     def _forget_oldest_ended(self, name: str) -> None:
