@@ -205,8 +205,10 @@ class Stream:
         try:
             for model in self.models:
                 self._lanes[model] = _Lane(client.model(model, slots=slots), slots)
-        except BaseException:
+        except BaseException:  # (a model not served, no room for a ring): nothing stays open
             self._close_lanes()
+            with contextlib.suppress(DuomoError):
+                client.close_stream(self.stream_id)
             raise
         self._refill_wanted = threading.Event()
         self._refiller: threading.Thread | None = None

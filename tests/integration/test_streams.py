@@ -180,3 +180,12 @@ def test_latest_keeps_only_the_newest_frame_at_the_source_and_never_blocks(
     assert sorted(by_frame) == list(range(20))  # each frame answered exactly once
     assert by_frame[0] == "OK" and by_frame[19] == "OK"  # the first ran, the newest ran
     assert list(by_frame.values()).count("SUPERSEDED") >= 17  # the rest: replaced at the source
+
+
+def test_a_stream_whose_rings_are_refused_leaves_nothing_open(
+    slow_model: SupervisorProcess,
+) -> None:
+    with Client(slow_model.socket, timeout_s=30) as client:
+        with pytest.raises(InvalidArgumentError, match="slots"):
+            client.stream("too-many-slots", models=["slow"], slots=65)  # a ring holds ≤ 64
+        client.stream("too-many-slots", models=["slow"], slots=3).close()  # the name is free
