@@ -6,8 +6,8 @@ in the order ``docs/operations.md`` documents) and ``from_dict`` (that object re
 that is missing, or holds a value of the wrong type, raises ``StatusRecordError`` naming the record
 and the key — never a default, so a renamed key fails loudly instead of showing 0 or "UNKNOWN".
 A field that may be ``null`` on the wire is ``X | None`` here; ``null`` and a missing key are not
-the same thing (only ``ModelInfo``'s loaded-only keys, ``ModelStatus.compute`` and
-``SupervisorStatus.streams`` may be absent).
+the same thing (only ``ModelInfo``'s loaded-only keys, ``ModelStatus.compute``,
+``SupervisorStatus.streams`` and ``SupervisorStatus.pipelines`` may be absent).
 
 ======================  ======================================  ==================  ===============
 record                  what it holds                           built by            read by
@@ -29,6 +29,10 @@ record                  what it holds                           built by        
                         settings, and per model its figures     streams`` (the
                         (``StreamModelFigures``)                registry's
                                                                 snapshot)
+``PipelineStatus``      one pipeline: its state, requests,      ``supervisor.       CLI, ``--watch``
+                        latency, objects per frame              pipelines`` (the
+                        (``PipelineObjects``) and per step its  engine's view)
+                        counts (``PipelineStepStatus``)
 ``SupervisorStatus``    the whole ``status`` reply: the         ``Supervisor.       CLI, ``--watch``
                         process, its limits, and the records    status``
                         above
@@ -42,7 +46,8 @@ the rest and names them all. The records import nothing but the standard library
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from typing import Any
 
 from duomo.ipc.model_records import (
@@ -66,6 +71,9 @@ __all__ = [
     "ModelInfo",
     "ModelMemory",
     "ModelStatus",
+    "PipelineObjects",
+    "PipelineStatus",
+    "PipelineStepStatus",
     "Placement",
     "RingStatus",
     "StateChange",
@@ -330,6 +338,125 @@ class StreamStatus:
         )
 
 
+# -- pipelines ----------------------------------------------------------------------------------
+
+INF = "+Inf"  # the last bucket's bound on the wire, as Prometheus spells it (JSON has no infinity)
+
+
+@dataclass(frozen=True)
+class PipelineStepStatus:
+    """One step of a pipeline: its model, the step whose objects it runs on (None: the whole
+    frame), and its counts since the pipeline was built: requests it sent to its model
+    (``runs``), frames on which it had nothing to run on (``skipped``: no object left after its
+    filters), sub-results reused from the tracker (``reused``) and sub-results that failed."""
+
+    name: str
+    model: str
+    for_each: str | None
+    runs: int
+    skipped: int
+    reused: int
+    errors: int
+
+    def to_dict(self) -> JSON:
+        return {
+            "name": self.name,
+            "model": self.model,
+            "for_each": self.for_each,
+            "runs": self.runs,
+            "skipped": self.skipped,
+            "reused": self.reused,
+            "errors": self.errors,
+        }
+
+    @classmethod
+    def from_dict(cls, data: object) -> PipelineStepStatus:
+        r = RecordReader("PipelineStepStatus", data)
+        return cls(
+            r.text("name"), r.text("model"), r.optional_text("for_each"), r.integer("runs"),
+            r.integer("skipped"), r.integer("reused"), r.integer("errors"),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PipelineObjects:
+    """Objects per frame of a pipeline: the objects its steps iterated (``count``) over the
+    frames whose first step answered (``frames``), and their histogram: (bound, frames with at
+    most that many objects), cumulative, the last bound infinite."""
+
+    count: int
+    frames: int
+    buckets: tuple[tuple[float, int], ...]
+
+    @property
+    def per_frame(self) -> float | None:
+        """The mean objects per frame; None before the first frame."""
+        return self.count / self.frames if self.frames else None
+
+    def to_dict(self) -> JSON:
+        return {
+            "count": self.count,
+            "frames": self.frames,
+            "buckets": [[INF if math.isinf(le) else le, n] for le, n in self.buckets],
+        }
+
+    @classmethod
+    def from_dict(cls, data: object) -> PipelineObjects:
+        r = RecordReader("PipelineObjects", data)
+        buckets = []
+        for bucket in r.array("buckets"):
+            if not (isinstance(bucket, list) and len(bucket) == 2 and type(bucket[1]) is int):
+                raise r.wrong("buckets", "a list of [bound, count] pairs")
+            le = math.inf if bucket[0] == INF else bucket[0]
+            if type(le) not in (int, float):
+                raise r.wrong("buckets", "a list of [bound, count] pairs")
+            buckets.append((le, bucket[1]))
+        return cls(r.integer("count"), r.integer("frames"), tuple(buckets))
+
+
+@dataclass(frozen=True)
+class PipelineStatus:
+    """One pipeline (``supervisor.pipelines``): its state (READY when every step's model
+    serves, else the first step model's state that is not), the requests it answered and how
+    many of them were errors, their latency (None before the first success), its objects per
+    frame and its steps, in order."""
+
+    name: str
+    state: str
+    requests: int
+    errors: int
+    latency_p50_ms: float | None
+    latency_p99_ms: float | None
+    objects: PipelineObjects
+    steps: tuple[PipelineStepStatus, ...]
+
+    def to_dict(self) -> JSON:
+        return {
+            "name": self.name,
+            "state": self.state,
+            "requests": self.requests,
+            "errors": self.errors,
+            "latency_ms": {"p50": self.latency_p50_ms, "p99": self.latency_p99_ms},
+            "objects": self.objects.to_dict(),
+            "steps": [step.to_dict() for step in self.steps],
+        }
+
+    @classmethod
+    def from_dict(cls, data: object) -> PipelineStatus:
+        r = RecordReader("PipelineStatus", data)
+        latency = RecordReader("PipelineStatus.latency_ms", r.object("latency_ms"))
+        return cls(
+            name=r.text("name"),
+            state=r.text("state"),
+            requests=r.integer("requests"),
+            errors=r.integer("errors"),
+            latency_p50_ms=latency.optional_number("p50"),
+            latency_p99_ms=latency.optional_number("p99"),
+            objects=PipelineObjects.from_dict(r._get("objects")),
+            steps=r.records("steps", PipelineStepStatus.from_dict),
+        )
+
+
 # -- the whole status ---------------------------------------------------------------------------
 
 
@@ -337,8 +464,8 @@ class StreamStatus:
 class SupervisorStatus:
     """The ``status`` reply: the process (pid, socket, config, uptime, memory, threads, fds),
     its rings and refusals, its ``limits``, and a record per gateway worker, device, model,
-    client and stream. ``streams`` is left out of the JSON when there is none (a supervisor
-    older than streams never sends it): both read back as no streams."""
+    client, stream and pipeline. ``streams`` and ``pipelines`` are left out of the JSON when
+    there is none (a supervisor older than them never sends them): both read back as none."""
 
     pid: int
     socket: str
@@ -359,6 +486,7 @@ class SupervisorStatus:
     models: dict[str, ModelStatus]
     clients: tuple[ClientStatus, ...]
     streams: tuple[StreamStatus, ...] = ()
+    pipelines: dict[str, PipelineStatus] = field(default_factory=dict)
 
     def to_dict(self) -> JSON:
         shown: JSON = {
@@ -383,6 +511,8 @@ class SupervisorStatus:
         }
         if self.streams:
             shown["streams"] = [s.to_dict() for s in self.streams]
+        if self.pipelines:
+            shown["pipelines"] = {name: p.to_dict() for name, p in self.pipelines.items()}
         return shown
 
     @classmethod
@@ -408,4 +538,9 @@ class SupervisorStatus:
             models={n: ModelStatus.from_dict(m) for n, m in r.object("models").items()},
             clients=r.records("clients", ClientStatus.from_dict),
             streams=r.records("streams", StreamStatus.from_dict) if "streams" in r.data else (),
+            pipelines=(
+                {n: PipelineStatus.from_dict(p) for n, p in r.object("pipelines").items()}
+                if "pipelines" in r.data
+                else {}
+            ),
         )

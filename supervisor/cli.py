@@ -251,9 +251,10 @@ def _aligned(
 
 def render_status(status: SupervisorStatus) -> str:
     """``duomo status``'s text: the process, each device, the model table (its columns:
-    docs/operations.md), the streams table when there are streams (``stream_table``), limits,
-    gateway workers and clients."""
-    from duomo.supervisor import stream_table  # (beside the models, the streams)
+    docs/operations.md), the streams table when there are streams (``stream_table``), the
+    pipelines table when there are pipelines (``pipeline_table``), limits, gateway workers and
+    clients."""
+    from duomo.supervisor import pipeline_table, stream_table  # (beside the models)
 
     rss_mb = status.rss_bytes / 2**20
     lines = [
@@ -291,6 +292,8 @@ def render_status(status: SupervisorStatus) -> str:
     lines += _aligned(STATUS_COLUMNS, rows)
     streams = stream_table.render(status.streams)
     lines += ["", *streams] if streams else []
+    pipelines = pipeline_table.render(status.pipelines)
+    lines += ["", *pipelines] if pipelines else []
     limits = status.limits
     lines.append(
         f"clients {len(status.clients)} of {limits['max_connections']}, "

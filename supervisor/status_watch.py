@@ -14,7 +14,8 @@ by ``supervisor/cli.py``'s ``cmd_status``.
 - ``q``, Ctrl-C and SIGTERM all end with exit 0, and every exit path restores the terminal.
 
 Under the models, the streams table when there are streams (``supervisor.stream_table``'s
-cells, each stream's state in colour).
+cells, each stream's state in colour), then the pipelines table when there are pipelines
+(``supervisor.pipeline_table``'s cells, each pipeline's state coloured as a model's).
 """
 
 from __future__ import annotations
@@ -43,8 +44,14 @@ from rich.text import Text
 
 from duomo.ipc.client import Client
 from duomo.ipc.errors import DuomoError
-from duomo.ipc.status_records import DeviceStatus, ModelStatus, StreamStatus, SupervisorStatus
-from duomo.supervisor import stream_table
+from duomo.ipc.status_records import (
+    DeviceStatus,
+    ModelStatus,
+    PipelineStatus,
+    StreamStatus,
+    SupervisorStatus,
+)
+from duomo.supervisor import pipeline_table, stream_table
 
 STATUS_TIMEOUT_S = 5.0  # the longest one poll waits for the supervisor's reply
 PLAIN_WIDTH = 140  # a plain frame's least width
@@ -168,6 +175,8 @@ def render(frame: Frame, plain: bool = False) -> RenderableType:
             lines.append(Text(line, style=style, no_wrap=True, overflow="ellipsis"))
     if s.streams:
         lines += [Text(), _streams_table(s.streams, plain)]
+    if s.pipelines:
+        lines += [Text(), _pipelines_table(s.pipelines, plain)]
     lines += [Text(), _devices_table(s.devices, plain), Text()]
     for g in s.gateways:
         lines.append(
@@ -196,6 +205,7 @@ def plain_frame(frame: Frame, at: datetime.datetime) -> str:
         tables = [
             _models_table(frame.status.models, frame.rates, plain=True),
             _streams_table(frame.status.streams, plain=True),
+            _pipelines_table(frame.status.pipelines, plain=True),
         ]
         measuring = Console(file=io.StringIO(), width=UNLIMITED_WIDTH)
         width = max(width, *(measuring.measure(table).maximum for table in tables))
@@ -274,6 +284,19 @@ def _streams_table(streams: tuple[StreamStatus, ...], plain: bool) -> Table:
         shown[stream_table.STATE_COLUMN] = Text(
             state, style=stream_table.STATE_STYLES.get(state, "")
         )
+        table.add_row(*shown)
+    return table
+
+
+def _pipelines_table(pipelines: dict[str, PipelineStatus], plain: bool) -> Table:
+    columns = pipeline_table.COLUMNS
+    numbers = {c.title for c in columns if c.number}
+    table = _table(plain, *(c.title for c in columns), numbers=numbers)
+    for cells in pipeline_table.rows(pipelines):
+        state = cells[pipeline_table.STATE_COLUMN]
+        shown: list[Text | str] = list(cells)
+        shown[0] = Text(cells[0], style="bold")
+        shown[pipeline_table.STATE_COLUMN] = Text(state, style=STATE_STYLES.get(state, ""))
         table.add_row(*shown)
     return table
 

@@ -1,6 +1,7 @@
 """``ipc.status_records``: each record reads the documented JSON back exactly (key for key, in
 order), a missing or mistyped key is an error naming the record and the key, and ``duomo
-status`` and its ``--watch`` view count a model's errors the same way."""
+status`` and its ``--watch`` view count a model's errors the same way; a pipeline's record, and
+a reply older than pipelines read as none."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import asyncio
 import copy
 import datetime
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,8 @@ from duomo.ipc.status_records import (
     GatewayWorkerStatus,
     ModelInfo,
     ModelStatus,
+    PipelineStatus,
+    PipelineStepStatus,
     StatusRecordError,
     SupervisorStatus,
 )
@@ -28,6 +32,7 @@ from duomo.supervisor.cli import render_status
 from duomo.supervisor.control_messages import Status, parse_control
 from duomo.supervisor.status_watch import Frame, plain_frame
 from tests.status_fixtures import DOCUMENTED_MODELS, DOCUMENTED_STATUS, model_entry, status_entry
+from tests.unit.test_pipeline_table import pipeline
 
 
 def test_the_documented_status_reads_back_exactly() -> None:
@@ -178,3 +183,68 @@ def test_the_gateway_asks_for_one_models_status_alone(monkeypatch: pytest.Monkey
         == every
         == {"classify": SupervisorStatus.from_dict(DOCUMENTED_STATUS).models["classify"]}
     )
+
+
+def test_a_pipeline_reads_its_entry_back_exactly() -> None:
+    entry = pipeline()
+    record = PipelineStatus.from_dict(entry)
+    assert json.dumps(record.to_dict()) == json.dumps(entry)  # the keys' order too
+    assert record.objects.buckets[0] == (0, 12) and record.objects.buckets[-1] == (math.inf, 120)
+    assert [s.for_each for s in record.steps] == [None, "detect", "detect"]
+    assert record.steps[1] == PipelineStepStatus("embedding", "face_embedding", "detect", 230,
+                                                 12, 48, 1)  # fmt: skip
+    whole = SupervisorStatus.from_dict({**DOCUMENTED_STATUS, "pipelines": {"faces": entry}})
+    assert whole.pipelines == {"faces": record}
+    assert whole.to_dict()["pipelines"] == {"faces": entry}
+
+
+def test_a_pipeline_before_its_first_answer_has_no_latency() -> None:
+    entry = pipeline(requests=0, errors=0, latency_ms={"p50": None, "p99": None})
+    record = PipelineStatus.from_dict(entry)
+    assert (record.latency_p50_ms, record.latency_p99_ms) == (None, None)
+    assert record.to_dict() == entry
+
+
+def test_an_infinite_bound_reads_as_a_number_too_and_is_written_as_prometheus_spells_it() -> None:
+    entry = pipeline()
+    entry["objects"]["buckets"][-1][0] = math.inf  # (what json gives for a bare Infinity)
+    record = PipelineStatus.from_dict(entry)
+    assert record.objects.buckets[-1] == (math.inf, 120)
+    assert record.to_dict()["objects"]["buckets"][-1] == ["+Inf", 120]
+
+
+def test_a_reply_without_pipelines_reads_as_none_and_writes_none() -> None:
+    assert "pipelines" not in DOCUMENTED_STATUS  # (a supervisor older than pipelines)
+    record = SupervisorStatus.from_dict(DOCUMENTED_STATUS)
+    assert record.pipelines == {}
+    assert "pipelines" not in record.to_dict()
+
+
+@pytest.mark.parametrize(
+    ("path", "record", "key"),
+    [
+        (("state",), "PipelineStatus", "state"),
+        (("latency_ms",), "PipelineStatus", "latency_ms"),
+        (("latency_ms", "p99"), "PipelineStatus.latency_ms", "p99"),
+        (("objects", "frames"), "PipelineObjects", "frames"),
+        (("steps", 1, "skipped"), "PipelineStepStatus", "skipped"),
+        (("steps", 0, "for_each"), "PipelineStepStatus", "for_each"),
+    ],
+)
+def test_a_pipeline_missing_a_key_is_an_error_naming_the_record_and_the_key(
+    path: tuple[str | int, ...], record: str, key: str
+) -> None:
+    whole = {**DOCUMENTED_STATUS, "pipelines": {"faces": without(pipeline(), *path)}}
+    with pytest.raises(StatusRecordError) as raised:
+        SupervisorStatus.from_dict(whole)
+    assert raised.value.message == f"status record {record}: missing key {key!r}"
+
+
+@pytest.mark.parametrize(
+    "buckets", [[[0, "12"]], [[0]], [["1", 3]], [[None, 3]], "none", [[0, 1.5]]]
+)
+def test_buckets_that_are_not_bound_and_count_pairs_are_an_error(buckets: Any) -> None:
+    entry = pipeline()
+    entry["objects"]["buckets"] = buckets
+    with pytest.raises(StatusRecordError, match="PipelineObjects: key 'buckets' must be"):
+        PipelineStatus.from_dict(entry)
