@@ -46,7 +46,7 @@ the rest and names them all. The records import nothing but the standard library
 
 from __future__ import annotations
 
-import math
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -340,8 +340,6 @@ class StreamStatus:
 
 # -- pipelines ----------------------------------------------------------------------------------
 
-INF = "+Inf"  # the last bucket's bound on the wire, as Prometheus spells it (JSON has no infinity)
-
 
 @dataclass(frozen=True)
 class PipelineStepStatus:
@@ -381,12 +379,13 @@ class PipelineStepStatus:
 @dataclass(frozen=True)
 class PipelineObjects:
     """Objects per frame of a pipeline: the objects its steps iterated (``count``) over the
-    frames whose first step answered (``frames``), and their histogram: (bound, frames with at
-    most that many objects), cumulative, the last bound infinite."""
+    frames whose first step answered (``frames``), and their histogram: each bucket's bound as
+    Prometheus writes its ``le`` (``"2"``, the last ``"+Inf"``) and the frames with at most that
+    many objects (cumulative)."""
 
     count: int
     frames: int
-    buckets: tuple[tuple[float, int], ...]
+    buckets: tuple[tuple[str, int], ...]
 
     @property
     def per_frame(self) -> float | None:
@@ -397,21 +396,25 @@ class PipelineObjects:
         return {
             "count": self.count,
             "frames": self.frames,
-            "buckets": [[INF if math.isinf(le) else le, n] for le, n in self.buckets],
+            "buckets": [[le, n] for le, n in self.buckets],
         }
 
     @classmethod
     def from_dict(cls, data: object) -> PipelineObjects:
         r = RecordReader("PipelineObjects", data)
-        buckets = []
-        for bucket in r.array("buckets"):
-            if not (isinstance(bucket, list) and len(bucket) == 2 and type(bucket[1]) is int):
-                raise r.wrong("buckets", "a list of [bound, count] pairs")
-            le = math.inf if bucket[0] == INF else bucket[0]
-            if type(le) not in (int, float):
-                raise r.wrong("buckets", "a list of [bound, count] pairs")
-            buckets.append((le, bucket[1]))
-        return cls(r.integer("count"), r.integer("frames"), tuple(buckets))
+        buckets = tuple(_bucket(r, bucket) for bucket in r.array("buckets"))
+        return cls(r.integer("count"), r.integer("frames"), buckets)
+
+
+def _bucket(r: RecordReader, bucket: object) -> tuple[str, int]:
+    """One ``[le, count]`` pair: a bound that reads as a number, and an integer count."""
+    if isinstance(bucket, list) and len(bucket) == 2:
+        le, count = bucket
+        if isinstance(le, str) and type(count) is int:
+            with contextlib.suppress(ValueError):
+                float(le)
+                return le, count
+    raise r.wrong("buckets", 'a list of [bound, count] pairs such as ["2", 5]')
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from tests.status_fixtures import DOCUMENTED_STATUS, status_entry
 from tests.unit.test_stream_table import stream
 
 AT = datetime.datetime(2025, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc)
-BOUNDS: list[Any] = [0, 1, 2, 4, 8, 16, 32, "+Inf"]
+BOUNDS = ["0", "1", "2", "4", "8", "16", "32", "+Inf"]
 
 
 def step(name: str, model: str, for_each: str | None = None, **counts: int) -> dict[str, Any]:
