@@ -28,7 +28,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Hashable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import orjson
@@ -64,11 +64,31 @@ from duomo.ipc.wire import (
 from duomo.supervisor.streams import StreamState
 from duomo.worker.executors.base import SlotSpec, WrittenInPlace
 from duomo.worker.request import Outcome, Request, StageTimings
-from duomo.worker.served_model import ServedModel
+from duomo.worker.stats import ModelStats
 
 log = structlog.get_logger("duomo.attachment")
 PRIORITY_LIMIT = 1000  # producers' priorities are clamped to the range a config may use
 _SUBMITTED = int(SlotState.SUBMITTED)
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+class Servable(Protocol):
+    """What an attachment serves: a model (``worker.served_model.ServedModel``) or a pipeline
+    (``supervisor.pipelines.ServedPipeline``)."""
+
+    @property
+    def spec(self) -> _Named: ...
+    @property
+    def stats(self) -> ModelStats: ...
+    @property
+    def layout_known(self) -> bool: ...
+    def slot_spec(self) -> SlotSpec: ...
+    def payload_builder(self) -> Callable[[dict[str, np.ndarray], memoryview], Any]: ...
+    def enqueue(self, request: Request) -> None: ...
 
 
 GROWTH_STEP = 1 << 20  # a grown input area is rounded up to this (a slightly larger frame fits)
@@ -121,8 +141,8 @@ class Attachment:
     def __init__(
         self,
         ring_id: int,
-        model: ServedModel,
-        models: Mapping[str, ServedModel],
+        model: Servable,
+        models: Mapping[str, Servable],
         layout: RingLayout,
         send: Callable[[bytes], None],
         on_close: Callable[[], None] | None = None,
@@ -281,8 +301,8 @@ class Attachment:
         header_seq: int,
         seq: int,
         timeout_us: int,
-        model: ServedModel | None,
-    ) -> ServedModel:
+        model: Servable | None,
+    ) -> Servable:
         """A header that is not the usual case: raise its error, or return the model that now
         serves it (a reload that kept the layout)."""
         if magic != MAGIC:

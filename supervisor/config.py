@@ -27,14 +27,14 @@ from pydantic import Field, ValidationError, model_validator
 from duomo.supervisor.gateways import GatewayConfig
 from duomo.supervisor.limits import LimitsConfig
 from duomo.supervisor.metrics_http import MetricsConfig
+from duomo.supervisor.pipeline_config import PipelineConfig, pipeline_problems
 from duomo.worker.backends.acl_backend import AclOptions
 from duomo.worker.backends.ort_backend import OrtOptions
-from duomo.worker.config_model import StrictModel
+from duomo.worker.config_model import NAME_PATTERN, StrictModel
 from duomo.worker.executors import resolve_executor
 from duomo.worker.health import HealthPolicy
 from duomo.worker.thread_budget import available_cores, usable_cores
 
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 DeviceId = Annotated[int, Field(ge=0)]
 UNBUILT_OM = "model file not built yet"
 
@@ -161,6 +161,8 @@ class DuomoConfig(StrictModel):
     preload_policy: Literal["lru", "predictive"] = "lru"
     predictive_threshold: float = Field(default=0.5, gt=0, le=1)
     models: list[ModelConfig] = Field(min_length=1)
+    # named graphs of steps over the models, each served like a model (supervisor.pipelines)
+    pipelines: list[PipelineConfig] = Field(default_factory=list)
 
     def device(self, device_id: int) -> DeviceConfig:
         """The device with ``device_id``, or a default cpu device of that id when none is
@@ -225,24 +227,43 @@ def _model_labels(names: Sequence[object]) -> list[str]:
     return [n if tells_apart(n) else str(i) for i, n in enumerate(names)]
 
 
-def _raw_labels(raw: dict[str, Any]) -> list[str]:
-    """``_model_labels`` of the file's ``models`` entries, before they are validated."""
-    entries = raw.get("models")
+def _raw_labels(entries: object) -> list[str]:
+    """``_model_labels`` of a file's list of named entries, before they are validated."""
     if not isinstance(entries, list):
         return []
     return _model_labels([e.get("name") if isinstance(e, dict) else None for e in entries])
 
 
+def _labelled(loc: list[int | str], raw: object) -> list[int | str]:
+    """``loc`` with each index into a list of named entries (``models``, ``pipelines``, a
+    pipeline's ``steps``) replaced by the entry's label: ``models[face]``, not ``models[2]``."""
+    out: list[int | str] = []
+    node = raw
+    for i, part in enumerate(loc):
+        if isinstance(part, int) and i and isinstance(loc[i - 1], str) and out:
+            labels = _raw_labels(node)
+            if loc[i - 1] in ("models", "pipelines", "steps") and part < len(labels):
+                out[-1] = f"{out[-1]}[{labels[part]}]"
+                node = node[part] if isinstance(node, list) else None
+                continue
+        out.append(part)
+        if isinstance(node, dict):
+            node = node.get(part)
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            node = node[part]
+        else:
+            node = None
+    return out
+
+
 def _pydantic_problems(
-    err: ValidationError, prefix: Sequence[int | str] = (), labels: Sequence[str] = ()
+    err: ValidationError, prefix: Sequence[int | str] = (), raw: object = None
 ) -> list[tuple[str, str]]:
-    """``labels``: the ``models`` entries' (``_model_labels``), for errors located in them."""
+    """``raw``: the file's data the error is located in, for labels of named entries."""
     problems = []
     for e in err.errors(include_url=False):
         loc = [p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
-        if loc[:1] == ["models"] and len(loc) > 1 and isinstance(loc[1], int):
-            label = labels[loc[1]] if loc[1] < len(labels) else loc[1]
-            loc = [f"models[{label}]", *loc[2:]]
+        loc = _labelled(loc, raw)
         message = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             message = "unknown key (check the spelling)"
@@ -272,10 +293,14 @@ def load_config(path: str | Path, unbuilt_om_ok: bool = False) -> LoadedConfig:
     try:
         config = DuomoConfig.model_validate(raw)
     except ValidationError as err:
-        raise ConfigError(path, _pydantic_problems(err, labels=_raw_labels(raw))) from None
+        raise ConfigError(path, _pydantic_problems(err, raw=raw)) from None
     problems = _device_problems(config)
     models, model_problems = _resolve_models(path, config)
     problems.extend(model_problems)
+    declared = {
+        m.name: models[m.name].executor if m.name in models else None for m in config.models
+    }
+    problems.extend(pipeline_problems(config.pipelines, declared))
     problems.extend(_provider_problems(config))
     if config.gateway is not None:
         gateway = config.gateway.resolved(path.parent)

@@ -35,12 +35,20 @@ from typing import Any
 
 import structlog
 
-from duomo.ipc.errors import DuomoError, ResourceExhaustedError, UnavailableError
+from duomo.ipc.errors import (
+    DuomoError,
+    InvalidArgumentError,
+    NotFoundError,
+    ResourceExhaustedError,
+    UnavailableError,
+    echoed,
+)
 from duomo.supervisor.background_loads import BackgroundLoads
 from duomo.supervisor.config import LoadedConfig, ResolvedModel
 from duomo.supervisor.device_telemetry import DeviceTelemetry
 from duomo.supervisor.lending import IdleSpin
 from duomo.supervisor.memory import Footprint, MemoryLedger, MemoryUse, mb, resident_bytes
+from duomo.supervisor.pipelines import ServedPipeline
 from duomo.supervisor.placement import HOST, Placements
 from duomo.supervisor.registry import ModelRegistry
 from duomo.worker.executors.image_ops import limit_opencv_threads
@@ -68,7 +76,9 @@ class Engine:
         self.models = self.registry.models  # (the same dict, for its readers)
         self.memory = MemoryLedger(self.models, loaded, self.registry.release_memory)
         self.loaded = loaded
-        self._wanted = list(only) if only is not None else list(loaded.models)
+        # the pipelines served under their names, over the models (``supervisor.pipelines``)
+        self.pipelines: dict[str, ServedPipeline] = {}
+        self._wanted = _models_of(loaded, only) if only is not None else list(loaded.models)
         self._only = only is not None  # ``duomo infer -c``: these models, loaded at once
         self._lifecycle = threading.RLock()
         self.background = BackgroundLoads(
@@ -94,6 +104,7 @@ class Engine:
             limit_opencv_threads()
             for name in self._wanted:
                 self.registry.add(self._build(name, self.loaded))
+            self._build_pipelines(self.loaded)
             self.telemetry = DeviceTelemetry((d.id, d.kind) for d in self.loaded.config.devices)
             try:
                 for name in self._wanted:
@@ -112,23 +123,32 @@ class Engine:
         )
 
     def load(self, name: str) -> dict[str, Any]:
-        """Load one declared model (from UNLOADED or FAILED); its status once it is READY.
+        """Load one declared model (from UNLOADED or FAILED); its status once it is READY. A
+        pipeline's name loads each of its models; the status is its first step's model's.
 
         UnavailableError with the reason if it cannot load, ResourceExhaustedError if it does
         not fit its memory budgets.
         """
         with self._lifecycle:
             self._refuse_if_closed()
-            model = self.model(name)
+            pipeline = self.pipelines.get(name)
+            names = pipeline.model_names() if pipeline is not None else [name]
+            models = [self.model(n) for n in names]
             try:
-                self._load(model)
+                for model in models:
+                    self._load(model, keep=names)
             except (RuntimeError, ValueError) as err:
                 raise UnavailableError(str(err)) from None
-            return self._model_status(name, model)
+            return self._model_status(names[0], models[0])
 
     def unload(self, name: str) -> dict[str, Any]:
         """Unload one model and free its memory; it stays unloaded until ``load``."""
         with self._lifecycle:
+            pipeline = self.pipelines.get(name)
+            if pipeline is not None:
+                raise InvalidArgumentError(
+                    f"{name!r} is a pipeline; unload its models instead: {pipeline.model_names()}"
+                )
             model = self.model(name)
             cut = model.unload()
             self.registry.release_memory()
@@ -179,6 +199,7 @@ class Engine:
                     models[only] = new.models[only]
                 self.loaded = LoadedConfig(self.loaded.path, self.loaded.config, models)
             self._wanted = list(self.models)
+            self._build_pipelines(self.loaded)
         self.registry.retire(old_models)  # they finish what they accepted (others may load)
         self.registry.release_memory()
         summary = {"added": added, "removed": removed, "replaced": changed}
@@ -270,6 +291,20 @@ class Engine:
             unloaded_by_operator=unloaded_by_operator,
         )
 
+    def _build_pipelines(self, loaded: LoadedConfig) -> None:
+        """Serve ``loaded``'s pipelines whose models are all served: one that did not change
+        is kept as it is (its counts and trackers), the others built anew."""
+        keys = {n: getattr(r.executor, "objects", None) for n, r in loaded.models.items()}
+        fresh: dict[str, ServedPipeline] = {}
+        for config in loaded.config.pipelines:
+            if not all(step.model in self.models for step in config.steps):
+                continue  # (``duomo infer -c`` of other models)
+            old = self.pipelines.get(config.name)
+            same = old is not None and old.config == config
+            fresh[config.name] = old if same and old else ServedPipeline(config, self.models, keys)
+        self.pipelines.clear()
+        self.pipelines.update(fresh)
+
     @property
     def plan(self) -> ThreadPlan:
         """The thread plan of the process's shared pool of cores."""
@@ -310,6 +345,19 @@ class Engine:
         """The model served under ``name``; NotFoundError naming those served if none is."""
         return self.registry.model(name)
 
+    def servable(self, name: str) -> ServedModel | ServedPipeline:
+        """The model or the pipeline served under ``name``; NotFoundError naming both if none
+        is."""
+        pipeline = self.pipelines.get(name)
+        if pipeline is not None:
+            return pipeline
+        if name in self.models or not self.pipelines:
+            return self.registry.model(name)
+        raise NotFoundError(
+            f"no model or pipeline named {echoed(name)} (models: {sorted(self.models)}, "
+            f"pipelines: {sorted(self.pipelines)})"
+        )
+
     def submit(
         self, name: str, payload: Any, priority: int | None = None, deadline_s: float | None = None
     ) -> Future[Any]:
@@ -325,10 +373,12 @@ class Engine:
                 future.set_result(outcome.result)
 
         try:
-            self.model(name).submit(payload, done, priority=priority, deadline_s=deadline_s)
+            target = self.servable(name)
+            target.submit(payload, done, priority=priority, deadline_s=deadline_s)
         except DuomoError as err:
-            if name in self.models:
-                self.models[name].stats.record_refusal(err.code)
+            served = self.pipelines.get(name) or self.models.get(name)
+            if served is not None:
+                served.stats.record_refusal(err.code)
             future.set_exception(err)
         return future
 
@@ -402,6 +452,7 @@ class Engine:
             "thread_budget": self.placements.total_budget,
             "devices": self.devices(),
             "models": models,
+            "pipelines": {name: p.status() for name, p in list(self.pipelines.items())},
         }
 
     def close(self, grace_s: float = 30.0) -> int:
@@ -426,3 +477,13 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _models_of(loaded: LoadedConfig, names: Iterable[str]) -> list[str]:
+    """``names`` with each pipeline's name replaced by its models' (``duomo infer -c``)."""
+    pipelines = {p.name: p for p in loaded.config.pipelines}
+    wanted: list[str] = []
+    for name in names:
+        pipeline = pipelines.get(name)
+        wanted.extend(s.model for s in pipeline.steps) if pipeline else wanted.append(name)
+    return list(dict.fromkeys(wanted))

@@ -84,6 +84,7 @@ from duomo.supervisor.gateways import GatewayProcesses
 from duomo.supervisor.limits import Limits, RingLedger, resolve_limits
 from duomo.supervisor.metrics import DuomoCollector, ProcessView
 from duomo.supervisor.metrics_http import LIVE_TIMEOUT_S, MetricsServer
+from duomo.supervisor.pipelines import ServedPipeline
 from duomo.supervisor.reactor import Reactor
 from duomo.supervisor.streams import StreamRegistry
 from duomo.supervisor.watchdog import Watchdog
@@ -353,11 +354,11 @@ class Supervisor:
         self.control_jobs.submit(ControlJob(caller.conn, caller.message, job, request.what))
 
     def _on_models(self, caller: Caller, request: Models) -> Reply:
-        models = [self._model_info(n).to_dict() for n in list(self.engine.models)]
-        return {"ok": True, "models": models}
+        names = [*self.engine.models, *self.engine.pipelines]
+        return {"ok": True, "models": [self._model_info(n).to_dict() for n in names]}
 
     def _on_attach(self, caller: Caller, request: Attach) -> Reply | None:
-        if self.engine.model(request.model).layout_known:  # NotFoundError for an unknown model
+        if self.engine.servable(request.model).layout_known:  # NotFoundError for unknown names
             self._attach_ring(caller, request)
             return None  # answered: the reply carries the ring's descriptor
         # never loaded yet (preload: false): load it on the control thread, then attach
@@ -396,7 +397,7 @@ class Supervisor:
         conn = caller.conn
         self._check_ring_room(conn)
         name, slots, grow = request.model, request.slots, request.inputs
-        model = self.engine.model(name)
+        model = self.engine.servable(name)
         if not model.layout_known:  # (after a load: a reload replaced it meanwhile)
             raise UnavailableError(f"model {name!r} was replaced while it loaded; attach again")
         spec = model.slot_spec()
@@ -415,8 +416,11 @@ class Supervisor:
             ) from None
         ring_id = conn.next_ring_id()
         try:
+            served = (
+                self.engine.pipelines if isinstance(model, ServedPipeline) else self.engine.models
+            )
             attachment = Attachment(
-                ring_id, model, self.engine.models, layout, conn.send,
+                ring_id, model, served, layout, conn.send,
                 on_close=functools.partial(self.shm.release, *charge),
                 streams=conn.streams, flow=conn.flow,
             )  # fmt: skip
@@ -457,16 +461,16 @@ class Supervisor:
         self._later(caller, request, lambda: self.reload(request.model))
 
     def _on_load(self, caller: Caller, request: Load) -> None:
-        self.engine.model(request.model)  # NotFoundError at once
+        self.engine.servable(request.model)  # NotFoundError at once
         self._later(caller, request, lambda: {"load": self.engine.load(request.model)})
 
     def _on_unload(self, caller: Caller, request: Unload) -> None:
-        self.engine.model(request.model)  # NotFoundError at once
+        self.engine.servable(request.model)  # NotFoundError at once
         self._later(caller, request, lambda: {"unload": self.engine.unload(request.model)})
 
     def _on_stream_open(self, caller: Caller, request: StreamOpen) -> Reply:
         for name in request.settings.models:
-            self.engine.model(name)  # NotFoundError for a model not served
+            self.engine.servable(name)  # NotFoundError for a model or pipeline not served
         conn = caller.conn
         client = f"client {conn.id} (pid {conn.pid})" if conn.pid else f"client {conn.id}"
         stream = self.streams.open(request.name, request.settings, client=client)
@@ -484,12 +488,12 @@ class Supervisor:
         return {"ok": True}
 
     def _model_info(self, name: str) -> ModelInfo:
-        """One model of the ``models`` reply; its slot layout once known."""
-        model = self.engine.model(name)
+        """One model (or pipeline) of the ``models`` reply; its slot layout once known."""
+        model = self.engine.servable(name)
         resolved = self.loaded.models.get(name)
         head = (
             name,
-            model.spec.task,
+            model.spec.task,  # "pipeline" for a pipeline
             resolved.config.backend if resolved else None,
             model.state.value,
             model.spec.max_batch,
@@ -509,8 +513,16 @@ class Supervisor:
         )
 
     def model_status(self, name: str) -> ModelStatus:
-        """``name``'s status alone (NotFoundError when it is not served)."""
-        self.engine.model(name)
+        """``name``'s status alone (NotFoundError when it is not served). A pipeline's is its
+        first step's model's with the pipeline's state and request figures (what the gateway's
+        statistics read)."""
+        served = self.engine.servable(name)
+        if isinstance(served, ServedPipeline):
+            root = self.engine.status()["models"].get(served.root.model)
+            if root is None:
+                raise NotFoundError(f"no model named {echoed(served.root.model)}")
+            figures = {**served.stats.snapshot(), "batch_sizes": {}}
+            return ModelStatus.from_dict({**root, "state": served.state.value, **figures})
         shown = self.engine.status()["models"].get(name)
         if shown is None:  # (removed by a reload meanwhile)
             raise NotFoundError(f"no model named {echoed(name)}")

@@ -136,6 +136,13 @@ class Executor(ABC):
     roles: ClassVar[tuple[str, ...]] = ("model",)
     varying_shape_roles: ClassVar[tuple[str, ...]] = ()  # roles fed a new shape per request
     Params: ClassVar[type[StrictModel]] = NoParams
+    # For pipelines (``supervisor.pipelines``): the key of the result's list of objects a later
+    # step may run ``for_each`` of (dicts with a ``box`` [x1, y1, x2, y2] in the frame's pixels,
+    # and a ``score``); None: its results have no objects.
+    objects: ClassVar[str | None] = None
+    # what of an object, besides a crop of its box, a ``for_each`` may hand one of its requests
+    # (``{"image": frame, name: the object's value}``; "landmarks": a face task)
+    object_inputs: ClassVar[frozenset[str]] = frozenset()
 
     @classmethod
     def session_settings(cls, role: str, settings: SessionSettings) -> SessionSettings:

@@ -72,6 +72,7 @@ class FaceDetectionExecutor(Executor):
     faces and landmarks, NMS."""
 
     Params = FaceDetectionParams
+    objects = "faces"  # a pipeline's later steps may run for each face
 
     def __init__(
         self, params: FaceDetectionParams, sessions: Mapping[str, ModelSession], max_batch: int

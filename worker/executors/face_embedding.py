@@ -114,6 +114,8 @@ class FaceChipExecutor(Executor):
     """What the face tasks share: their slot (``FACE_SLOT``), its payload and its checks; a
     subclass makes its chips (``make_chip``) and runs them in ``execute``."""
 
+    object_inputs = frozenset({"landmarks"})  # a pipeline aligns each face of the frame
+
     def slot_spec(self) -> SlotSpec:
         return FACE_SLOT
 
