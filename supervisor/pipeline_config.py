@@ -34,10 +34,12 @@ class ForEach(StrictModel):
     """Run a step once per object of an earlier step's result: which objects, and what of each
     the request is given (``box``: the frame cropped to the object's box, widened by ``margin``
     of its size on each side and resized to ``resize`` [width, height] if set; ``landmarks``:
-    the frame and the object's landmarks, for a task that aligns them itself)."""
+    the frame and the object's landmarks, for a task that aligns them itself; ``quad``: the
+    frame and the object's box as four corner points, for a task that warps the quadrilateral
+    itself (a text line))."""
 
     step: str
-    input: Literal["box", "landmarks"] = "box"
+    input: Literal["box", "landmarks", "quad"] = "box"
     min_score: float = Field(default=0.0, ge=0.0, le=1.0)
     min_size: float = Field(default=0.0, ge=0.0)  # px, the box's shorter side
     largest: int | None = Field(default=None, ge=1, le=1024)  # the N largest boxes
@@ -52,13 +54,16 @@ class ForEach(StrictModel):
 class StepConfig(StrictModel):
     """One step: a declared model, run on the whole frame or ``for_each`` object of an earlier
     step. ``reinfer_every`` > 1 reuses a tracked object's last result of this step for that many
-    frames of its stream, or until its box's area grew by ``reinfer_area_ratio``."""
+    frames of its stream, or until its box's area grew by ``reinfer_area_ratio``. ``merge``:
+    its result's keys join the object itself instead of a key named after the step, and a null
+    result drops the object from the answer (a text line read as nothing)."""
 
     name: str = Field(pattern=NAME_PATTERN)
     model: str
     for_each: ForEach | None = None
     reinfer_every: int = Field(default=1, ge=1, le=100_000)
     reinfer_area_ratio: float | None = Field(default=None, gt=1.0, le=100.0)
+    merge: bool = False
 
     @property
     def reuses(self) -> bool:
@@ -134,6 +139,8 @@ def _step_problems(
                 problems.append(
                     (f"{at}.reinfer_every", "only a for_each step's results are reused")
                 )
+        if step.merge and step.for_each is None:
+            problems.append((f"{at}.merge", "only a for_each step's results merge into objects"))
         each = step.for_each
         if each is None:
             continue  # a whole-frame step; past the first, its result joins the answer by name

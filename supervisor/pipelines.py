@@ -277,13 +277,20 @@ def _score(item: Mapping[str, Any]) -> float:
 
 
 def _box(item: Mapping[str, Any]) -> tuple[float, float, float, float] | None:
+    """The object's box, [x1, y1, x2, y2]; the bounds of its points when its box is a polygon
+    (an OCR line's four corners)."""
     box = item.get("box")
-    if isinstance(box, (list, tuple)) and len(box) == 4:
-        try:
+    if not isinstance(box, (list, tuple)) or not box:
+        return None
+    try:
+        if isinstance(box[0], (list, tuple)):
+            xs, ys = [float(p[0]) for p in box], [float(p[1]) for p in box]
+            return min(xs), min(ys), max(xs), max(ys)
+        if len(box) == 4:
             x1, y1, x2, y2 = (float(v) for v in box)
-        except (TypeError, ValueError):
-            return None
-        return x1, y1, x2, y2
+            return x1, y1, x2, y2
+    except (TypeError, ValueError, IndexError):
+        return None
     return None
 
 
@@ -314,11 +321,15 @@ def object_payload(frame: Any, item: Mapping[str, Any], each: ForEach) -> Any:
     ``margin``, resized when ``resize`` is set), or the frame with its landmarks."""
     if not isinstance(frame, np.ndarray) or frame.ndim not in (2, 3):
         raise InvalidArgumentError("the frame is not an image: for_each needs one")
-    if each.input == "landmarks":
-        marks = item.get("landmarks")
-        if marks is None:
-            raise InvalidArgumentError("the object has no landmarks")
-        return {"image": frame, "landmarks": np.asarray(marks, dtype=np.float32)}
+    if each.input != "box":
+        field = "box" if each.input == "quad" else each.input
+        points = item.get(field)
+        if points is None:
+            raise InvalidArgumentError(f"the object has no {field}")
+        try:
+            return {"image": frame, each.input: np.asarray(points, dtype=np.float32)}
+        except (TypeError, ValueError):
+            raise InvalidArgumentError(f"the object's {field} is not a list of points") from None
     box = _box(item)
     if box is None:
         raise InvalidArgumentError("the object has no box")
@@ -339,8 +350,8 @@ class _Run:
     """One pipeline request in flight: the requests it is waiting for, and its answer."""
 
     __slots__ = (
-        "abandoned", "error", "extra", "first", "lock", "outstanding", "pipeline", "request",
-        "started",
+        "abandoned", "dropped", "error", "extra", "first", "lists", "lock", "outstanding",
+        "pipeline", "request", "started",
     )  # fmt: skip
 
     def __init__(self, pipeline: ServedPipeline, request: Request) -> None:
@@ -352,6 +363,8 @@ class _Run:
         self.extra: dict[str, Any] = {}  # other whole-frame steps' results, by name
         self.error: DuomoError | None = None  # the frame's: its first step failed
         self.abandoned: list[Request] = []  # answered while their batch still runs
+        self.lists: list[list[Any]] = []  # the objects lists fanned out over
+        self.dropped: set[int] = set()  # ids of objects a ``merge`` step's null result drops
         self.started = time.monotonic()
 
     def start(self) -> None:
@@ -432,6 +445,7 @@ class _Run:
             frame_no, tracks = tracker.update(boxes)
             for item, track in zip(objects, tracks):
                 item["track_id"] = track.id
+        self.lists.append(objects)
         frame = self.request.payload
         for child in children:
             assert child.for_each is not None
@@ -464,7 +478,7 @@ class _Run:
                 if fresh and ratio is not None and kept is not None:
                     fresh = track.area <= kept.area * ratio
             if fresh and kept is not None:
-                item[step.name] = {**kept.result, "reused": True}
+                self._join(step, item, {**kept.result, "reused": True})
                 pipeline.count(step.name, reused=1)
                 return
         try:
@@ -506,7 +520,7 @@ class _Run:
             item[step.name] = _error_entry(outcome.error)
             self.pipeline.count(step.name, errors=1)
         else:
-            item[step.name] = outcome.result
+            self._join(step, item, outcome.result)
             if keep is not None and isinstance(outcome.result, dict):
                 tracker, track, frame_no, area = keep
                 with tracker.lock:
@@ -517,6 +531,18 @@ class _Run:
             with self.lock:
                 self.abandoned.append(sub)
         self._settle()
+
+    def _join(self, step: StepConfig, item: dict[str, Any], result: Any) -> None:
+        """``step``'s result for ``item``: under the step's name, or merged into it."""
+        if not step.merge:
+            item[step.name] = result
+        elif result is None:
+            with self.lock:
+                self.dropped.add(id(item))
+        elif isinstance(result, dict):
+            item.update(result)
+        else:
+            item[step.name] = result
 
     def _settle(self) -> None:
         """One awaited request was answered; the last one answers the pipeline request."""
@@ -534,6 +560,9 @@ class _Run:
             error = self.error or InternalError(f"pipeline {self.pipeline.name!r}: no answer")
             self._answer(error=error)
             return
+        if self.dropped:
+            for objects in self.lists:
+                objects[:] = [o for o in objects if id(o) not in self.dropped]
         result = first.result
         if self.extra:
             result = {**result, **self.extra} if isinstance(result, dict) else result
