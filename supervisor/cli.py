@@ -73,13 +73,21 @@ def cmd_check(args: argparse.Namespace) -> int:
                 print(f"    {field.rsplit('.', 1)[-1]}: {verdict}")
             else:
                 unloadable.append((field, f"{path}: {verdict}"))
+    for pipeline in loaded.config.pipelines:
+        steps = " → ".join(
+            f"{s.name}({s.model}{' for each ' + s.for_each.step if s.for_each else ''})"
+            for s in pipeline.steps
+        )
+        print(f"  {pipeline.name}: pipeline {steps}")
     for field, why in loaded.warnings:
         print(f"  warning: {field}: {why}")
     if unloadable:
         print(ConfigError(loaded.path, unloadable).render(), file=sys.stderr)
         print(f"{args.config}: invalid", file=sys.stderr)
         return EXIT_INVALID
-    print(f"{loaded.path}: OK ({len(loaded.models)} models)")
+    pipelines = len(loaded.config.pipelines)
+    also = f", {pipelines} pipeline{'s' if pipelines > 1 else ''}" if pipelines else ""
+    print(f"{loaded.path}: OK ({len(loaded.models)} models{also})")
     return EXIT_OK
 
 
@@ -444,7 +452,11 @@ def _print_result(path: str, model: str, result: dict[str, Any], as_json: bool) 
     elif "faces" in result:
         for face in result["faces"]:
             box = ", ".join(f"{v:.0f}" for v in face["box"])
-            print(f"  face {face['score']:.3f} at [{box}]")
+            track = f" (track {face['track_id']})" if "track_id" in face else ""
+            print(f"  face {face['score']:.3f} at [{box}]{track}")
+            for step, answer in face.items():  # a pipeline's steps run on this face
+                if isinstance(answer, dict):
+                    print(f"    {step}: {_sub_result(answer)}")
         if not result["faces"]:
             print("  no faces")
     elif "lines" in result:
@@ -455,6 +467,23 @@ def _print_result(path: str, model: str, result: dict[str, Any], as_json: bool) 
     else:
         for name, value in result.items():
             print(f"  {name}: {getattr(value, 'shape', value)}")
+
+
+def _sub_result(answer: dict[str, Any]) -> str:
+    """One line for a pipeline step's answer on one object: its error, or its fields (a
+    vector as its length, a number to 3 decimals)."""
+    error = answer.get("error")
+    if isinstance(error, dict):
+        return f"error {error.get('code')}: {error.get('message')}"
+    shown = []
+    for key, value in answer.items():
+        if isinstance(value, list):
+            shown.append(f"{key} [{len(value)} values]")
+        elif isinstance(value, float):
+            shown.append(f"{key} {value:.3f}")
+        else:
+            shown.append(f"{key} {value}")
+    return ", ".join(shown)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -106,6 +106,8 @@ class ServedPipeline:
             for s in self._whole
         }
         self._objects_key = {s.name: objects_keys.get(s.model) for s in self._whole}
+        # the keys per-object steps add to an object, in step order
+        self.nested = tuple(s.name for s in self.steps if s.for_each and not s.merge)
         self.stats = ModelStats()
         self.objects = Buckets(OBJECT_BOUNDS)
         self._figures = {s.name: _Figures() for s in self.steps}
@@ -563,6 +565,12 @@ class _Run:
         if self.dropped:
             for objects in self.lists:
                 objects[:] = [o for o in objects if id(o) not in self.dropped]
+        order = self.pipeline.nested
+        for objects in self.lists:  # sub-results in step order, not in the order they came
+            for item in objects:
+                for name in order:
+                    if name in item:
+                        item[name] = item.pop(name)
         result = first.result
         if self.extra:
             result = {**result, **self.extra} if isinstance(result, dict) else result
