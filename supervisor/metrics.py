@@ -15,6 +15,12 @@ moment they open, per ``stream`` and ``model``; an ended stream keeps them (its 
 ``ended``) until the registry forgets it to open another past ``limits.max_streams``, which
 bounds the ``stream`` label's values. A stream opened again under its name carries its counts
 on. Its answer-age quantiles appear with its first answer.
+
+Pipelines (``duomo_pipeline_*``, from ``engine.pipelines``) have their series from the start,
+at zero, like the models: a request counter by ``code`` (every ``ErrorCode`` name, ``OK``
+among them), the latency of its successful requests and its objects per frame as histograms,
+and per ``step`` its runs (labelled with the step's ``model`` too), skipped frames, reused
+sub-results and failed sub-results. Read without a lock, as the models' are.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from duomo.worker.model_spec import ModelState
 from duomo.worker.stats import TOTALS, HistogramState
 
 FAILURE_REASONS = tuple(code.name for code in ErrorCode if code is not ErrorCode.OK)
+CODES = tuple(code.name for code in ErrorCode)  # a pipeline's requests by outcome, OK included
 # Triton's cumulative stage durations: (metric suffix, ``ModelStats`` total kind)
 STAGE_DURATIONS = (
     ("request", "success"),
@@ -84,6 +91,7 @@ class DuomoCollector(Collector):
         yield from self._models()
         yield from self._devices()
         yield from self._streams()
+        yield from self._pipelines()
         view = self.process()
         yield GaugeMetricFamily(
             "duomo_clients_attached", "Authenticated client connections (producers, gateway "
@@ -297,3 +305,51 @@ class DuomoCollector(Collector):
                     if ms is not None:
                         age.add_metric([*key, quantile], ms)
         yield from (frames, answered, superseded, refused, state, input_fps, answered_fps, age)
+
+    def _pipelines(self) -> Iterator[Metric]:
+        p, ps = ["pipeline"], ["pipeline", "step"]
+        requests = CounterMetricFamily(
+            "duomo_pipeline_requests", "Pipeline requests answered, by code (OK: answered; "
+            "refusals before it ran included).", labels=[*p, "code"],
+        )  # fmt: skip
+        latency = HistogramMetricFamily(
+            "duomo_pipeline_latency_seconds",
+            "End-to-end time of successful pipeline requests, every step included.", labels=p,
+        )  # fmt: skip
+        objects = HistogramMetricFamily(
+            "duomo_pipeline_objects_per_frame",
+            "Objects the pipeline's steps iterated per frame (frames with a first-step result).",
+            labels=p,
+        )  # fmt: skip
+        runs = CounterMetricFamily(
+            "duomo_pipeline_step_runs", "Requests the step sent to its model.",
+            labels=[*ps, "model"],
+        )  # fmt: skip
+        skipped = CounterMetricFamily(
+            "duomo_pipeline_step_skipped",
+            "Frames on which the step had nothing to run on (no object left after its filters).",
+            labels=ps,
+        )  # fmt: skip
+        reused = CounterMetricFamily(
+            "duomo_pipeline_step_reused", "Sub-results the step reused from the tracker.",
+            labels=ps,
+        )  # fmt: skip
+        errors = CounterMetricFamily(
+            "duomo_pipeline_step_errors", "Sub-results of the step that failed.", labels=ps
+        )
+        for name, pipeline in list(self.engine.pipelines.items()):
+            numbers = pipeline.stats.counters()
+            for code in CODES:  # answered with the code, or refused with it before it ran
+                outcome = code.lower()
+                count = numbers.outcomes.get(outcome, 0) + numbers.refused.get(outcome, 0)
+                requests.add_metric([name, code], count)
+            bounds = pipeline.stats.request_seconds.bounds
+            _histogram(latency, [name], bounds, numbers.request_seconds)
+            _histogram(objects, [name], pipeline.objects.bounds, pipeline.objects.read())
+            for step in pipeline.step_counts():
+                key = [name, step.name]
+                runs.add_metric([*key, step.model], step.runs)
+                skipped.add_metric(key, step.skipped)
+                reused.add_metric(key, step.reused)
+                errors.add_metric(key, step.errors)
+        yield from (requests, latency, objects, runs, skipped, reused, errors)

@@ -1,7 +1,7 @@
 """The operators' port on real supervisor processes: ``/metrics`` read with prometheus_client's own
 parser (counts that match the requests sent exactly, failures and restarts, loads, unloads and
-evictions, every series present at zero from the start), and the health probes while a preload
-model loads, serves and fails."""
+evictions, every series present at zero from the start, a pipeline's frames, objects and skipped
+steps), and the health probes while a preload model loads, serves and fails."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from duomo.ipc.client import Client
 from duomo.ipc.errors import DuomoError, ErrorCode
-from tests.conftest import ROOT
+from duomo.ipc.status_records import SupervisorStatus
+from tests.conftest import ROOT, fixture_image
 from tests.integration.harness import (
     duomo,
     faulty_model,
@@ -130,7 +131,8 @@ def test_every_series_exists_at_zero_and_counts_exactly_the_requests_sent(
         "duomo_device_power_watts", "duomo_model_memory_budget_bytes",
         "duomo_device_memory_budget_bytes", "duomo_stream_answered_total", "duomo_stream_age_ms",
     }  # fmt: skip
-    assert dashboard_metric_names() - not_here <= exposed
+    pipelines = {name for name in dashboard_metric_names() if name.startswith("duomo_pipeline_")}
+    assert dashboard_metric_names() - not_here - pipelines <= exposed  # (pipelines: below)
 
 
 def test_a_failing_model_counts_internal_failures_and_its_restarts(tmp_path: Path) -> None:
@@ -280,3 +282,83 @@ def test_a_taken_metrics_port_stops_the_start_with_the_reason(tmp_path: Path) ->
     assert done.returncode == 1, done
     assert f"metrics.http 127.0.0.1:{port} cannot be bound" in done.stderr, done.stderr
     assert not sock.exists()
+
+
+FACES_PIPELINE = {
+    "name": "faces",
+    "steps": [
+        {"name": "detect", "model": "face"},
+        {"name": "embedding", "model": "face_embedding",
+         "for_each": {"step": "detect", "input": "landmarks"}},
+        {"name": "attributes", "model": "face_attributes",
+         "for_each": {"step": "detect", "input": "landmarks"}},
+    ],
+}  # fmt: skip
+STEP_MODELS = {"detect": "face", "embedding": "face_embedding", "attributes": "face_attributes"}
+
+
+def test_a_pipeline_has_its_series_at_zero_and_counts_frames_objects_and_skipped_steps(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    config = write_config(
+        tmp_path, ["face", "face_embedding", "face_attributes"], pipelines=[FACES_PIPELINE],
+        metrics={"http": f"127.0.0.1:{port}"},
+    )  # fmt: skip
+    frames = [fixture_image("astronaut.png"), fixture_image("coffee.png")] * 2  # 1 face, none
+    with running_supervisor(config) as sup, Client(sup.socket, timeout_s=60) as client:
+        before = scrape(port)
+        for code in ErrorCode:
+            assert value(before, "duomo_pipeline_requests_total", pipeline="faces",
+                         code=code.name) == 0  # fmt: skip
+        assert value(before, "duomo_pipeline_objects_per_frame_count", pipeline="faces") == 0
+        for step, model in STEP_MODELS.items():
+            key = {"pipeline": "faces", "step": step}
+            assert value(before, "duomo_pipeline_step_runs_total", **key, model=model) == 0
+            for kind in ("skipped", "reused", "errors"):
+                assert value(before, f"duomo_pipeline_step_{kind}_total", **key) == 0
+
+        faces = client.model("faces")
+        answers = [faces.infer(frame, timeout_s=60) for frame in frames]
+        assert [len(answer["faces"]) for answer in answers] == [1, 0, 1, 0]
+        assert all("embedding" in face for face in answers[0]["faces"])
+        ok = ("duomo_pipeline_requests_total", "OK")
+        poll(lambda: value(scrape(port), ok[0], pipeline="faces", code=ok[1]) == len(frames))
+        after = scrape(port)
+        status = SupervisorStatus.from_dict(client.status())
+        table = duomo(sup.socket, "status").stdout.splitlines()
+
+    def series(name: str, **labels: str) -> float:
+        return value(after, name, pipeline="faces", **labels)
+
+    assert series("duomo_pipeline_latency_seconds_count") == len(frames)
+    assert series("duomo_pipeline_objects_per_frame_count") == 4  # frames with a detection
+    assert series("duomo_pipeline_objects_per_frame_sum") == 2  # faces in them
+    assert series("duomo_pipeline_objects_per_frame_bucket", le="0.0") == 2  # the faceless
+    assert series("duomo_pipeline_step_runs_total", step="detect", model="face") == 4
+    for step in ("embedding", "attributes"):
+        model = STEP_MODELS[step]
+        assert series("duomo_pipeline_step_runs_total", step=step, model=model) == 2  # a face
+        assert series("duomo_pipeline_step_skipped_total", step=step) == 2  # no face: skipped
+        assert series("duomo_pipeline_step_errors_total", step=step) == 0
+    assert series("duomo_pipeline_step_reused_total", step="embedding") == 0  # no tracker
+    # duomo status reads the same counts (its table: supervisor.pipeline_table)
+    shown = status.pipelines["faces"]
+    assert (shown.state, shown.requests, shown.errors) == ("READY", 4, 0)
+    assert (shown.objects.count, shown.objects.frames) == (2, 4)
+    steps = {s.name: (s.model, s.for_each, s.runs, s.skipped) for s in shown.steps}
+    assert steps == {
+        "detect": ("face", None, 4, 0),
+        "embedding": ("face_embedding", "detect", 2, 2),
+        "attributes": ("face_attributes", "detect", 2, 2),
+    }
+    rows = [line.split() for line in table if line.startswith("faces ")]
+    assert rows == [
+        ["faces", "READY", "4", "0", *rows[0][4:7], "detect", "face", "frame", "4", "0", "0", "0"],
+        ["faces", "embedding", "face_embedding", "detect", "2", "2", "0", "0"],
+        ["faces", "attributes", "face_attributes", "detect", "2", "2", "0", "0"],
+    ]
+    assert rows[0][6] == "0.50"  # objects per frame
+    # every pipeline series the Grafana dashboard asks for is exposed
+    asked = {name for name in dashboard_metric_names() if name.startswith("duomo_pipeline_")}
+    assert asked and asked <= {name for name, _ in after}

@@ -1,5 +1,6 @@
 """The Grafana dashboard docs/grafana/duomo.json: shaped the way Grafana's "Import dashboard" takes
-it, every query well formed, and every series it reads one that Duomo's /metrics exposes.
+it, every query well formed, every series it reads one that Duomo's /metrics exposes, and each
+selector following the variables that pick its models or pipelines.
 
 ``dashboard_metric_names()`` lists the ``duomo_*`` series the dashboard queries, exactly as written
 (``_total``, ``_bucket`` ... included), so that a test against a live scrape can check each of them
@@ -21,7 +22,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "docs" / "grafana" / "duomo.json"
 
-# The families /metrics exposes and whether each carries a `model` label.
+# The families /metrics exposes and whether the $model variable selects them (they carry a `model`
+# label naming a model; a pipeline step's `model` is left to the $pipeline variable).
 COUNTERS = {
     "duomo_inference_request_success": True,
     "duomo_inference_request_failure": True,
@@ -37,11 +39,18 @@ COUNTERS = {
     "duomo_model_restarts": True,
     "duomo_device_cpu_seconds": False,
     "duomo_stream_answered": True,
+    "duomo_pipeline_requests": False,
+    "duomo_pipeline_step_runs": False,
+    "duomo_pipeline_step_skipped": False,
+    "duomo_pipeline_step_reused": False,
+    "duomo_pipeline_step_errors": False,
 }
 HISTOGRAMS = {
     "duomo_request_duration_seconds": True,
     "duomo_batch_size": True,
     "duomo_model_load_duration_seconds": True,
+    "duomo_pipeline_latency_seconds": False,
+    "duomo_pipeline_objects_per_frame": False,
 }
 GAUGES = {
     "duomo_inference_pending_request_count": True,
@@ -68,6 +77,7 @@ EXPOSED: dict[str, str] = {
     **{family: family for family in GAUGES},
 }
 PER_MODEL = {family for table in (COUNTERS, HISTOGRAMS, GAUGES) for family, m in table.items() if m}
+PER_PIPELINE = {family for family in EXPOSED.values() if family.startswith("duomo_pipeline_")}
 
 # The panel types a stock Grafana (10.x, 11.x) ships; a plugin panel would make import ask for it.
 GRAFANA_PANEL_TYPES = {
@@ -146,7 +156,7 @@ def test_dashboard_has_the_shape_import_takes() -> None:
     assert {("panel", t) for t in used} <= required
 
 
-def test_templating_has_the_datasource_instance_and_model_variables() -> None:
+def test_templating_has_the_datasource_instance_model_and_pipeline_variables() -> None:
     variables = {v["name"]: v for v in load_dashboard()["templating"]["list"]}
     source = variables["datasource"]
     assert (source["type"], source["query"]) == ("datasource", "prometheus")
@@ -157,6 +167,11 @@ def test_templating_has_the_datasource_instance_and_model_variables() -> None:
         assert variable["multi"] and variable["includeAll"]
         query = variable["query"]["query"]
         assert re.fullmatch(rf"label_values\(duomo_model_state(\{{[^}}]*\}})?, {name}\)", query)
+    pipeline = variables["pipeline"]
+    assert pipeline["type"] == "query" and pipeline["datasource"] == DATASOURCE_REF
+    assert pipeline["multi"] and pipeline["includeAll"] and pipeline["allValue"] == ".*"
+    query = pipeline["query"]["query"]
+    assert query == 'label_values(duomo_pipeline_requests_total{instance=~"$instance"}, pipeline)'
     # a variable may only use those defined before it, or Grafana resolves it empty
     order = [v["name"] for v in load_dashboard()["templating"]["list"]]
     for position, name in enumerate(order):
@@ -211,12 +226,14 @@ def test_every_name_is_exposed_and_every_family_is_shown() -> None:
     assert shown == {*COUNTERS, *HISTOGRAMS, *GAUGES}
 
 
-def test_every_selector_follows_the_instance_and_model_variables() -> None:
+def test_every_selector_follows_the_instance_model_and_pipeline_variables() -> None:
     for title, target in targets():
         for name, matchers in SELECTOR.findall(target["expr"]):
             assert 'instance=~"$instance"' in matchers, (title, name)
             if EXPOSED.get(name) in PER_MODEL:
                 assert 'model=~"$model"' in matchers, (title, name)
+            if EXPOSED.get(name) in PER_PIPELINE:
+                assert 'pipeline=~"$pipeline"' in matchers, (title, name)
 
 
 def test_range_windows_follow_the_time_picker() -> None:
