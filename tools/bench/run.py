@@ -15,6 +15,10 @@
 4. **cameras** (``--cameras``, or ``--cameras-only`` without 1–3) — ``tools.bench.cameras``:
    one camera ``latest`` against ``fifo``, then N cameras per producer; its section joins the
    report (``tools.bench.camera_report``).
+5. **pipelines** (``--pipelines``, or ``--pipelines-only`` without 1–3) —
+   ``tools.bench.pipelines``: the chain face → embedding + attributes as a Duomo pipeline,
+   driven from the client and as a Triton BLS model, and the tracker's reuse; its section joins
+   the report (``tools.bench.pipeline_report``).
 
 Called by ``duomo bench`` (``supervisor.cli``) and as ``python -m tools.bench.run``.
 """
@@ -317,6 +321,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--camera-producers", default="source,naive,triton",
         help="comma-separated producers of the N-camera part (default source,naive,triton)",
     )  # fmt: skip
+    # the pipeline benchmark (issue 35: tools.bench.pipelines), after the rest or alone
+    pipelines = parser.add_mutually_exclusive_group()
+    pipelines.add_argument(
+        "--pipelines", action="store_true",
+        help="then the pipeline benchmark: faces as a Duomo pipeline, client-driven, Triton BLS",
+    )  # fmt: skip
+    pipelines.add_argument(
+        "--pipelines-only", action="store_true", help="only the pipeline benchmark (no mixed load)"
+    )
+    parser.add_argument(
+        "--pipeline-window", type=float, default=10.0,
+        help="seconds measured in each pipeline trial (default 10)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--pipeline-variants", default="pipeline,client,client-seq,triton",
+        help="comma-separated variants of the pipeline part (default: all four)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--pipeline-producers", type=int, default=4,
+        help="producer processes (streams, in the tracker part) of the pipeline part (default 4)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--pipeline-config", type=Path, default=ROOT / "configs/bench/pipelines.yaml",
+        help="supervisor config of the pipeline part (default: configs/bench/pipelines.yaml)",
+    )  # fmt: skip
 
 
 def bench(args: argparse.Namespace) -> int:
@@ -338,15 +367,28 @@ def bench(args: argparse.Namespace) -> int:
         if not cameras or not set(cameras) <= set(PRODUCERS):
             print(f"duomo bench: --camera-producers: one or more of {PRODUCERS}", file=sys.stderr)
             return 2
+    pipelines = args.pipeline_variants.split(",") if args.pipelines or args.pipelines_only else []
+    if pipelines:
+        from tools.bench.pipelines import VARIANTS  # (it imports this module)
+
+        if not set(pipelines) <= set(VARIANTS):
+            print(f"duomo bench: --pipeline-variants: some of {VARIANTS}", file=sys.stderr)
+            return 2
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = args.out or ROOT / "bench-results" / stamp
-    if not args.cameras_only:
+    if not (args.cameras_only or args.pipelines_only):
         report = run(workload, out, args.workload)
         print(report["markdown"])
     if cameras:
         from tools.bench.cameras import bench_cameras
 
         print(bench_cameras(workload.config, out, args.camera_window, cameras))
+    if pipelines:
+        from tools.bench.pipelines import bench_pipelines
+
+        window, producers = args.pipeline_window, args.pipeline_producers
+        config = args.pipeline_config
+        print(bench_pipelines(config, out, window, pipelines, producers))
     print(f"duomo bench: report in {out}", file=sys.stderr)
     return 0
 

@@ -1,0 +1,211 @@
+"""The pipeline benchmark's part of the report: its targets, its Markdown section, and its place
+in the run's ``report.json`` and ``report.md``.
+
+``add_to_report(raw, out)`` adds ``pipelines`` (the targets, the ratios and every raw trial of
+``tools.bench.pipelines``) to ``out/report.json`` and appends the section to ``out/report.md``
+— or writes both, with the machine, when nothing else ran (``--pipelines-only``).
+
+Called by ``tools.bench.pipelines.bench_pipelines``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+from tools.bench.report import machine
+
+VARIANT_NAMES = {
+    "pipeline": "(a) Duomo pipeline `faces`",
+    "client": "(b) client-driven chain, per-face requests in flight together",
+    "client-seq": "(b') client-driven chain, per-face requests one by one",
+    "triton": "(c) Triton 2.51 BLS `faces`",
+}
+SUB_STEPS = ("embedding", "attributes")
+
+
+def _fmt(value: float | None, spec: str = ".1f") -> str:
+    return "—" if value is None else format(value, spec)
+
+
+def _trial(raw: dict[str, Any], variant: str, faces: int) -> dict[str, Any] | None:
+    for t in raw["chain"]["trials"]:
+        if t["variant"] == variant and t["faces"] == faces and "error" not in t:
+            return dict(t)
+    return None
+
+
+def ratios(raw: dict[str, Any]) -> dict[str, dict[str, float | None]]:
+    """Per face count, the pipeline's frames/s ÷ each other variant's (same run)."""
+    found: dict[str, dict[str, float | None]] = {}
+    for faces in raw["settings"]["faces"]:
+        mine = _trial(raw, "pipeline", faces)
+        per: dict[str, float | None] = {}
+        for other in raw["settings"]["variants"]:
+            if other == "pipeline":
+                continue
+            theirs = _trial(raw, other, faces)
+            per[other] = (
+                mine["fps"] / theirs["fps"]
+                if mine is not None and theirs is not None and theirs["fps"]
+                else None
+            )
+        found[str(faces)] = per
+    return found
+
+
+def _target(name: str, value: float | None, limit: float) -> dict[str, Any]:
+    held = None if value is None else value >= limit
+    return {"target": name, "value": value, "limit": limit, "at_least": True, "held": held}
+
+
+def targets(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issue's targets on 4-face frames: (a) ≥ 2× (b) in frames/s, and ahead of (c)."""
+    four = ratios(raw).get("4", {})
+    found = []
+    if "client" in four:
+        found.append(
+            _target("4 faces: pipeline ÷ client-driven chain, frames/s", four["client"], 2.0)
+        )
+    if "triton" in four:
+        found.append(_target("4 faces: pipeline ÷ Triton BLS, frames/s", four["triton"], 1.0))
+    return found
+
+
+def tracker_figures(trial: dict[str, Any]) -> dict[str, Any]:
+    """Per frame answered in the window: sub-step runs and reuses (the pipeline's status), and
+    the second-stage models' requests."""
+    counts = trial.get("counts") or {}
+    steps = counts.get("pipeline", {}).get("steps", {})
+    frames = trial["frames"] or None
+    runs = sum(steps.get(s, {}).get("runs", 0) for s in SUB_STEPS)
+    reused = sum(steps.get(s, {}).get("reused", 0) for s in SUB_STEPS)
+    models = counts.get("models", {})
+    requests = sum(
+        models.get(m, {}).get("requests", 0) for m in ("face_embedding", "face_attributes")
+    )
+    per = (lambda n: n / frames) if frames else (lambda n: None)
+    return {
+        "sub_runs": runs,
+        "sub_reused": reused,
+        "second_stage_requests": requests,
+        "sub_runs_per_frame": per(runs),
+        "sub_reused_per_frame": per(reused),
+        "second_stage_requests_per_frame": per(requests),
+        "reused_in_answers": trial.get("reused_sub_results"),
+    }
+
+
+def _cores(t: dict[str, Any]) -> str:
+    """Server / producers / the rest of the machine (cores busy that were neither)."""
+    server, producers = t["server"]["cpu_cores"], t["producers"]["cpu_cores"]
+    others = (t["server"].get("machine_busy_cores") or 0.0) - server - producers
+    return f"{server:.2f} / {producers:.2f} / {others:.2f}"
+
+
+def _batches(t: dict[str, Any]) -> str:
+    models = (t.get("counts") or {}).get("models", {})
+    means = [models.get(m, {}).get("mean_batch") for m in ("face_embedding", "face_attributes")]
+    return " / ".join(_fmt(v, ".2f") for v in means) if any(means) else "—"
+
+
+def markdown(raw: dict[str, Any], found: list[dict[str, Any]]) -> str:
+    """The section ``## Pipelines`` of report.md."""
+    s = raw["settings"]
+    lines = [
+        "## Pipelines (issue 35)",
+        "",
+        f"The chain face → per face `face_embedding` + `face_attributes` on "
+        f"{raw['frames']['1']['shape'][1]}×{raw['frames']['1']['shape'][0]} frames with 1 face "
+        f"(astronaut.png) and 4 faces (a 2×2 mosaic of it), `{Path(raw['config']).name}`; "
+        f"{s['producers']} producer processes closed loop, {s['warmup_s']:g} s warm-up, "
+        f"{s['window_s']:g} s measured per trial; a fresh supervisor per Duomo trial, one "
+        "Triton for the part. Frames/s: frames answered in the window with every face's two "
+        "sub-results. Latency: send → the frame's last answer. (b) sends, for every face the "
+        'detector found, `{"image": frame, "landmarks": face\'s 5 points}` to each '
+        "second-stage model (their slots hold the frame and one face's landmarks; the "
+        "supervisor aligns the chip); (c) is a Python-backend BLS model over Python-backend "
+        "models running the same executors (one ONNX Runtime thread each), the second stage on "
+        "Triton's dynamic batcher with the same max batch and window. Mean batch: the "
+        "second-stage models' batches over the window (Duomo's status). Cores: server / "
+        "producers / others (the rest of the machine's busy cores: it is shared).",
+        "",
+        "| variant | faces | frames/s | p50 / p99 ms | wrong | errors | mean batch emb / attr "
+        "| cores |",
+        "|---|--:|--:|---|--:|--:|---|---|",
+    ]
+    for t in raw["chain"]["trials"]:
+        name = VARIANT_NAMES.get(t["variant"], t["variant"])
+        if "error" in t:
+            lines.append(f"| {name} | {t['faces']} | — | {str(t['error'])[:120]} |" + " |" * 4)
+            continue
+        lat = f"{_fmt(t['latency_ms_p50'], '.0f')} / {_fmt(t['latency_ms_p99'], '.0f')}"
+        lines.append(
+            f"| {name} | {t['faces']} | {t['fps']:.2f} | {lat} | {t['wrong']} "
+            f"| {sum(t['errors'].values())} | {_batches(t)} | {_cores(t)} |"
+        )
+    lines += ["", "Pipeline ÷ each other variant, frames/s, same run:", ""]
+    for faces, per in ratios(raw).items():
+        parts = [f"{other} {_fmt(v, '.2f')}×" for other, v in per.items()]
+        lines.append(f"- {faces} face(s): " + (", ".join(parts) or "—"))
+    if "tracker" in raw:
+        lines += [
+            "",
+            f"Tracker: {s['producers']} streams (`client.stream`, fifo, one frame in flight "
+            f"each) of a {s['clip_frames']}-frame clip of the 4-face mosaic shifted a pixel a "
+            "frame (the faces persist), into `faces` with the tracker on; the sub-steps' "
+            "`reinfer_every` 1, then 10. Per frame answered: sub-step runs and reuses over "
+            "the window (`duomo_pipeline_step_runs_total`, `_reused_total`), and the "
+            "second-stage models' requests.",
+            "",
+            "| reinfer_every | frames/s | p50 / p99 ms | sub-step runs / frame | reused / frame "
+            "| 2nd-stage requests / frame | cores |",
+            "|--:|--:|---|--:|--:|--:|---|",
+        ]
+        for t in raw["tracker"]["trials"]:
+            if "error" in t:
+                lines.append(f"| {t['reinfer_every']} | {str(t['error'])[:120]} |" + " |" * 5)
+                continue
+            f = tracker_figures(t)
+            lat = f"{_fmt(t['latency_ms_p50'], '.0f')} / {_fmt(t['latency_ms_p99'], '.0f')}"
+            lines.append(
+                f"| {t['reinfer_every']} | {t['fps']:.2f} | {lat} "
+                f"| {_fmt(f['sub_runs_per_frame'], '.2f')} "
+                f"| {_fmt(f['sub_reused_per_frame'], '.2f')} "
+                f"| {_fmt(f['second_stage_requests_per_frame'], '.2f')} | {_cores(t)} |"
+            )
+    if found:
+        lines += ["", "| target | value | limit | held |", "|---|--:|--:|---|"]
+        for t in found:
+            held = {True: "yes", False: "**no**", None: "—"}[t["held"]]
+            lines.append(
+                f"| {t['target']} | {_fmt(t['value'], '.2f')} | ≥ {t['limit']:g} | {held} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def add_to_report(raw: dict[str, Any], out: Path) -> str:
+    """Add the pipeline part to ``out``'s report (made if absent); its Markdown section."""
+    out.mkdir(parents=True, exist_ok=True)
+    found = targets(raw)
+    section = markdown(raw, found)
+    json_path, md_path = out / "report.json", out / "report.md"
+    if json_path.is_file():
+        report = json.loads(json_path.read_text(encoding="utf-8"))
+        text = md_path.read_text(encoding="utf-8") if md_path.is_file() else ""
+    else:
+        report = {
+            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "machine": machine(),
+        }
+        m = report["machine"]
+        text = (
+            f"# duomo bench — {report['date']}\n\nMachine: {m['cpus']} CPUs ({m['processor']}), "
+            f"Python {m['python']}, onnxruntime {m['onnxruntime']}.\n"
+        )
+    report["pipelines"] = {"targets": found, "ratios": ratios(raw), "raw": raw}
+    json_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    md_path.write_text(text.rstrip("\n") + "\n\n" + section, encoding="utf-8")
+    return section
