@@ -302,8 +302,9 @@ class Engine:
             old = self.pipelines.get(config.name)
             same = old is not None and old.config == config
             fresh[config.name] = old if same and old else ServedPipeline(config, self.models, keys)
-        self.pipelines.clear()
-        self.pipelines.update(fresh)
+        self.pipelines.update(fresh)  # (never empty between: a scrape may read it meanwhile)
+        for name in [n for n in self.pipelines if n not in fresh]:
+            del self.pipelines[name]
 
     @property
     def plan(self) -> ThreadPlan:

@@ -233,17 +233,19 @@ class ServedPipeline:
         return counts
 
     def status(self) -> dict[str, Any]:
-        outcomes = self.stats.counters().outcomes
+        counters = self.stats.counters()
+        outcomes = counters.outcomes
         total = self.stats.snapshot()["latency"].get("total", {})
         objects = self.objects.read()
         answered = sum(outcomes.values())
         ok, superseded = outcomes.get("ok", 0), outcomes.get("superseded", 0)
+        refused = sum(counters.refused.values())  # (as a model's: failed and refused)
         edges = [*(str(b) for b in OBJECT_BOUNDS), "+Inf"]
         return {
             "name": self.name,
             "state": self.state_name(),
             "requests": answered,
-            "errors": answered - ok - superseded,
+            "errors": answered - ok - superseded + refused,
             "latency_ms": {"p50": total.get("p50_ms"), "p99": total.get("p99_ms")},
             "objects": {
                 "count": int(objects.total),

@@ -52,6 +52,7 @@ from duomo.ipc.status_records import (
     GatewayWorkerStatus,
     ModelInfo,
     ModelStatus,
+    PipelineStatus,
     RingStatus,
     StreamStatus,
     SupervisorStatus,
@@ -575,6 +576,7 @@ class Supervisor:
             thread_budget=engine["thread_budget"],
             devices=tuple(DeviceStatus.from_dict(d) for d in engine["devices"]),
             models={n: ModelStatus.from_dict(m) for n, m in engine["models"].items()},
+            pipelines={n: PipelineStatus.from_dict(p) for n, p in engine["pipelines"].items()},
             clients=tuple(clients),
             streams=tuple(StreamStatus.from_dict(s) for s in self.streams.snapshot()),
         )

@@ -140,6 +140,9 @@ def demo_variant(tmp_dir: Path, models: list[str], **overrides: object) -> Loade
     raw = yaml.safe_load(DEMO_CONFIG.read_text())
     raw["model_root"] = str(ROOT / "models")
     raw["models"] = [{**m, **overrides} for m in raw["models"] if m["name"] in models]
+    raw["pipelines"] = [  # those over the models kept
+        p for p in raw.get("pipelines", []) if all(s["model"] in models for s in p["steps"])
+    ]
     path = tmp_dir / "variant.yaml"
     path.write_text(yaml.safe_dump(raw))
     return load_config(path)

@@ -83,6 +83,7 @@ def write_config(
     raw["models"] = [m for m in chosen if m["name"] in models] + list(extra)
     raw.pop("gateway", None)  # (its fixed ports): a test that wants one passes gateway=...
     raw.pop("metrics", None)  # (the same): metrics={"http": ...}
+    raw.pop("pipelines", None)  # (over models a test may leave out): pipelines=[...]
     raw.update(top)
     path = folder / "supervisor.yaml"
     path.write_text(yaml.safe_dump(raw))

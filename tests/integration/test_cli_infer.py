@@ -77,4 +77,6 @@ def test_inspect_describes_a_demo_model(demo_config: object) -> None:
 def test_check_opens_every_model_file_of_the_demo(demo_config: object) -> None:
     run = duomo("check", "-c", str(DEMO_CONFIG))
     assert run.returncode == 0, run.stderr
-    assert run.stdout.count("loads in onnxruntime") == 5  # ocr's three, face, classify
+    # ocr's three, face, classify, face_embedding, face_attributes' two
+    assert run.stdout.count("loads in onnxruntime") == 8
+    assert "faces: pipeline detect(face) → embedding(face_embedding for each detect)" in run.stdout
