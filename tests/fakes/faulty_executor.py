@@ -20,6 +20,9 @@ the instances on that device (``models[].device`` with several), so a test can h
 device's instance busy while the others serve. ``slot_dtype``: the dtype its slot declares for
 ``x``; one the wire cannot carry (``complex64``) is an executor bug that makes attaching it
 fail with an exception no one expected.
+
+``FaultyImageExecutor`` is the same on cue for pipelines' ``for_each`` steps: it takes an image
+(an object's crop) or ``{"image", "landmarks"}``, answers what it was handed, and raises on cue.
 """
 
 from __future__ import annotations
@@ -33,8 +36,10 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
+from duomo.ipc.errors import InvalidArgumentError
 from duomo.worker.backends.base import ModelSession
-from duomo.worker.executors.base import SlotSpec, StageTimer
+from duomo.worker.config_model import StrictModel
+from duomo.worker.executors.base import IMAGE_SLOT, Executor, SlotSpec, StageTimer
 from tools.soak_executor import AffineExecutor, AffineParams
 
 Fault = Literal["none", "raise", "hang", "garbage"]
@@ -115,3 +120,79 @@ class FaultyExecutor(AffineExecutor):
     def close(self) -> None:
         self._ballast = None
         super().close()
+
+
+class FaultyImageParams(StrictModel):
+    fault: Literal["none", "raise"] = "none"
+    first_call: int = Field(default=1, ge=1)
+    fault_calls: int = Field(default=0, ge=0)
+    control_file: Path | None = None
+    work_ms: float = Field(default=0.0, ge=0)
+    item_ms: float = Field(default=0.0, ge=0)
+
+
+class FaultyImageExecutor(Executor):
+    """A test-only image task for pipelines' ``for_each`` steps (no model file): a request is a
+    uint8 image (a crop of an object's box) or ``{"image", "landmarks"}`` (the frame and one
+    object's points); the answer is ``{"mean": the image's mean, "shape": [h, w], "points": n}``
+    (``points``: the landmarks given, 0 for a crop), so a test can tell what each request was
+    handed. ``fault: raise`` raises on this instance's batches from ``first_call`` on, for
+    ``fault_calls`` batches (0: for good); a ``control_file``, when it exists, says "none" or
+    "raise" on every batch instead; ``work_ms`` + ``item_ms`` × n is the time a batch of n
+    takes."""
+
+    roles = ()
+    Params = FaultyImageParams
+    object_inputs = frozenset({"landmarks"})
+
+    def __init__(
+        self, params: FaultyImageParams, sessions: Mapping[str, ModelSession], max_batch: int
+    ) -> None:
+        super().__init__(params, sessions, max_batch)
+        self.p = params
+        self.calls = 0
+
+    def warmup(self) -> None:
+        for size in range(self.max_batch, 0, -1):
+            self.warmup_costs[size] = (self.p.work_ms + self.p.item_ms * size) / 1e3
+
+    def slot_spec(self) -> SlotSpec:
+        return IMAGE_SLOT
+
+    def prepare(self, payload: Any) -> tuple[np.ndarray, int]:
+        points = 0
+        if isinstance(payload, Mapping):
+            landmarks = payload.get("landmarks")
+            if landmarks is not None:
+                points = int(np.asarray(landmarks).reshape(-1, 2).shape[0])
+            payload = payload.get("image")
+        if not isinstance(payload, np.ndarray) or payload.dtype != np.uint8 or payload.ndim < 2:
+            raise InvalidArgumentError("expected a uint8 image")
+        return payload, points
+
+    def _fault_now(self) -> str:
+        control = self.p.control_file
+        if control is not None:
+            try:
+                said = control.read_text().strip()
+            except OSError:
+                said = ""
+            if said in ("none", "raise"):
+                return said
+        if self.calls < self.p.first_call:
+            return "none"
+        if self.p.fault_calls and self.calls >= self.p.first_call + self.p.fault_calls:
+            return "none"
+        return self.p.fault
+
+    def execute(self, items: Sequence[tuple[np.ndarray, int]], timer: StageTimer) -> list[Any]:
+        self.calls += 1
+        if self._fault_now() == "raise":
+            raise RuntimeError(f"injected image fault on call {self.calls}")
+        if self.p.work_ms or self.p.item_ms:
+            time.sleep((self.p.work_ms + self.p.item_ms * len(items)) / 1e3)
+        with timer.stage("infer"):
+            return [
+                {"mean": float(image.mean()), "shape": list(image.shape[:2]), "points": points}
+                for image, points in items
+            ]
