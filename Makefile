@@ -1,7 +1,8 @@
 # The two commands that set everything up on a fresh machine (see README.md):
 #   make demo   - install, fetch and verify the demo models, start the supervisor on the demo
 #                 config (with its KServe v2 gateway), feed it frames from a producer in another
-#                 process, send one request through tritonclient, show its status, stop it
+#                 process, send one request through tritonclient, one through the pipeline
+#                 faces, show its status, stop it
 #   make test   - install, fetch the models, lint, type-check and run the whole test suite
 #                 (it first installs the programs the tests drive: see TOOLS; a test that
 #                 skips fails with CI=true, as in CI: tests/conftest.py)
@@ -37,6 +38,7 @@ demo: models
 	$(BIN)/python tools/example_producer.py --socket $(SOCKET); status=$$?; \
 	$(BIN)/python tools/example_v2_client.py || status=1; \
 	$(BIN)/duomo infer --socket $(SOCKET) classify $(IMAGES)/chelsea.png; \
+	$(BIN)/duomo infer --socket $(SOCKET) faces $(IMAGES)/astronaut.png || status=1; \
 	$(BIN)/python -c "$$SHOW_METRICS"; \
 	$(BIN)/duomo status --socket $(SOCKET); \
 	$(BIN)/duomo stop --socket $(SOCKET); exit $$status
