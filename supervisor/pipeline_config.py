@@ -86,9 +86,9 @@ class PipelineConfig(StrictModel):
     tracker: TrackerConfig | None = None
 
 
-def step_labels(steps: Sequence[StepConfig]) -> list[str]:
-    """How each step is named in a field path: its name, or its index where names repeat."""
-    names = [s.name for s in steps]
+def labels(names: Sequence[str]) -> list[str]:
+    """How each entry (a pipeline, a step) is named in a field path: its name, or its index
+    where names repeat (as a model's: ``config._model_labels``)."""
     return [n if names.count(n) == 1 and not n.isdigit() else str(i) for i, n in enumerate(names)]
 
 
@@ -100,8 +100,8 @@ def pipeline_problems(
     model whose own entry is invalid (reported there)."""
     problems: list[tuple[str, str]] = []
     seen: set[str] = set()
-    for pipeline in pipelines:
-        where = f"pipelines[{pipeline.name}]"
+    for label, pipeline in zip(labels([p.name for p in pipelines]), pipelines):
+        where = f"pipelines[{label}]"
         if pipeline.name in tasks:
             problems.append((f"{where}.name", f"{pipeline.name!r} is already a model's name"))
         elif pipeline.name in seen:
@@ -117,7 +117,7 @@ def _step_problems(
     problems: list[tuple[str, str]] = []
     steps = {s.name: s for s in pipeline.steps}
     order = [s.name for s in pipeline.steps]
-    for label, step in zip(step_labels(pipeline.steps), pipeline.steps):
+    for label, step in zip(labels([s.name for s in pipeline.steps]), pipeline.steps):
         at = f"{where}.steps[{label}]"
         if order.count(step.name) > 1:
             problems.append((f"{at}.name", f"duplicate step name {step.name!r}"))
