@@ -175,6 +175,11 @@ def _control(
 
 def _reloaded(reply: dict[str, Any]) -> str:
     changes = [f"{k}: {', '.join(reply[k])}" for k in ("added", "removed", "replaced") if reply[k]]
+    changes += [  # pipelines, when the supervisor has them
+        f"pipelines {k}: {', '.join(reply[f'pipelines_{k}'])}"
+        for k in ("added", "removed", "replaced")
+        if reply.get(f"pipelines_{k}")
+    ]
     return f"duomo reloaded: {'; '.join(changes) or 'nothing changed'}"
 
 

@@ -199,10 +199,16 @@ class Engine:
                     models[only] = new.models[only]
                 self.loaded = LoadedConfig(self.loaded.path, self.loaded.config, models)
             self._wanted = list(self.models)
+            before = dict(self.pipelines)
             self._build_pipelines(self.loaded)
         self.registry.retire(old_models)  # they finish what they accepted (others may load)
         self.registry.release_memory()
-        summary = {"added": added, "removed": removed, "replaced": changed}
+        summary: dict[str, list[str]] = {"added": added, "removed": removed, "replaced": changed}
+        summary["pipelines_added"] = [n for n in self.pipelines if n not in before]
+        summary["pipelines_removed"] = [n for n in before if n not in self.pipelines]
+        summary["pipelines_replaced"] = [
+            n for n, p in self.pipelines.items() if n in before and before[n] is not p
+        ]
         log.info("engine reloaded", **summary)
         return summary
 

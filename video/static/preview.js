@@ -110,6 +110,16 @@ function caption(ctx, text, x, y, colour) {
   ctx.fillText(text, x + 3, y - 2);
 }
 
+// What a pipeline said of one face (docs/pipelines.md): its track and its attributes.
+function pipelineSaid(face) {
+  const said = [];
+  if (Number.isInteger(face.track_id)) said.push(`#${face.track_id}`);
+  const attributes = face.attributes;
+  if (attributes && typeof attributes.gender === "string") said.push(attributes.gender);
+  if (attributes && Number.isFinite(attributes.age)) said.push(`${Math.round(attributes.age)}`);
+  return said.join(" ");
+}
+
 function drawFaces(ctx, faces, s) {
   ctx.lineWidth = 3;
   ctx.strokeStyle = COLOURS.face;
@@ -118,6 +128,8 @@ function drawFaces(ctx, faces, s) {
     const box = face && face.box;
     if (Array.isArray(box) && box.length === 4 && box.every(Number.isFinite)) {
       ctx.strokeRect(box[0] * s, box[1] * s, (box[2] - box[0]) * s, (box[3] - box[1]) * s);
+      const said = pipelineSaid(face);
+      if (said) caption(ctx, said, box[0] * s, box[1] * s, COLOURS.face);
     }
     for (const point of (face && face.landmarks) || []) {
       if (!isPoint(point)) continue;
