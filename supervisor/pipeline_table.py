@@ -12,19 +12,11 @@ steps leave them blank, so a sum down a column counts each pipeline once.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 
 from duomo.ipc.status_records import PipelineStatus, PipelineStepStatus
-
-
-@dataclass(frozen=True)
-class Column:
-    """One column: its title, and whether it holds numbers (aligned right)."""
-
-    title: str
-    number: bool = False
-
+from duomo.supervisor import text_table
+from duomo.supervisor.text_table import Column, ms
 
 COLUMNS = (
     Column("pipeline"), Column("state"), Column("requests", True), Column("errors", True),
@@ -50,7 +42,7 @@ def rows(pipelines: Mapping[str, PipelineStatus]) -> list[list[str]]:
 def _pipeline_figures(p: PipelineStatus) -> list[str]:
     per_frame = p.objects.per_frame
     return [
-        p.state, str(p.requests), str(p.errors), _ms(p.latency_p50_ms), _ms(p.latency_p99_ms),
+        p.state, str(p.requests), str(p.errors), ms(p.latency_p50_ms), ms(p.latency_p99_ms),
         "-" if per_frame is None else f"{per_frame:.2f}",
     ]  # fmt: skip
 
@@ -62,23 +54,7 @@ def _step_figures(step: PipelineStepStatus) -> list[str]:
     ]  # fmt: skip
 
 
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"  # -: nothing answered yet
-
-
 def render(pipelines: Mapping[str, PipelineStatus]) -> list[str]:
     """The table as lines of plain text (none without pipelines): the titles, then a row per
     pipeline and step, each column as wide as its widest cell, two spaces apart."""
-    cells = rows(pipelines)
-    if not cells:
-        return []
-    widths = [max(len(c.title), *(len(row[i]) for row in cells)) for i, c in enumerate(COLUMNS)]
-
-    def line(row: Sequence[str]) -> str:
-        shown = (
-            f"{cell:>{width}}" if column.number else f"{cell:<{width}}"
-            for cell, column, width in zip(row, COLUMNS, widths, strict=True)
-        )
-        return "  ".join(shown).rstrip()
-
-    return [line([c.title for c in COLUMNS]), *(line(row) for row in cells)]
+    return text_table.render(COLUMNS, rows(pipelines))

@@ -30,7 +30,7 @@ import sys
 import termios
 import time
 import tty
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -52,6 +52,7 @@ from duomo.ipc.status_records import (
     SupervisorStatus,
 )
 from duomo.supervisor import pipeline_table, stream_table
+from duomo.supervisor.text_table import Column
 
 STATUS_TIMEOUT_S = 5.0  # the longest one poll waits for the supervisor's reply
 PLAIN_WIDTH = 140  # a plain frame's least width
@@ -274,29 +275,32 @@ def _models_table(
 
 
 def _streams_table(streams: tuple[StreamStatus, ...], plain: bool) -> Table:
-    columns = stream_table.COLUMNS
-    numbers = {c.title for c in columns if c.number}
-    table = _table(plain, *(c.title for c in columns), numbers=numbers)
-    for cells in stream_table.rows(streams):
-        state = cells[stream_table.STATE_COLUMN]
-        shown: list[Text | str] = list(cells)
-        shown[0] = Text(cells[0], style="bold")
-        shown[stream_table.STATE_COLUMN] = Text(
-            state, style=stream_table.STATE_STYLES.get(state, "")
-        )
-        table.add_row(*shown)
-    return table
+    styles = stream_table.STATE_STYLES
+    cells = stream_table.rows(streams)
+    return _named_rows(stream_table.COLUMNS, cells, stream_table.STATE_COLUMN, styles, plain)
 
 
 def _pipelines_table(pipelines: dict[str, PipelineStatus], plain: bool) -> Table:
-    columns = pipeline_table.COLUMNS
+    cells = pipeline_table.rows(pipelines)
+    return _named_rows(
+        pipeline_table.COLUMNS, cells, pipeline_table.STATE_COLUMN, STATE_STYLES, plain
+    )
+
+
+def _named_rows(
+    columns: Sequence[Column],
+    cells: list[list[str]],
+    state_column: int,
+    styles: Mapping[str, str],
+    plain: bool,
+) -> Table:
+    """A rich table of rows that each start with a name (bold) and show a state (coloured)."""
     numbers = {c.title for c in columns if c.number}
     table = _table(plain, *(c.title for c in columns), numbers=numbers)
-    for cells in pipeline_table.rows(pipelines):
-        state = cells[pipeline_table.STATE_COLUMN]
-        shown: list[Text | str] = list(cells)
-        shown[0] = Text(cells[0], style="bold")
-        shown[pipeline_table.STATE_COLUMN] = Text(state, style=STATE_STYLES.get(state, ""))
+    for row in cells:
+        shown: list[Text | str] = list(row)
+        shown[0] = Text(row[0], style="bold")
+        shown[state_column] = Text(row[state_column], style=styles.get(row[state_column], ""))
         table.add_row(*shown)
     return table
 

@@ -12,18 +12,10 @@ name, state and policy, so that every row reads alone (``grep gate-3``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from duomo.ipc.status_records import StreamModelFigures, StreamStatus
-
-
-@dataclass(frozen=True)
-class Column:
-    """One column: its title, and whether it holds numbers (aligned right)."""
-
-    title: str
-    number: bool = False
-
+from duomo.supervisor import text_table
+from duomo.supervisor.text_table import Column, ms
 
 COLUMNS = (
     Column("stream"), Column("state"), Column("model"), Column("policy"),
@@ -52,28 +44,12 @@ def rows(streams: Sequence[StreamStatus]) -> list[list[str]]:
 
 def _figures(f: StreamModelFigures) -> list[str]:
     return [
-        f"{f.input_fps:.1f}", f"{f.answered_fps:.1f}", _ms(f.age_ms_p50), _ms(f.age_ms_p99),
+        f"{f.input_fps:.1f}", f"{f.answered_fps:.1f}", ms(f.age_ms_p50), ms(f.age_ms_p99),
         str(f.frames_in), str(f.answered), str(f.superseded), str(f.refused),
     ]  # fmt: skip
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"  # -: nothing answered yet
 
 
 def render(streams: Sequence[StreamStatus]) -> list[str]:
     """The table as lines of plain text (none without streams): the titles, then a row per
     stream and model, each column as wide as its widest cell, two spaces apart."""
-    cells = rows(streams)
-    if not cells:
-        return []
-    widths = [max(len(c.title), *(len(row[i]) for row in cells)) for i, c in enumerate(COLUMNS)]
-
-    def line(row: Sequence[str]) -> str:
-        shown = (
-            f"{cell:>{width}}" if column.number else f"{cell:<{width}}"
-            for cell, column, width in zip(row, COLUMNS, widths, strict=True)
-        )
-        return "  ".join(shown).rstrip()
-
-    return [line([c.title for c in COLUMNS]), *(line(row) for row in cells)]
+    return text_table.render(COLUMNS, rows(streams))
