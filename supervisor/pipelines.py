@@ -193,6 +193,14 @@ class ServedPipeline:
             request.on_counted = None
             raise
 
+    def queue(self, step: StepConfig, request: Request) -> None:
+        """Queue one of its requests on ``step``'s model, as it is served now (a reload may have
+        replaced it); raises what the model raises."""
+        model = self._models.get(step.model)
+        if model is None:
+            raise UnavailableError(f"model {step.model!r} is not served")
+        model.enqueue(request)
+
     def _count(self, request: Request, outcome: Outcome) -> None:
         self.stats.record(outcome, time.monotonic() - request.enqueued_s)
 
@@ -389,10 +397,7 @@ class _Run:
             )
             sub.on_done = functools.partial(self._frame_done, step, sub)
             try:
-                model = pipeline._models.get(step.model)
-                if model is None:
-                    raise UnavailableError(f"model {step.model!r} is not served")
-                model.enqueue(sub)
+                pipeline.queue(step, sub)
             except DuomoError as err:
                 if index == 0:
                     raise
@@ -503,10 +508,7 @@ class _Run:
         with self.lock:
             self.outstanding += 1
         try:
-            model = pipeline._models.get(step.model)
-            if model is None:
-                raise UnavailableError(f"model {step.model!r} is not served")
-            model.enqueue(sub)
+            pipeline.queue(step, sub)
         except DuomoError as err:
             sub.complete(error=err)
         pipeline.count(step.name, runs=1)
