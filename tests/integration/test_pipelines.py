@@ -47,6 +47,7 @@ IMAGE_TASK = "tests.fakes.faulty_executor:FaultyImageExecutor"
 NEVER_RESTARTED = {"max_consecutive_failures": 1_000_000}  # (the watchdog leaves it failing)
 PROBE = {"name": "probe", "task": IMAGE_TASK, "files": {}, "max_batch": 8, "max_delay_ms": 0}
 BROKEN = {**PROBE, "name": "broken", "params": {"fault": "raise"}, "health": NEVER_RESTARTED}
+SLOW = {**PROBE, "name": "slow", "max_batch": 1, "params": {"work_ms": 600}}
 LANDMARKS = {"step": "detect", "input": "landmarks"}
 REUSE = {
     "name": "faces_reuse",
@@ -79,6 +80,15 @@ FAULTY = {
 }
 
 
+SLOWLY = {
+    "name": "faces_slowly",
+    "steps": [
+        {"name": "detect", "model": "face"},
+        {"name": "slow", "model": "slow", "for_each": LANDMARKS},
+    ],
+}
+
+
 def rgb(image: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(
         np.repeat(image[:, :, None], 3, axis=2) if image.ndim == 2 else image
@@ -102,8 +112,8 @@ def pipelines_config(folder: Path, **top: Any) -> Path:
     ``top`` may override ``models`` entries through ``overrides`` and set top-level keys."""
     overrides = top.pop("overrides", None)
     return write_config(
-        folder, FACE_MODELS, extra=[PROBE, BROKEN], overrides=overrides,
-        pipelines=[*demo_pipelines(), REUSE, FAULTY], **top,
+        folder, FACE_MODELS, extra=[PROBE, BROKEN, SLOW], overrides=overrides,
+        pipelines=[*demo_pipelines(), REUSE, FAULTY, SLOWLY], **top,
     )  # fmt: skip
 
 
@@ -226,6 +236,21 @@ def test_a_failed_first_step_fails_the_frame(engine: Engine) -> None:
     after = engine.status()["pipelines"]["faces"]
     assert after["errors"] == before["errors"] + 1
     assert [s["runs"] for s in after["steps"][1:]] == [s["runs"] for s in before["steps"][1:]]
+
+
+def test_the_frames_deadline_carries_into_its_steps(engine: Engine) -> None:
+    """A face's step that waits past the frame's deadline answers DEADLINE_EXCEEDED in its
+    sub-result; the frame, detected in time, is answered."""
+    busy = engine.submit("slow", ASTRONAUT)  # holds ``slow`` for 0.6 s
+    time.sleep(0.05)
+    started = time.monotonic()
+    answer = engine.submit("faces_slowly", ASTRONAUT, deadline_s=started + 0.3).result(30)
+    (face,) = answer["faces"]
+    assert face["slow"]["error"]["code"] == "DEADLINE_EXCEEDED"
+    assert time.monotonic() - started < 0.6 + 0.3  # answered when its turn came, not after a run
+    busy.result(30)
+    answer = engine.submit("faces_slowly", ASTRONAUT, deadline_s=time.monotonic() + 5).result(30)
+    assert answer["faces"][0]["slow"]["shape"] == list(ASTRONAUT.shape[:2])
 
 
 # -- through a supervisor ---------------------------------------------------------------------
