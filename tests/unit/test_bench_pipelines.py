@@ -13,7 +13,13 @@ import numpy as np
 import yaml
 
 from tools.bench.pipeline_producer import check_answer, moving_frame
-from tools.bench.pipeline_report import markdown, ratios, targets, tracker_figures
+from tools.bench.pipeline_report import (
+    markdown,
+    ratios,
+    targets,
+    tracker_figures,
+    tracker_summary,
+)
 from tools.bench.pipelines import (
     CONFIG,
     count_delta,
@@ -87,38 +93,53 @@ def test_the_triton_repository(tmp_path: Path) -> None:
 
 
 def _trial(variant: str, faces: int, fps: float, **more: Any) -> dict[str, Any]:
-    resources = {"cpu_cores": 1.0, "machine_busy_cores": 1.9}
+    resources = {"cpu_cores": 0.5, "machine_busy_cores": 1.5}  # others: 0.5 cores
     return {"variant": variant, "faces": faces, "fps": fps, "frames": int(fps * 10), "wrong": 0,
             "errors": {}, "latency_ms_p50": 100.0, "latency_ms_p99": 200.0,
             "server": resources, "producers": resources, **more}  # fmt: skip
 
 
 def test_ratios_targets_and_the_section() -> None:
-    counts = {
-        "models": {"face_embedding": {"requests": 60}, "face_attributes": {"requests": 60}},
-        "pipeline": {"steps": {"embedding": {"runs": 60, "reused": 340},
-                               "attributes": {"runs": 60, "reused": 340}}},
-    }  # fmt: skip
+    def counts(runs: int, reused: int) -> dict[str, Any]:
+        return {
+            "models": {"face_embedding": {"requests": runs}, "face_attributes": {"requests": runs}},
+            "pipeline": {"steps": {"embedding": {"runs": runs, "reused": reused},
+                                   "attributes": {"runs": runs, "reused": reused}}},
+        }  # fmt: skip
+
+    quiet = {"cpu_cores": 0.5, "machine_busy_cores": 1.0}  # no other work
     raw: dict[str, Any] = {
         "settings": {"faces": [1, 4], "variants": ["pipeline", "client", "triton"],
-                     "producers": 4, "warmup_s": 3, "window_s": 10, "clip_frames": 300},
+                     "producers": 4, "warmup_s": 3, "window_s": 10, "clip_frames": 300,
+                     "reinfer_every": [1, 10]},
         "config": "configs/bench/pipelines.yaml",
         "frames": {"1": {"shape": [640, 640, 3]}, "4": {"shape": [640, 640, 3]}},
         "chain": {"trials": [_trial("pipeline", 1, 20.0), _trial("client", 1, 10.0),
                              _trial("pipeline", 4, 12.0), _trial("client", 4, 4.0),
+                             _trial("client", 4, 6.0, round=1, server=quiet),
                              {"variant": "triton", "faces": 4, "error": "no Triton"}]},
-        "tracker": {"trials": [_trial("stream", 4, 10.0, reinfer_every=10, counts=counts)]},
+        "tracker": {"trials": [
+            _trial("stream", 4, 5.0, reinfer_every=1, counts=counts(200, 0)),
+            _trial("stream", 4, 10.0, reinfer_every=10, counts=counts(60, 340)),
+        ]},
     }  # fmt: skip
+    # of the two rounds of client at 4 faces, the one with no other work on the machine
     assert ratios(raw) == {
         "1": {"client": 2.0, "triton": None},
-        "4": {"client": 3.0, "triton": None},
+        "4": {"client": 2.0, "triton": None},
     }
     found = {t["target"]: t["held"] for t in targets(raw)}
     assert list(found.values()) == [True, None]
-    per_frame = tracker_figures(raw["tracker"]["trials"][0])
+    per_frame = tracker_figures(raw["tracker"]["trials"][1])
     assert per_frame["sub_runs_per_frame"] == 1.2 and per_frame["sub_reused_per_frame"] == 6.8
+    summary = tracker_summary(raw)
+    assert summary is not None and summary["fps_ratio"] == 2.0
+    assert summary["second_stage_requests_per_frame"] == [8.0, 1.2] and summary["saved"] == 0.85
     section = markdown(raw, targets(raw))
-    assert "## Pipelines" in section and "no Triton" in section and "| 10 | 10.00 |" in section
+    assert (
+        "## Pipelines" in section and "no Triton" in section and "| 10 | 1 | **10.00** |" in section
+    )
+    assert "(85% saved)" in section
 
 
 def test_step_counts_from_a_metrics_page() -> None:

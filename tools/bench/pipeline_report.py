@@ -30,15 +30,40 @@ def _fmt(value: float | None, spec: str = ".1f") -> str:
     return "—" if value is None else format(value, spec)
 
 
+def others(t: dict[str, Any]) -> float:
+    """The cores a trial's machine kept busy that were neither its servers nor its producers
+    (the machine is shared)."""
+    busy = t["server"].get("machine_busy_cores") or 0.0
+    return float(busy - t["server"]["cpu_cores"] - t["producers"]["cpu_cores"])
+
+
+def least_disturbed(trials: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Of ``trials`` (each round's), the one that ran with the fewest cores of others' work:
+    the one the ratios use."""
+    ran = [t for t in trials if "error" not in t]
+    return min(ran, key=others) if ran else None
+
+
+def cpu_ms_per_frame(t: dict[str, Any]) -> float | None:
+    """The server's and producers' CPU per frame answered, in ms: what a frame costs, which
+    others' work on a shared machine changes far less than the frames/s."""
+    cores = t["server"]["cpu_cores"] + t["producers"]["cpu_cores"]
+    return cores * 1e3 / t["fps"] if t["fps"] else None
+
+
 def _trial(raw: dict[str, Any], variant: str, faces: int) -> dict[str, Any] | None:
-    for t in raw["chain"]["trials"]:
-        if t["variant"] == variant and t["faces"] == faces and "error" not in t:
-            return dict(t)
-    return None
+    return least_disturbed(
+        [t for t in raw["chain"]["trials"] if t["variant"] == variant and t["faces"] == faces]
+    )
 
 
-def ratios(raw: dict[str, Any]) -> dict[str, dict[str, float | None]]:
-    """Per face count, the pipeline's frames/s ÷ each other variant's (same run)."""
+def _every(raw: dict[str, Any], every: int) -> dict[str, Any] | None:
+    return least_disturbed([t for t in raw["tracker"]["trials"] if t["reinfer_every"] == every])
+
+
+def ratios(raw: dict[str, Any], cpu: bool = False) -> dict[str, dict[str, float | None]]:
+    """Per face count, the pipeline's frames/s ÷ each other variant's (same run); with ``cpu``,
+    each other variant's CPU per frame ÷ the pipeline's (above 1: the pipeline costs less)."""
     found: dict[str, dict[str, float | None]] = {}
     for faces in raw["settings"]["faces"]:
         mine = _trial(raw, "pipeline", faces)
@@ -47,11 +72,13 @@ def ratios(raw: dict[str, Any]) -> dict[str, dict[str, float | None]]:
             if other == "pipeline":
                 continue
             theirs = _trial(raw, other, faces)
-            per[other] = (
-                mine["fps"] / theirs["fps"]
-                if mine is not None and theirs is not None and theirs["fps"]
-                else None
-            )
+            if mine is None or theirs is None:
+                per[other] = None
+            elif cpu:
+                a, b = cpu_ms_per_frame(mine), cpu_ms_per_frame(theirs)
+                per[other] = b / a if a and b else None
+            else:
+                per[other] = mine["fps"] / theirs["fps"] if theirs["fps"] else None
         found[str(faces)] = per
     return found
 
@@ -101,8 +128,29 @@ def tracker_figures(trial: dict[str, Any]) -> dict[str, Any]:
 def _cores(t: dict[str, Any]) -> str:
     """Server / producers / the rest of the machine (cores busy that were neither)."""
     server, producers = t["server"]["cpu_cores"], t["producers"]["cpu_cores"]
-    others = (t["server"].get("machine_busy_cores") or 0.0) - server - producers
-    return f"{server:.2f} / {producers:.2f} / {others:.2f}"
+    return f"{server:.2f} / {producers:.2f} / {others(t):.2f}"
+
+
+def tracker_summary(raw: dict[str, Any]) -> dict[str, Any] | None:
+    """``reinfer_every`` 10 against 1 (each its least disturbed trial): frames/s ratio, and the
+    second-stage requests per frame each sent and the share saved."""
+    every = raw["settings"]["reinfer_every"]
+    if "tracker" not in raw or len(every) < 2:
+        return None
+    base, reuse = _every(raw, min(every)), _every(raw, max(every))
+    if base is None or reuse is None:
+        return None
+    a, b = tracker_figures(base), tracker_figures(reuse)
+    before, after = a["second_stage_requests_per_frame"], b["second_stage_requests_per_frame"]
+    return {
+        "reinfer_every": [min(every), max(every)],
+        "fps": [base["fps"], reuse["fps"]],
+        "fps_ratio": reuse["fps"] / base["fps"] if base["fps"] else None,
+        "latency_ms_p99": [base["latency_ms_p99"], reuse["latency_ms_p99"]],
+        "second_stage_requests_per_frame": [before, after],
+        "saved": 1 - after / before if before and after is not None else None,
+        "reused_per_frame": b["sub_reused_per_frame"],
+    }
 
 
 def _batches(t: dict[str, Any]) -> str:
@@ -132,24 +180,44 @@ def markdown(raw: dict[str, Any], found: list[dict[str, Any]]) -> str:
         "second-stage models' batches over the window (Duomo's status). Cores: server / "
         "producers / others (the rest of the machine's busy cores: it is shared).",
         "",
-        "| variant | faces | frames/s | p50 / p99 ms | wrong | errors | mean batch emb / attr "
-        "| cores |",
-        "|---|--:|--:|---|--:|--:|---|---|",
+        "| variant | faces | round | frames/s | p50 / p99 ms | CPU ms / frame | wrong | errors "
+        "| mean batch emb / attr | cores |",
+        "|---|--:|--:|--:|---|--:|--:|--:|---|---|",
     ]
-    for t in raw["chain"]["trials"]:
+    chosen = {id(_trial(raw, v, f)) for v in s["variants"] for f in s["faces"]}
+    trials = sorted(
+        raw["chain"]["trials"],
+        key=lambda t: (t["faces"], list(VARIANT_NAMES).index(t["variant"]), t.get("round") or 0),
+    )
+    for t in trials:
         name = VARIANT_NAMES.get(t["variant"], t["variant"])
         if "error" in t:
-            lines.append(f"| {name} | {t['faces']} | — | {str(t['error'])[:120]} |" + " |" * 4)
+            lines.append(f"| {name} | {t['faces']} | — | {str(t['error'])[:120]} |" + " |" * 6)
             continue
         lat = f"{_fmt(t['latency_ms_p50'], '.0f')} / {_fmt(t['latency_ms_p99'], '.0f')}"
+        fps = f"**{t['fps']:.2f}**" if id(t) in chosen else f"{t['fps']:.2f}"
         lines.append(
-            f"| {name} | {t['faces']} | {t['fps']:.2f} | {lat} | {t['wrong']} "
-            f"| {sum(t['errors'].values())} | {_batches(t)} | {_cores(t)} |"
+            f"| {name} | {t['faces']} | {(t.get('round') or 0) + 1} | {fps} | {lat} "
+            f"| {_fmt(cpu_ms_per_frame(t), '.0f')} | {t['wrong']} | {sum(t['errors'].values())} "
+            f"| {_batches(t)} | {_cores(t)} |"
         )
-    lines += ["", "Pipeline ÷ each other variant, frames/s, same run:", ""]
+    lines += [
+        "",
+        "Pipeline ÷ each other variant, frames/s, same run (of each variant's trials, the one "
+        "with the fewest cores of others' work beside it, in bold above; a variant whose every "
+        "trial ran beside others' work is tried again, twice at most). CPU ms / frame: the "
+        "server's and producers' cores × 1000 ÷ frames/s, what a frame costs, which others' "
+        "work changes much less than it changes frames/s:",
+        "",
+    ]
+    cpu = ratios(raw, cpu=True)
     for faces, per in ratios(raw).items():
         parts = [f"{other} {_fmt(v, '.2f')}×" for other, v in per.items()]
-        lines.append(f"- {faces} face(s): " + (", ".join(parts) or "—"))
+        costs = [f"{other} {_fmt(v, '.2f')}×" for other, v in cpu[faces].items()]
+        lines.append(
+            f"- {faces} face(s): " + (", ".join(parts) or "—") + "; CPU per frame, each "
+            "÷ the pipeline's: " + (", ".join(costs) or "—")
+        )
     if "tracker" in raw:
         lines += [
             "",
@@ -160,22 +228,38 @@ def markdown(raw: dict[str, Any], found: list[dict[str, Any]]) -> str:
             "the window (`duomo_pipeline_step_runs_total`, `_reused_total`), and the "
             "second-stage models' requests.",
             "",
-            "| reinfer_every | frames/s | p50 / p99 ms | sub-step runs / frame | reused / frame "
-            "| 2nd-stage requests / frame | cores |",
-            "|--:|--:|---|--:|--:|--:|---|",
+            "| reinfer_every | round | frames/s | p50 / p99 ms | sub-step runs / frame "
+            "| reused / frame | 2nd-stage requests / frame | cores |",
+            "|--:|--:|--:|---|--:|--:|--:|---|",
         ]
-        for t in raw["tracker"]["trials"]:
+        picked = {id(_every(raw, e)) for e in s["reinfer_every"]}
+        for t in sorted(raw["tracker"]["trials"], key=lambda t: t["reinfer_every"]):
             if "error" in t:
-                lines.append(f"| {t['reinfer_every']} | {str(t['error'])[:120]} |" + " |" * 5)
+                lines.append(f"| {t['reinfer_every']} | {str(t['error'])[:120]} |" + " |" * 6)
                 continue
             f = tracker_figures(t)
             lat = f"{_fmt(t['latency_ms_p50'], '.0f')} / {_fmt(t['latency_ms_p99'], '.0f')}"
+            fps = f"**{t['fps']:.2f}**" if id(t) in picked else f"{t['fps']:.2f}"
             lines.append(
-                f"| {t['reinfer_every']} | {t['fps']:.2f} | {lat} "
+                f"| {t['reinfer_every']} | {(t.get('round') or 0) + 1} | {fps} | {lat} "
                 f"| {_fmt(f['sub_runs_per_frame'], '.2f')} "
                 f"| {_fmt(f['sub_reused_per_frame'], '.2f')} "
                 f"| {_fmt(f['second_stage_requests_per_frame'], '.2f')} | {_cores(t)} |"
             )
+        summary = tracker_summary(raw)
+        if summary is not None:
+            lo, hi = summary["reinfer_every"]
+            req = summary["second_stage_requests_per_frame"]
+            lines += [
+                "",
+                f"`reinfer_every: {hi}` against `{lo}` (bold trials): "
+                f"{_fmt(summary['fps_ratio'], '.2f')}× the frames/s, p99 "
+                f"{_fmt(summary['latency_ms_p99'][0], '.0f')} → "
+                f"{_fmt(summary['latency_ms_p99'][1], '.0f')} ms, second-stage requests per "
+                f"frame {_fmt(req[0], '.2f')} → {_fmt(req[1], '.2f')} "
+                f"({_fmt(None if summary['saved'] is None else 100 * summary['saved'], '.0f')}% "
+                "saved).",
+            ]
     if found:
         lines += ["", "| target | value | limit | held |", "|---|--:|--:|---|"]
         for t in found:
@@ -205,7 +289,13 @@ def add_to_report(raw: dict[str, Any], out: Path) -> str:
             f"# duomo bench — {report['date']}\n\nMachine: {m['cpus']} CPUs ({m['processor']}), "
             f"Python {m['python']}, onnxruntime {m['onnxruntime']}.\n"
         )
-    report["pipelines"] = {"targets": found, "ratios": ratios(raw), "raw": raw}
+    report["pipelines"] = {
+        "targets": found,
+        "ratios": ratios(raw),
+        "cpu_ratios": ratios(raw, cpu=True),
+        "tracker": tracker_summary(raw),
+        "raw": raw,
+    }
     json_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     md_path.write_text(text.rstrip("\n") + "\n\n" + section, encoding="utf-8")
     return section

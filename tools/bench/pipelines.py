@@ -76,6 +76,10 @@ class PipelineSettings:
     reinfer_every: tuple[int, ...] = (1, 10)
     clip_frames: int = 300
     tracker: bool = True
+    rounds: int = 2  # each trial this many times, the order reversed every other time
+    quiet_below: float = 0.3  # before a trial, wait (≤ quiet_wait_s) for others' cores below this
+    quiet_wait_s: float = 30.0
+    retries: int = 2  # more trials of a variant whose every trial ran beside others' work
 
 
 def _log(message: str) -> None:
@@ -380,10 +384,32 @@ def chain_trial(
     return {"variant": kind, "faces": faces, **figures}
 
 
+def others_busy(seconds: float = 1.0) -> float:
+    """Cores the machine kept busy over ``seconds`` (nothing of this run's is running)."""
+    from tools.bench.sampler import machine_cores, machine_cpu
+
+    before = machine_cpu()
+    time.sleep(seconds)
+    return machine_cores(before, machine_cpu())["machine_busy_cores"]
+
+
+def wait_quiet(settings: PipelineSettings) -> dict[str, float]:
+    """Before a trial, wait up to ``quiet_wait_s`` for the shared machine's other work to fall
+    below ``quiet_below`` cores: how long it waited and what it saw last."""
+    started = time.monotonic()
+    busy = others_busy()
+    while busy >= settings.quiet_below and time.monotonic() - started < settings.quiet_wait_s:
+        busy = others_busy()
+    return {"waited_s": round(time.monotonic() - started, 1), "busy_before": round(busy, 2)}
+
+
 def _attempt(label: str, run: Any, **fields: Any) -> dict[str, Any]:
-    """``run()``, or what went wrong (the run goes on; the report says it)."""
+    """``run()`` once the machine is quiet enough (``wait_quiet``), or what went wrong (the run
+    goes on; the report says it)."""
+    settings = fields.pop("settings")
+    quiet = wait_quiet(settings)
     try:
-        return dict(run())
+        return {**dict(run()), "quiet": quiet, "round": fields.get("round")}
     except (RuntimeError, OSError) as err:
         _log(f"{label}: {err}")
         return {**fields, "error": str(err)[:2000]}
@@ -406,26 +432,69 @@ def chain(
             _log(f"triton: {err}")
             triton_error, triton = str(err), None
     trials: list[dict[str, Any]] = []
+    turns = [(faces, kind) for faces in settings.faces for kind in variants]
     try:
-        for i, faces in enumerate(settings.faces):
-            for kind in variants if i % 2 == 0 else list(reversed(variants)):
+        for r in range(settings.rounds):
+            for faces, kind in turns if r % 2 == 0 else list(reversed(turns)):
                 if kind == "triton" and triton is None:
                     trials.append({"variant": kind, "faces": faces, "error": triton_error})
                     continue
                 trials.append(
                     _attempt(
                         f"{kind}, {faces} face(s)",
-                        lambda kind=kind, faces=faces: chain_trial(
-                            kind, faces, frames[faces], configs, triton, settings, workdir
+                        lambda kind=kind, faces=faces, r=r: chain_trial(
+                            kind,
+                            faces,
+                            frames[faces],
+                            configs,
+                            triton,
+                            settings,
+                            workdir / f"round-{r}",
                         ),
                         variant=kind,
                         faces=faces,
+                        round=r,
+                        settings=settings,
+                    )
+                )
+        for faces, kind in turns:  # a variant never measured on a quiet machine: again
+            for extra in range(settings.retries):
+                if kind == "triton" and triton is None:
+                    break
+                ran = [t for t in trials if t["variant"] == kind and t["faces"] == faces]
+                if not disturbed(ran, settings.quiet_below):
+                    break
+                trials.append(
+                    _attempt(
+                        f"{kind}, {faces} face(s), again (others' work ran beside it)",
+                        lambda kind=kind, faces=faces, r=settings.rounds + extra: chain_trial(
+                            kind,
+                            faces,
+                            frames[faces],
+                            configs,
+                            triton,
+                            settings,
+                            workdir / f"round-{r}",
+                        ),
+                        variant=kind,
+                        faces=faces,
+                        round=settings.rounds + extra,
+                        settings=settings,
                     )
                 )
     finally:
         if triton is not None:
             triton.stop()
     return {"trials": trials}
+
+
+def disturbed(trials: list[dict[str, Any]], quiet_below: float) -> bool:
+    """Whether every one of ``trials`` that ran had others' work of ``quiet_below`` cores or
+    more beside it (``pipeline_report.others``)."""
+    from tools.bench.pipeline_report import others
+
+    ran = [t for t in trials if "error" not in t]
+    return bool(ran) and min(others(t) for t in ran) >= quiet_below
 
 
 # -- part 2: the tracker's reuse ------------------------------------------------------------
@@ -462,18 +531,39 @@ def tracker_trial(
 
 def tracker(frame: Path, base: Path, settings: PipelineSettings, workdir: Path) -> dict[str, Any]:
     """Part 2: the same streams with each ``reinfer_every``."""
-    return {
-        "trials": [
-            _attempt(
-                f"tracker, reinfer_every {every}",
-                lambda every=every: tracker_trial(
-                    every, frame, base, settings, workdir / f"every-{every}"
-                ),
-                reinfer_every=every,
+    trials = []
+    for r in range(settings.rounds):
+        order = settings.reinfer_every if r % 2 == 0 else settings.reinfer_every[::-1]
+        for every in order:
+            trials.append(
+                _attempt(
+                    f"tracker, reinfer_every {every}",
+                    lambda every=every, r=r: tracker_trial(
+                        every, frame, base, settings, workdir / f"every-{every}-{r}"
+                    ),
+                    reinfer_every=every,
+                    round=r,
+                    settings=settings,
+                )
             )
-            for every in settings.reinfer_every
-        ]
-    }
+    for every in settings.reinfer_every:
+        for extra in range(settings.retries):
+            ran = [t for t in trials if t["reinfer_every"] == every]
+            if not disturbed(ran, settings.quiet_below):
+                break
+            r = settings.rounds + extra
+            trials.append(
+                _attempt(
+                    f"tracker, reinfer_every {every}, again (others' work ran beside it)",
+                    lambda every=every, r=r: tracker_trial(
+                        every, frame, base, settings, workdir / f"every-{every}-{r}"
+                    ),
+                    reinfer_every=every,
+                    round=r,
+                    settings=settings,
+                )
+            )
+    return {"trials": trials}
 
 
 # -- the whole part -------------------------------------------------------------------------
@@ -521,7 +611,7 @@ def run_pipelines(config: Path, settings: PipelineSettings, workdir: Path) -> di
 
 
 def bench_pipelines(
-    config: Path, out: Path, window_s: float, variants: list[str], producers: int
+    config: Path, out: Path, window_s: float, variants: list[str], producers: int, rounds: int = 2
 ) -> str:
     """``duomo bench --pipelines``: run both parts and add them to the report in ``out``; the
     report's Markdown section. ``variants``: some of ``VARIANTS``."""
@@ -529,7 +619,9 @@ def bench_pipelines(
 
     from tools.bench.pipeline_report import add_to_report
 
-    settings = PipelineSettings(window_s=window_s, variants=tuple(variants), producers=producers)
+    settings = PipelineSettings(
+        window_s=window_s, variants=tuple(variants), producers=producers, rounds=rounds
+    )
     with tempfile.TemporaryDirectory(prefix="duomo-bench-pipelines-") as tmp:
         raw = run_pipelines(config, settings, Path(tmp))
     return add_to_report(raw, out)

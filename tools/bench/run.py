@@ -343,6 +343,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="producer processes (streams, in the tracker part) of the pipeline part (default 4)",
     )  # fmt: skip
     parser.add_argument(
+        "--pipeline-rounds", type=int, default=2,
+        help="times each pipeline trial runs, the order reversed every other time (default 2)",
+    )  # fmt: skip
+    parser.add_argument(
         "--pipeline-config", type=Path, default=ROOT / "configs/bench/pipelines.yaml",
         help="supervisor config of the pipeline part (default: configs/bench/pipelines.yaml)",
     )  # fmt: skip
@@ -388,7 +392,8 @@ def bench(args: argparse.Namespace) -> int:
 
         window, producers = args.pipeline_window, args.pipeline_producers
         config = args.pipeline_config
-        print(bench_pipelines(config, out, window, pipelines, producers))
+        rounds = args.pipeline_rounds
+        print(bench_pipelines(config, out, window, pipelines, producers, rounds))
     print(f"duomo bench: report in {out}", file=sys.stderr)
     return 0
 
