@@ -34,6 +34,8 @@ BUILTIN_TASKS = {
     "classification": "duomo.worker.executors.classification:ClassificationExecutor",
     "face_detection": "duomo.worker.executors.face_detection:FaceDetectionExecutor",
     "ocr": "duomo.worker.executors.ocr:OcrExecutor",
+    "ocr_detection": "duomo.worker.executors.ocr_stages:OcrDetectionExecutor",
+    "ocr_reading": "duomo.worker.executors.ocr_stages:OcrReadingExecutor",
     "face_embedding": "duomo.worker.executors.face_embedding:FaceEmbeddingExecutor",
     "face_attributes": "duomo.worker.executors.face_attributes:FaceAttributesExecutor",
 }

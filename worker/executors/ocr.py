@@ -20,6 +20,10 @@ resized as usual and then padded (zeros after normalisation, bottom and right) t
 gear that holds it — or scaled down to fit the largest — and only the image's own region of the
 probability map is read back; a recogniser with gears pads each line to the smallest gear width
 that holds its natural width; a model with a fixed batch gets its batches padded with empty rows.
+
+The stages are ``TextDetector`` and ``LineReader``: ``ocr_stages`` runs the same two as tasks of
+their own (``ocr_detection``, ``ocr_reading``), so that OCR can be a pipeline whose text lines of
+many frames batch together in recognition.
 """
 
 from __future__ import annotations
@@ -44,10 +48,9 @@ _SCALE, _OFFSET = 1 / 127.5, -1.0
 _CLS_SHAPE = (48, 192)
 
 
-class OcrParams(StrictModel):
-    """The ``params`` of ``task: ocr``: detection sizes and DB thresholds (``det_``), the angle
-    classifier (``cls_``), recognition batch and line sizes (``rec_``), and the score a line
-    needs."""
+class OcrDetectionParams(StrictModel):
+    """Text detection's part of the OCR params: detection sizes and DB thresholds (``det_``);
+    the ``params`` of ``task: ocr_detection`` (``ocr_stages``)."""
 
     det_limit_side: int = Field(default=736, ge=32, le=4096)
     det_max_side: int = Field(default=2016, ge=64, le=8192, multiple_of=32)
@@ -56,6 +59,13 @@ class OcrParams(StrictModel):
     det_unclip_ratio: float = Field(default=1.6, gt=0, le=10)
     det_max_candidates: int = Field(default=1000, ge=1)
     det_use_dilation: bool = True
+
+
+class OcrReadingParams(StrictModel):
+    """Reading's part of the OCR params: the angle classifier (``cls_``), recognition batch and
+    line sizes (``rec_``), and the score a line needs; the ``params`` of ``task: ocr_reading``
+    (``ocr_stages``)."""
+
     use_angle_cls: bool = True
     cls_thresh: float = Field(default=0.9, gt=0, lt=1)
     cls_batch: int = Field(default=6, ge=1, le=256)
@@ -64,6 +74,12 @@ class OcrParams(StrictModel):
     rec_min_width: int = Field(default=320, ge=8, le=8192)
     rec_max_width: int = Field(default=2560, ge=8, le=16384)
     text_score: float = Field(default=0.5, ge=0, le=1)
+
+
+class OcrParams(OcrReadingParams, OcrDetectionParams):
+    """The ``params`` of ``task: ocr``: detection sizes and DB thresholds (``det_``), the angle
+    classifier (``cls_``), recognition batch and line sizes (``rec_``), and the score a line
+    needs."""
 
 
 @dataclass(frozen=True)
@@ -123,10 +139,14 @@ def _fit_gear(rh: int, rw: int, gears: Sequence[tuple[int, int]]) -> tuple[int, 
     )
 
 
-def _rgb_crop(image: np.ndarray, box: np.ndarray) -> np.ndarray:
+def crop_rgb_line(image: np.ndarray, box: np.ndarray) -> np.ndarray:
     """The text line at ``box`` as an RGB crop: a gray or RGBA image is converted line by
     line, never as a whole."""
-    crop = crop_text_line(image[:, :, 0] if image.shape[2] == 1 else image, box)
+    return rgb_line(crop_text_line(image[:, :, 0] if image.shape[2] == 1 else image, box))
+
+
+def rgb_line(crop: np.ndarray) -> np.ndarray:
+    """A text line's pixels (H×W gray, H×W×3 RGB or H×W×4 RGBA) as an RGB crop."""
     if crop.ndim == 2:
         return cv2.cvtColor(crop, cv2.COLOR_GRAY2RGB)
     if crop.shape[2] == 4:
@@ -134,27 +154,23 @@ def _rgb_crop(image: np.ndarray, box: np.ndarray) -> np.ndarray:
     return crop
 
 
-class OcrExecutor(Executor):
-    """PP-OCR: text detection, then the angle classifier and recognition over the line crops,
-    chained on one worker thread."""
+def _same_size(items: Sequence[OcrInput]) -> list[list[int]]:
+    """Indices grouped by detector input size: only equal sizes share a detector run."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, item in enumerate(items):
+        groups.setdefault((*item.canvas, *item.size), []).append(i)
+    return list(groups.values())
 
-    roles = ("det", "cls", "rec")
-    varying_shape_roles = ("det", "rec")  # image sizes, text-line widths
-    Params = OcrParams
 
-    def __init__(
-        self, params: OcrParams, sessions: Mapping[str, ModelSession], max_batch: int
-    ) -> None:
-        super().__init__(params, sessions, max_batch)
+class TextDetector:
+    """PP-OCR text detection over one session (role ``det``): each image sized for the
+    detector (``prepare``), images of one size run together, and each one's text boxes in
+    reading order (``detect``). The first stage of ``OcrExecutor`` and the whole of
+    ``ocr_detection`` (``ocr_stages``)."""
+
+    def __init__(self, params: OcrDetectionParams, det: ModelSession) -> None:
         self.p = params
-        self.det, self.cls, self.rec = sessions["det"], sessions["cls"], sessions["rec"]
-        characters = self.rec.metadata.get("character")
-        if not characters:
-            raise ValueError(
-                f"{self.rec.path.name}: no 'character' list in the ONNX metadata; "
-                "a PP-OCR recognition model exported by PaddleOCR/rapidocr carries one"
-            )
-        self.charset = ["", *characters.splitlines(), " "]  # index 0 is the CTC blank
+        self.det = det
         self.db = DbParams(
             thresh=params.det_thresh,
             box_thresh=params.det_box_thresh,
@@ -162,23 +178,9 @@ class OcrExecutor(Executor):
             max_candidates=params.det_max_candidates,
             use_dilation=params.det_use_dilation,
         )
-        # what compiled models dictate (nothing, for ONNX Runtime sessions)
-        self._det_gears = self.det.hw_gears
-        self._rec_widths = sorted(w for h, w in self.rec.hw_gears if h == params.rec_height)
-        if self.rec.hw_gears and not self._rec_widths:
-            raise ValueError(
-                f"{self.rec.path.name}: no image-size gear has the height rec_height "
-                f"{params.rec_height} ({[list(g) for g in self.rec.hw_gears]})"
-            )
-        self._rows = {role: _fixed_rows(sessions[role]) for role in self.roles}
+        self.gears = det.hw_gears  # what a compiled detector dictates (nothing, for ORT)
+        self.rows = _fixed_rows(det)
         self._scratch = ResizeScratch()  # each image's detector-sized copy, reused
-        for role, batch in (("cls", params.cls_batch), ("rec", params.rec_batch)):
-            fixed = self._rows[role]
-            if fixed is not None and batch > fixed:
-                raise ValueError(
-                    f"{role}_batch {batch} is above the {fixed} rows "
-                    f"{sessions[role].path.name} runs with; lower {role}_batch"
-                )
 
     def prepare(self, payload: Any) -> OcrInput:
         image = as_image(payload)
@@ -189,47 +191,27 @@ class OcrExecutor(Executor):
         rw = min(_round32(w * ratio), self.p.det_max_side)
         rh = min(_round32(h * ratio), self.p.det_max_side)
         canvas = (rh, rw)
-        if self._det_gears:
-            rh, rw, *gear = _fit_gear(rh, rw, self._det_gears)
+        if self.gears:
+            rh, rw, *gear = _fit_gear(rh, rw, self.gears)
             canvas = (gear[0], gear[1])
         return OcrInput(image=image, size=(rh, rw), canvas=canvas)
 
-    def execute(self, items: Sequence[OcrInput], timer: StageTimer) -> list[Any]:
-        lines: list[TextLine] = []
-        for group in self._same_size(items):
-            lines.extend(self._detect([items[i] for i in group], group, timer))
-        if lines:
-            if self.p.use_angle_cls:
-                self._classify_angles(lines, timer)
-            self._recognize(lines, timer)
-        with timer.stage("postprocess"):
-            results: list[dict[str, Any]] = [{"lines": []} for _ in items]
-            for line in lines:
-                if line.score >= self.p.text_score and line.text:
-                    results[line.image]["lines"].append(
-                        {
-                            "text": line.text,
-                            "score": line.score,
-                            "box": [[float(x), float(y)] for x, y in line.box],
-                        }
-                    )
-            return list(results)
+    def detect(self, items: Sequence[OcrInput], timer: StageTimer) -> list[tuple[int, np.ndarray]]:
+        """(index of its image, its box) of every text line found in ``items``: each image's
+        boxes together, in reading order."""
+        boxes: list[tuple[int, np.ndarray]] = []
+        for group in _same_size(items):
+            boxes.extend(self.detect_group([items[i] for i in group], group, timer))
+        return boxes
 
-    @staticmethod
-    def _same_size(items: Sequence[OcrInput]) -> list[list[int]]:
-        """Indices grouped by detector input size: only equal sizes share a detector run."""
-        groups: dict[tuple[int, ...], list[int]] = {}
-        for i, item in enumerate(items):
-            groups.setdefault((*item.canvas, *item.size), []).append(i)
-        return list(groups.values())
-
-    def _detect(
+    def detect_group(
         self, group: list[OcrInput], indices: list[int], timer: StageTimer
-    ) -> list[TextLine]:
+    ) -> list[tuple[int, np.ndarray]]:
+        """One detector run over images of one size (``indices``: theirs in the batch)."""
         det_in = self.det.inputs[0].name
         rh, rw = group[0].size
         ch, cw = group[0].canvas
-        rows = self._rows["det"] or len(group)
+        rows = self.rows or len(group)
         with timer.stage("preprocess"):
             batch = self.det.input_buffer(det_in, (rows, 3, ch, cw))
             if (ch, cw) != (rh, rw) or rows != len(group):
@@ -240,12 +222,70 @@ class OcrExecutor(Executor):
         with timer.stage("infer"):
             prob = self.det.run({det_in: batch})[self.det.outputs[0].name]
         with timer.stage("postprocess"):
-            lines: list[TextLine] = []
+            boxes: list[tuple[int, np.ndarray]] = []
             for k, (index, item) in enumerate(zip(indices, group)):
                 h, w = item.image.shape[:2]
-                boxes, _ = detect_boxes(prob[k, 0, :rh, :rw], w, h, self.db)
-                lines.extend(TextLine(index, b, _rgb_crop(item.image, b)) for b in boxes)
-            return lines
+                found, _ = detect_boxes(prob[k, 0, :rh, :rw], w, h, self.db)
+                boxes.extend((index, b) for b in found)
+            return boxes
+
+    def warmup_blank(self) -> OcrInput:
+        """A blank page at the usual detector size, prepared (what warm-up runs per batch)."""
+        blank = np.full((self.p.det_limit_side, self.p.det_limit_side, 3), 255, dtype=np.uint8)
+        return self.prepare(blank)
+
+    def warmup_gears(self) -> None:
+        """Every detector gear of a compiled model once."""
+        for gh, gw in self.gears:
+            canvas = np.full((gh, gw, 3), 255, dtype=np.uint8)
+            self.detect_group([OcrInput(canvas, (gh, gw), (gh, gw))], [0], StageTimer())
+
+
+class LineReader:
+    """PP-OCR reading of text-line crops over two sessions (roles ``cls``, ``rec``): the angle
+    classifier (0/180°, fixed 48×192 input) turns lines, then CTC recognition reads them,
+    grouped by a padded width that depends only on each line's own aspect ratio, in batches
+    of up to ``cls_batch`` / ``rec_batch``: what a line reads never depends on the lines it was
+    batched with. The later stages of ``OcrExecutor`` and the whole of ``ocr_reading``
+    (``ocr_stages``)."""
+
+    def __init__(self, params: OcrReadingParams, cls: ModelSession, rec: ModelSession) -> None:
+        self.p = params
+        self.cls, self.rec = cls, rec
+        characters = rec.metadata.get("character")
+        if not characters:
+            raise ValueError(
+                f"{rec.path.name}: no 'character' list in the ONNX metadata; "
+                "a PP-OCR recognition model exported by PaddleOCR/rapidocr carries one"
+            )
+        self.charset = ["", *characters.splitlines(), " "]  # index 0 is the CTC blank
+        # what a compiled recogniser dictates (nothing, for ONNX Runtime sessions)
+        self._rec_widths = sorted(w for h, w in rec.hw_gears if h == params.rec_height)
+        if rec.hw_gears and not self._rec_widths:
+            raise ValueError(
+                f"{rec.path.name}: no image-size gear has the height rec_height "
+                f"{params.rec_height} ({[list(g) for g in rec.hw_gears]})"
+            )
+        sessions = {"cls": cls, "rec": rec}
+        self._rows = {role: _fixed_rows(session) for role, session in sessions.items()}
+        for role, batch in (("cls", params.cls_batch), ("rec", params.rec_batch)):
+            fixed = self._rows[role]
+            if fixed is not None and batch > fixed:
+                raise ValueError(
+                    f"{role}_batch {batch} is above the {fixed} rows "
+                    f"{sessions[role].path.name} runs with; lower {role}_batch"
+                )
+
+    def read(self, lines: list[TextLine], timer: StageTimer) -> None:
+        """Turn and read every line (``text`` and ``score`` set on each)."""
+        if lines:
+            if self.p.use_angle_cls:
+                self._classify_angles(lines, timer)
+            self._recognize(lines, timer)
+
+    def keeps(self, line: TextLine) -> bool:
+        """Whether a read line is answered: a text, read with at least ``text_score``."""
+        return line.score >= self.p.text_score and bool(line.text)
 
     def _by_aspect(self, lines: list[TextLine], size: int) -> list[list[TextLine]]:
         ordered = sorted(lines, key=lambda ln: ln.crop.shape[1] / ln.crop.shape[0])
@@ -319,15 +359,8 @@ class OcrExecutor(Executor):
         return text, score
 
     def warmup(self) -> None:
-        """Every batch size at the usual detector size, then every detector and recogniser
-        gear of a compiled model once."""
-        blank = np.full((self.p.det_limit_side, self.p.det_limit_side, 3), 255, dtype=np.uint8)
-        prepared = self.prepare(blank)
-        for size in self.warmup_sizes():
-            self.execute([prepared] * size, StageTimer())
-        for gh, gw in self._det_gears:
-            canvas = np.full((gh, gw, 3), 255, dtype=np.uint8)
-            self._detect([OcrInput(canvas, (gh, gw), (gh, gw))], [0], StageTimer())
+        """The classifier at ``cls_batch`` and the recogniser at ``rec_batch`` on a blank line,
+        then every recogniser gear of a compiled model once."""
         line = TextLine(0, np.zeros((4, 2), np.float32), np.full((48, 320, 3), 255, np.uint8))
         if self.p.use_angle_cls:
             self._classify_angles([line] * self.p.cls_batch, StageTimer())
@@ -335,3 +368,50 @@ class OcrExecutor(Executor):
         for width in self._rec_widths:
             crop = np.full((self.p.rec_height, width, 3), 255, dtype=np.uint8)
             self._recognize([TextLine(0, line.box, crop)], StageTimer())
+
+
+class OcrExecutor(Executor):
+    """PP-OCR: text detection, then the angle classifier and recognition over the line crops,
+    chained on one worker thread (``TextDetector``, then ``LineReader``)."""
+
+    roles = ("det", "cls", "rec")
+    varying_shape_roles = ("det", "rec")  # image sizes, text-line widths
+    Params = OcrParams
+
+    def __init__(
+        self, params: OcrParams, sessions: Mapping[str, ModelSession], max_batch: int
+    ) -> None:
+        super().__init__(params, sessions, max_batch)
+        self.p = params
+        self.detector = TextDetector(params, sessions["det"])
+        self.reader = LineReader(params, sessions["cls"], sessions["rec"])
+
+    def prepare(self, payload: Any) -> OcrInput:
+        return self.detector.prepare(payload)
+
+    def execute(self, items: Sequence[OcrInput], timer: StageTimer) -> list[Any]:
+        found = self.detector.detect(items, timer)
+        with timer.stage("postprocess"):
+            lines = [TextLine(i, box, crop_rgb_line(items[i].image, box)) for i, box in found]
+        self.reader.read(lines, timer)
+        with timer.stage("postprocess"):
+            results: list[dict[str, Any]] = [{"lines": []} for _ in items]
+            for line in lines:
+                if self.reader.keeps(line):
+                    results[line.image]["lines"].append(
+                        {
+                            "text": line.text,
+                            "score": line.score,
+                            "box": [[float(x), float(y)] for x, y in line.box],
+                        }
+                    )
+            return list(results)
+
+    def warmup(self) -> None:
+        """Every batch size at the usual detector size, then every detector and recogniser
+        gear of a compiled model once."""
+        prepared = self.detector.warmup_blank()
+        for size in self.warmup_sizes():
+            self.execute([prepared] * size, StageTimer())
+        self.detector.warmup_gears()
+        self.reader.warmup()
