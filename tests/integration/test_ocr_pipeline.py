@@ -1,4 +1,4 @@
-"""OCR as a pipeline (issue 35, item 6) on the real models: configs/bench/ocr_pipeline.yaml's
+"""OCR as a pipeline (issue 35, item 6) on the real models: configs/ocr-pipeline.yaml's
 ``ocr`` (``ocr_det`` → for each line ``ocr_read``) answers what the demo's ``ocr`` model answers
 on every fixture image; the lines of many frames are read in one batch; a frame without text
 runs no reading; and through a supervisor's slots, the pipeline and ``ocr_read`` alone
@@ -23,13 +23,13 @@ from tests.conftest import IMAGES, ROOT, demo_variant, fixture_image
 from tests.integration.harness import running_supervisor
 from tests.integration.test_demo_models import OCR_LINES, rendered_text
 
-BENCH_CONFIG = ROOT / "configs" / "bench" / "ocr_pipeline.yaml"
+BENCH_CONFIG = ROOT / "configs" / "ocr-pipeline.yaml"
 FIXTURES = sorted(p.name for p in IMAGES.glob("*.png"))
 SCORE_TOLERANCE = 1e-5
 
 
 def pipeline_config(folder: Path, **models: dict[str, Any]) -> Path:
-    """configs/bench/ocr_pipeline.yaml with absolute model paths and ``models[name]`` keys
+    """configs/ocr-pipeline.yaml with absolute model paths and ``models[name]`` keys
     updated."""
     raw = yaml.safe_load(BENCH_CONFIG.read_text())
     raw["model_root"] = str(ROOT / "models")

@@ -33,7 +33,7 @@ from duomo.worker.executors.ocr_stages import (
 )
 from tests.conftest import DEMO_CONFIG, ROOT
 
-BENCH_CONFIG = ROOT / "configs" / "bench" / "ocr_pipeline.yaml"
+BENCH_CONFIG = ROOT / "configs" / "ocr-pipeline.yaml"
 
 
 def test_the_stage_tasks_are_built_in_with_what_a_pipeline_needs() -> None:
@@ -55,7 +55,7 @@ def test_ocr_params_are_the_two_stages_params() -> None:
 
 
 def test_the_bench_pipeline_is_the_demo_ocr_split_in_two() -> None:
-    """configs/bench/ocr_pipeline.yaml: the demo's ``ocr`` files and params split between
+    """configs/ocr-pipeline.yaml: the demo's ``ocr`` files and params split between
     ``ocr_det`` and ``ocr_read``, and a valid pipeline ``ocr`` over them."""
     bench = yaml.safe_load(BENCH_CONFIG.read_text())
     demo = next(m for m in yaml.safe_load(DEMO_CONFIG.read_text())["models"] if m["name"] == "ocr")

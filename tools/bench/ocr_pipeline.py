@@ -6,14 +6,14 @@ on one machine, trials that take turns — A B A B …:
 
 - **A** ``executor``: the demo's ``ocr`` model (``task: ocr``, detection → angle → recognition
   of a frame's lines in one executor), its entry as configs/default.yaml has it;
-- **B** ``pipeline``: the pipeline ``ocr`` of configs/bench/ocr_pipeline.yaml (``ocr_det`` →
+- **B** ``pipeline``: the pipeline ``ocr`` of configs/ocr-pipeline.yaml (``ocr_det`` →
   for each line ``ocr_read``, whose batcher gathers the lines of many frames), each of its two
   models given all the cores as intra-op threads, as A's one model has them (the compute gate
   runs them in turn);
 - and alongside, ``pipeline-split``: the same config as it is, where the engine splits the cores
   between the two models (one thread each on two cores),
 
-each in a fresh supervisor (the same backend settings, from configs/bench/ocr_pipeline.yaml),
+each in a fresh supervisor (the same backend settings, from configs/ocr-pipeline.yaml),
 fed by ``producers`` producer processes that send the fixture images round robin (each starting
 at another image), closed loop (``client.model("ocr").infer``: the next frame once the last one
 is answered), for ``window_s`` after ``warmup_s``. A trial's figures: frames/s (answers inside
@@ -48,7 +48,7 @@ import numpy as np
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-BASE = ROOT / "configs" / "bench" / "ocr_pipeline.yaml"
+BASE = ROOT / "configs" / "ocr-pipeline.yaml"
 DEMO = ROOT / "configs" / "default.yaml"
 IMAGES = ROOT / "tests" / "fixtures" / "images"
 MODULE = "tools.bench.ocr_pipeline"

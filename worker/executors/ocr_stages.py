@@ -17,7 +17,7 @@ gathers lines of many frames (and streams) into one batch::
           - {name: read, model: ocr_read, for_each: {step: detect, input: quad}, merge: true}
 
 answers what ``ocr`` answers: ``{"lines": [{"box", "text", "score"}]}``, the lines in reading
-order, a line read below ``text_score`` or as nothing dropped (configs/bench/ocr_pipeline.yaml).
+order, a line read below ``text_score`` or as nothing dropped (configs/ocr-pipeline.yaml).
 
 - ``ocr_detection`` (role ``det``; the ``det_`` params of ``ocr``): ``{"lines": [{"box":
   [[x, y] × 4]}]}``, each text line's quadrilateral in the image's pixels, clockwise from the
