@@ -111,7 +111,9 @@ class ModelConfig(StrictModel):
     preload: bool = True
     evictable: bool = False
     health: HealthPolicy = Field(default_factory=HealthPolicy)
-    intra_op_threads: int | None = Field(default=None, ge=1, le=1024)
+    # threads per instance: planned (None), a number, or "all": the whole thread budget of its
+    # pool while it computes (the compute gate has it take turns with the others)
+    intra_op_threads: Annotated[int, Field(ge=1, le=1024)] | Literal["all"] | None = None
     params: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -434,7 +436,7 @@ def _placement_problems(
             (f"{where}.backend", f"the acl backend needs an ascend device, device "
              f"{model.device_ids[0]} is {kind!r}")
         ]  # fmt: skip
-    if model.intra_op_threads is not None and model.backend == "onnxruntime":
+    if isinstance(model.intra_op_threads, int) and model.backend == "onnxruntime":
         for d in model.device_ids:
             budget = thread_budget(config, devices[d] if kind == "cpu" else None)
             if model.intra_op_threads > budget:

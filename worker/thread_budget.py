@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Literal
 
 from duomo.worker.cgroup_limits import cpu_quota
 
@@ -59,7 +60,7 @@ class InstanceDemand:
 
     model: str
     instances: int
-    intra_op_threads: int | None = None
+    intra_op_threads: int | Literal["all"] | None = None  # "all": the whole budget
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,9 @@ def plan_threads(demands: Sequence[InstanceDemand], budget: int) -> ThreadPlan:
     """Split ``budget`` cores over the instances: explicit asks first, the rest evenly.
 
     The even share is ``budget // instances`` (at least one); cores left over go one at a time to
-    the instances in config order. An explicit ask above the budget is an error.
+    the instances in config order. An explicit ask above the budget is an error. An ask for
+    "all" gets the whole budget and reserves none of it: the compute gate lets its runs take
+    turns with the others' (two stages of a pipeline, each as fast alone as one model would be).
     """
     if budget < 1:
         raise ValueError(f"thread budget must be at least 1, got {budget}")
@@ -95,7 +98,9 @@ def plan_threads(demands: Sequence[InstanceDemand], budget: int) -> ThreadPlan:
     free = [d for d in demands if d.intra_op_threads is None]
     reserved = 0
     for d in demands:
-        if d.intra_op_threads is not None:
+        if d.intra_op_threads == "all":
+            threads[d.model] = budget
+        elif d.intra_op_threads is not None:
             if not 1 <= d.intra_op_threads <= budget:
                 raise ValueError(
                     f"model {d.model!r}: intra_op_threads={d.intra_op_threads} is outside "

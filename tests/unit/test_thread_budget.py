@@ -36,6 +36,15 @@ def test_explicit_threads_are_kept_and_bounded() -> None:
         plan_threads([InstanceDemand("a", 1, 5)], 4)
 
 
+def test_all_takes_the_whole_budget_and_reserves_none_of_it() -> None:
+    plan = plan_threads(
+        [InstanceDemand("det", 1, "all"), InstanceDemand("read", 1, "all"), InstanceDemand("c", 1)],
+        budget=4,
+    )
+    assert plan.threads_per_instance == {"det": 4, "read": 4, "c": 4}
+    assert plan.max_concurrent_threads == 4  # the gate has them take turns
+
+
 def test_gate_never_lets_more_than_its_tokens_run() -> None:
     gate = ComputeGate(2)
     running = 0

@@ -6,12 +6,12 @@ on one machine, trials that take turns — A B A B …:
 
 - **A** ``executor``: the demo's ``ocr`` model (``task: ocr``, detection → angle → recognition
   of a frame's lines in one executor), its entry as configs/default.yaml has it;
-- **B** ``pipeline``: the pipeline ``ocr`` of configs/ocr-pipeline.yaml (``ocr_det`` →
-  for each line ``ocr_read``, whose batcher gathers the lines of many frames), each of its two
-  models given all the cores as intra-op threads, as A's one model has them (the compute gate
-  runs them in turn);
-- and alongside, ``pipeline-split``: the same config as it is, where the engine splits the cores
-  between the two models (one thread each on two cores),
+- **B** ``pipeline``: the pipeline ``ocr`` of configs/ocr-pipeline.yaml as it is (``ocr_det``
+  → for each line ``ocr_read``, whose batcher gathers the lines of many frames), each of its two
+  models with ``intra_op_threads: all``, all the cores as A's one model has them (the compute
+  gate runs them in turn);
+- and alongside, ``pipeline-split``: the same config without ``intra_op_threads``, where the
+  engine splits the cores between the two models (one thread each on two cores),
 
 each in a fresh supervisor (the same backend settings, from configs/ocr-pipeline.yaml),
 fed by ``producers`` producer processes that send the fixture images round robin (each starting
@@ -83,15 +83,14 @@ def fixture_images() -> list[Path]:
 # -- the two configs --------------------------------------------------------------------------
 
 
-def variant_configs(
-    workdir: Path, base: Path = BASE, demo: Path = DEMO, cores: int | None = None
-) -> dict[str, Path]:
-    """The supervisor config of each kind, written to ``workdir``: ``pipeline-split`` is
-    ``base`` (model paths made absolute): the engine splits the cores between its two models,
-    one intra-op thread each on two cores; ``pipeline`` is the same with every model given all
-    ``cores`` (the thread budget, as the executor's one model has them; the compute gate runs
-    them in turn, never both at once beyond the budget); ``executor`` is ``base`` with the
-    demo's ``ocr`` entry in place of its models and no pipelines."""
+def variant_configs(workdir: Path, base: Path = BASE, demo: Path = DEMO) -> dict[str, Path]:
+    """The supervisor config of each kind, written to ``workdir``: ``pipeline`` is ``base``
+    (model paths made absolute), each model with all the cores (``intra_op_threads: all``, as
+    the executor's one model has them; the compute gate runs them in turn, never both at once
+    beyond the budget); ``pipeline-split`` is the same without ``intra_op_threads``: the engine
+    splits the cores between its two models, one intra-op thread each on two cores;
+    ``executor`` is ``base`` with the demo's ``ocr`` entry in place of its models and no
+    pipelines."""
     raw = yaml.safe_load(base.read_text(encoding="utf-8"))
     root = raw.get("model_root")
     raw["model_root"] = str((base.parent / root).resolve()) if root else str(base.parent)
@@ -99,16 +98,12 @@ def variant_configs(
     executor = copy.deepcopy(raw)
     executor.pop("pipelines", None)
     executor["models"] = [m for m in demo_models if m["name"] == "ocr"]
-    whole = copy.deepcopy(raw)
-    if cores is None:
-        from duomo.worker.thread_budget import available_cores
-
-        cores = available_cores()
-    for model in whole["models"]:
-        model["intra_op_threads"] = cores
+    split = copy.deepcopy(raw)
+    for model in split["models"]:
+        model.pop("intra_op_threads", None)
     workdir.mkdir(parents=True, exist_ok=True)
     paths = {}
-    for kind, config in (("executor", executor), ("pipeline", whole), ("pipeline-split", raw)):
+    for kind, config in (("executor", executor), ("pipeline", raw), ("pipeline-split", split)):
         path = paths[kind] = workdir / f"{kind}.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     return paths
