@@ -112,7 +112,7 @@ def test_ratios_targets_and_the_section() -> None:
         "settings": {"faces": [1, 4], "variants": ["pipeline", "client", "triton"],
                      "producers": 4, "warmup_s": 3, "window_s": 10, "clip_frames": 300,
                      "reinfer_every": [1, 10]},
-        "config": "configs/bench/pipelines.yaml",
+        "config": "configs/pipelines-bench.yaml",
         "frames": {"1": {"shape": [640, 640, 3]}, "4": {"shape": [640, 640, 3]}},
         "chain": {"trials": [_trial("pipeline", 1, 20.0), _trial("client", 1, 10.0),
                              _trial("pipeline", 4, 12.0), _trial("client", 4, 4.0),

@@ -1,7 +1,8 @@
 """The pipeline benchmark of ``duomo bench --pipelines`` (issue 35): the chain face → per face
-embedding + attributes, run three ways, and what the tracker's reuse saves.
+embedding + attributes, as a pipeline, from the client and in Triton, and what the tracker's
+reuse saves.
 
-In one run on one machine, on ``configs/bench/pipelines.yaml`` (the demo's ``face``, the
+In one run on one machine, on ``configs/pipelines-bench.yaml`` (the demo's ``face``, the
 second-stage ``face_embedding`` and ``face_attributes`` with ``max_batch`` 8 and a 2 ms window,
 and the pipeline ``faces`` over them):
 
@@ -12,12 +13,16 @@ and the pipeline ``faces`` over them):
    ``pipeline`` (``client.model("faces").infer(frame)``, a fresh supervisor per trial),
    ``client`` (the same chain driven from the producer: detect, then one request per face to
    each second-stage model, all in flight at once; a fresh supervisor per trial, the same
-   config), ``client-seq`` (the same, one request after another; not run by default) and
+   config), ``client-seq`` (the same, one request after another, as the simplest loop does) and
    ``triton`` (Triton 2.51 from the peers' setup, ``tools.bench.peers``: a Python-backend BLS
    model ``faces`` calling Python-backend models that run the same Duomo executors on the same
    ONNX files, the second stage over Triton's dynamic batcher with the same ``max_batch`` and
-   window; one Triton for the whole part). At each face count the variants take turns, in order
-   for 1 face and reversed for 4 (A B C, C B A). Per trial: frames/s (frames answered in the
+   window; one Triton for the whole part). The trials take turns (1 face then 4, each variant
+   in order), ``rounds`` times, the order reversed every other time; before each, the run
+   waits (``quiet_wait_s`` at most) for the shared machine's other work to fall below
+   ``quiet_below`` cores, and a variant whose every trial still ran beside others' work is
+   tried again (``retries`` at most); the report's ratios use each variant's least disturbed
+   trial. Per trial: frames/s (frames answered in the
    window with every face's two sub-results ÷ the window), latency p50/p99 per frame (send →
    the frame's last answer), the server's and producers' cores, and for Duomo the models'
    requests and batch sizes over the window (from ``status``);
@@ -52,7 +57,7 @@ from tools.bench.sampler import TreeSampler
 from tools.bench.servers import DuomoServers, ModeServers, TritonServer
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG = ROOT / "configs" / "bench" / "pipelines.yaml"
+CONFIG = ROOT / "configs" / "pipelines-bench.yaml"
 FACE_IMAGE = ROOT / "tests" / "fixtures" / "images" / "astronaut.png"
 APPS = Path(__file__).resolve().parent / "peer_apps"
 MODULE = "tools.bench.pipeline_producer"

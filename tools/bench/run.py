@@ -347,8 +347,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="times each pipeline trial runs, the order reversed every other time (default 2)",
     )  # fmt: skip
     parser.add_argument(
-        "--pipeline-config", type=Path, default=ROOT / "configs/bench/pipelines.yaml",
-        help="supervisor config of the pipeline part (default: configs/bench/pipelines.yaml)",
+        "--pipeline-config", type=Path, default=ROOT / "configs/pipelines-bench.yaml",
+        help="supervisor config of the pipeline part (default: configs/pipelines-bench.yaml)",
     )  # fmt: skip
 
 
