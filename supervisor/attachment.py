@@ -81,6 +81,9 @@ class Servable(Protocol):
     (``supervisor.pipelines.ServedPipeline``)."""
 
     @property
+    def reader(self) -> str: ...  # the model whose idle workers may read its producers
+
+    @property
     def spec(self) -> _Named: ...
     @property
     def stats(self) -> ModelStats: ...
@@ -155,6 +158,9 @@ class Attachment:
         slots may name; ``flow``: the connection's own flow, its plain requests'."""
         self.ring_id = ring_id
         self.model_name = model.spec.name
+        # whose idle workers may borrow the connection (``supervisor.lending``): the model's
+        # own, or a pipeline's first step's
+        self.reader = model.reader
         self._models = models  # by name at every request, so a reload's replacement serves it
         self.spec = model.slot_spec()
         self._json = self.spec.result == "json"  # else tensors

@@ -152,8 +152,9 @@ class Lending:
     # -- the reactor's side (its thread) ----------------------------------------------------
 
     def dedicate(self, conn: Connection) -> None:
-        """Keep the lendable connections in step with the models ``conn``'s rings attach."""
-        models = {a.model_name for a in conn.attachments.values()}
+        """Keep the lendable connections in step with the models ``conn``'s rings attach (a
+        pipeline's: its first step's model, whose workers take its requests first)."""
+        models = {a.reader for a in conn.attachments.values()}
         model = models.pop() if len(models) == 1 and not conn.closed else None
         loan = conn.loan
         if model == loan.model:

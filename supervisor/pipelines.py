@@ -139,6 +139,12 @@ class ServedPipeline:
         return self.state.value
 
     @property
+    def reader(self) -> str:
+        """The model whose idle workers may read its producers' connections
+        (``supervisor.lending``): its first step's, which takes its requests first."""
+        return self.root.model
+
+    @property
     def layout_known(self) -> bool:
         root = self._models.get(self.root.model)
         return root is not None and root.layout_known

@@ -398,6 +398,11 @@ class ServedModel:
         return f"model {name!r} is {state.value.lower()}"
 
     @property
+    def reader(self) -> str:
+        """The model whose idle workers may read its producers' connections: its own."""
+        return self.spec.name
+
+    @property
     def auto_load(self) -> bool:
         """Whether a request may load it (``on_demand``): not once an operator unloaded it,
         until it is loaded again."""

@@ -63,7 +63,7 @@ class Reactor:
         self.peers.append(theirs)
         conn = Connection(ours, len(self.peers), b"\0" * 32, make_limits(), lambda c: None, Loan())  # type: ignore[arg-type]
         conn.authenticate()
-        conn.attachments[1] = SimpleNamespace(model_name=model)  # type: ignore[assignment]
+        conn.attachments[1] = SimpleNamespace(model_name=model, reader=model)  # type: ignore[assignment]
         self.epoll.register(conn.fd, select.EPOLLIN)
         self.lending.dedicate(conn)
         return conn
