@@ -19,8 +19,8 @@ pipeline does at run time is ``supervisor.pipelines``'.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Literal
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -84,6 +84,19 @@ class PipelineConfig(StrictModel):
     name: str = Field(pattern=NAME_PATTERN)
     steps: list[StepConfig] = Field(min_length=1, max_length=32)
     tracker: TrackerConfig | None = None
+
+
+def entries_over(entries: object, models: Collection[str]) -> list[Any]:
+    """The raw ``pipelines:`` entries of a config file whose steps all run on ``models``: what
+    a copy of the file restricted to those models keeps (the benchmark's, the tests')."""
+    if not isinstance(entries, list):
+        return []
+    return [
+        entry
+        for entry in entries
+        if isinstance(entry, dict)
+        and all(isinstance(s, dict) and s.get("model") in models for s in entry.get("steps", []))
+    ]
 
 
 def labels(names: Sequence[str]) -> list[str]:

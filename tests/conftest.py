@@ -41,6 +41,7 @@ from pluggy import Result
 from duomo.ipc.logs import configure_logging
 from duomo.supervisor.config import LoadedConfig, load_config
 from duomo.supervisor.image_files import read_image
+from duomo.supervisor.pipeline_config import entries_over
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGES = ROOT / "tests" / "fixtures" / "images"
@@ -140,9 +141,7 @@ def demo_variant(tmp_dir: Path, models: list[str], **overrides: object) -> Loade
     raw = yaml.safe_load(DEMO_CONFIG.read_text())
     raw["model_root"] = str(ROOT / "models")
     raw["models"] = [{**m, **overrides} for m in raw["models"] if m["name"] in models]
-    raw["pipelines"] = [  # those over the models kept
-        p for p in raw.get("pipelines", []) if all(s["model"] in models for s in p["steps"])
-    ]
+    raw["pipelines"] = entries_over(raw.get("pipelines"), models)  # those over the models kept
     path = tmp_dir / "variant.yaml"
     path.write_text(yaml.safe_dump(raw))
     return load_config(path)

@@ -78,6 +78,15 @@ NOT_RUN: list[tuple[str, str]] = [
         r"\.venv/bin/duomo bench --cameras(-only --out \S+)?",
         "5 minutes (with --cameras, 25–30) of a whole machine; test_bench.py runs `duomo bench`",
     ),
+    (
+        r"\.venv/bin/duomo bench --pipelines(-only --out \S+)?",
+        "6–12 minutes (with --pipelines, 30) of a whole machine, Triton included; "
+        "test_pipelines.py and test_pipeline_gateway.py run the pipeline",
+    ),
+    (
+        r"\.venv/bin/python -m tools\.bench\.ocr_pipeline .*",
+        "4 minutes of a whole machine; test_ocr_pipeline.py checks the answers it measures",
+    ),
     (r"\.venv/bin/python tools/atc_convert\.py .*", "needs CANN's ATC, on an Ascend machine"),
     (r"\.venv/bin/python tools/ascend_smoke\.py .*", "needs .om files and an Ascend card"),
     (r"\.venv/bin/duomo start -c configs/ascend-\w+\.yaml", "needs an Ascend card"),

@@ -35,6 +35,7 @@ from typing import Any
 
 import yaml
 
+from duomo.supervisor.pipeline_config import entries_over
 from duomo.worker.thread_budget import usable_cores
 from tools.bench.report import per_round
 
@@ -49,6 +50,9 @@ def layout_config(layout: str, cores: list[int]) -> dict[str, Any]:
     raw["model_root"] = str(ROOT / "models")
     for key in ("gateway", "metrics"):  # (fixed ports; the duomo mode uses neither)
         raw.pop(key, None)
+    # the mixed workload's models (not the demo's second stage, which it sends nothing)
+    raw["models"] = [m for m in raw["models"] if m["name"] in MODELS]
+    raw["pipelines"] = entries_over(raw.get("pipelines"), MODELS)
     if layout == "one-2core":
         return raw
     raw["devices"] = [{"id": i, "kind": "cpu", "cores": [core]} for i, core in enumerate(cores)]

@@ -34,6 +34,7 @@ from typing import Any
 import yaml
 
 from duomo.ipc.runtime_dir import pid_path
+from duomo.supervisor.pipeline_config import entries_over
 from tools.bench import peers
 from tools.bench.workload import GATEWAY_MODES
 
@@ -67,12 +68,13 @@ def supervisor_config(
 ) -> Path:
     """``base`` with only ``models`` (in that order), absolute model paths, the
     ``backends.onnxruntime`` settings in ``onnxruntime`` replaced, and the ``gateway`` and
-    ``metrics`` sections given (none by default)."""
+    ``metrics`` sections given (none by default); the pipelines over those models only."""
     raw = yaml.safe_load(base.read_text(encoding="utf-8"))
     root = raw.get("model_root")
     raw["model_root"] = str((base.parent / root).resolve()) if root else str(base.parent)
     by_name = {m["name"]: m for m in raw["models"]}
     raw["models"] = [by_name[name] for name in models]
+    raw["pipelines"] = entries_over(raw.get("pipelines"), models)
     raw.pop("gateway", None)
     if gateway is not None:
         raw["gateway"] = gateway
