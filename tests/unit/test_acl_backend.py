@@ -325,7 +325,10 @@ def test_reload_replaces_sessions_without_leaks(tmp_path: Path, fake: FakeAcl) -
             ],
         )
         summary = engine.reload(load_config(second))
-        assert summary == {"added": ["static"], "removed": [], "replaced": ["affine"]}
+        assert summary == {
+            "added": ["static"], "removed": [], "replaced": ["affine"],
+            "pipelines_added": [], "pipelines_removed": [], "pipelines_replaced": [],
+        }  # fmt: skip
         assert engine.infer("affine", np.ones((8, 4), np.float32), timeout_s=10)["y"].shape == (
             8,
             4,
