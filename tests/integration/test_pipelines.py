@@ -253,6 +253,22 @@ def test_the_frames_deadline_carries_into_its_steps(engine: Engine) -> None:
     assert answer["faces"][0]["slow"]["shape"] == list(ASTRONAUT.shape[:2])
 
 
+def test_the_frames_priority_carries_into_its_steps(engine: Engine) -> None:
+    """Two frames whose faces wait for a busy step: the later frame, of higher priority, has
+    its face's step run first."""
+    busy = engine.submit("slow", ASTRONAUT)  # holds ``slow`` for 0.6 s
+    time.sleep(0.05)
+    done: dict[str, float] = {}
+    low = engine.submit("faces_slowly", ASTRONAUT, priority=0)
+    low.add_done_callback(lambda _: done.setdefault("low", time.monotonic()))
+    time.sleep(0.2)  # its face is queued on ``slow`` first
+    high = engine.submit("faces_slowly", ASTRONAUT, priority=5)
+    high.add_done_callback(lambda _: done.setdefault("high", time.monotonic()))
+    for future in (busy, low, high):
+        future.result(30)
+    assert done["high"] < done["low"]
+
+
 # -- through a supervisor ---------------------------------------------------------------------
 
 
