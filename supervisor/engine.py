@@ -18,6 +18,8 @@ The rooms of a model's life, each its own module:
 - ``worker.served_model.ServedModel``: one model's state machine, worker generations and
   admission (its instance threads: ``worker.instances``; what ``status`` shows of it:
   ``worker.model_status``);
+- ``supervisor.pipelines.ServedPipeline``: a pipeline (the config's ``pipelines:``), served
+  under its name beside the models (``servable``), its steps' requests queued on them;
 - ``supervisor.placement`` (where models compute: a thread plan and compute gate per pool of
   cores, a gate per accelerator, each instance's device) and ``supervisor.memory.MemoryLedger``
   (what memory models are charged, per device, and which idle ones make room).
@@ -298,16 +300,20 @@ class Engine:
         )
 
     def _build_pipelines(self, loaded: LoadedConfig) -> None:
-        """Serve ``loaded``'s pipelines whose models are all served: one that did not change
-        is kept as it is (its counts and trackers), the others built anew."""
+        """Serve ``loaded``'s pipelines whose models are all served: one whose entry and whose
+        models' kinds of objects did not change is kept as it is (its counts and trackers), the
+        others built anew."""
         keys = {n: getattr(r.executor, "objects", None) for n, r in loaded.models.items()}
         fresh: dict[str, ServedPipeline] = {}
         for config in loaded.config.pipelines:
             if not all(step.model in self.models for step in config.steps):
                 continue  # (``duomo infer -c`` of other models)
             old = self.pipelines.get(config.name)
-            same = old is not None and old.config == config
-            fresh[config.name] = old if same and old else ServedPipeline(config, self.models, keys)
+            mine = {s.model: keys.get(s.model) for s in config.steps}
+            if old is not None and old.config == config and old.objects_keys == mine:
+                fresh[config.name] = old
+            else:
+                fresh[config.name] = ServedPipeline(config, self.models, keys)
         self.pipelines.update(fresh)  # (never empty between: a scrape may read it meanwhile)
         for name in [n for n in self.pipelines if n not in fresh]:
             del self.pipelines[name]

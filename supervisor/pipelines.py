@@ -98,6 +98,8 @@ class ServedPipeline:
         self.config = config
         self.name = config.name
         self._models = models
+        # its models' ``objects`` (a reload that changes them builds the pipeline anew)
+        self.objects_keys = {s.model: objects_keys.get(s.model) for s in config.steps}
         self.steps = tuple(config.steps)
         self.root = self.steps[0]
         self._whole = tuple(s for s in self.steps if s.for_each is None)
