@@ -3,19 +3,16 @@ in the run's ``report.json`` and ``report.md``.
 
 ``add_to_report(raw, out)`` adds ``cameras`` (the targets and every raw trial of
 ``tools.bench.cameras``) to ``out/report.json`` and appends the section to ``out/report.md``
-— or writes both, with the machine, when the mixed load did not run (``--cameras-only``).
-
-Called by ``tools.bench.cameras.bench_cameras``.
+— or writes both, with the machine, when the mixed load did not run (``--cameras-only``) — through
+``tools.bench.report.add_part``. Called by ``tools.bench.cameras.bench_cameras``.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import json
 from pathlib import Path
 from typing import Any
 
-from tools.bench.report import machine
+from tools.bench.report import add_part, targets_table
 
 PRODUCER_NAMES = {
     "source": "Duomo's video source (`duomo.video`, latest)",
@@ -159,36 +156,13 @@ def markdown(raw: dict[str, Any], found: list[dict[str, Any]]) -> str:
             )
         summary.append(f"{kind} {_fmt(part['largest_n'], 'd')}")
     lines += ["", "Largest N: " + ", ".join(summary) + "."]
-    lines += ["", "| target | value | limit | held |", "|---|--:|--:|---|"]
-    for t in found:
-        sign = "≥" if t["at_least"] else "≤"
-        held = {True: "yes", False: "**no**", None: "—"}[t["held"]]
-        lines.append(
-            f"| {t['target']} | {_fmt(t['value'], '.3f')} | {sign} {t['limit']:g} | {held} |"
-        )
+    lines += targets_table(found, ".3f")
     return "\n".join(lines) + "\n"
 
 
 def add_to_report(raw: dict[str, Any], out: Path) -> str:
     """Add the camera part to ``out``'s report (made if absent); its Markdown section."""
-    out.mkdir(parents=True, exist_ok=True)
     found = targets(raw)
     section = markdown(raw, found)
-    json_path, md_path = out / "report.json", out / "report.md"
-    if json_path.is_file():
-        report = json.loads(json_path.read_text(encoding="utf-8"))
-        text = md_path.read_text(encoding="utf-8") if md_path.is_file() else ""
-    else:
-        report = {
-            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "machine": machine(),
-        }
-        m = report["machine"]
-        text = (
-            f"# duomo bench — {report['date']}\n\nMachine: {m['cpus']} CPUs ({m['processor']}), "
-            f"Python {m['python']}, onnxruntime {m['onnxruntime']}.\n"
-        )
-    report["cameras"] = {"targets": found, "raw": raw}
-    json_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-    md_path.write_text(text.rstrip("\n") + "\n\n" + section, encoding="utf-8")
+    add_part(out, "cameras", {"targets": found, "raw": raw}, section)
     return section

@@ -3,19 +3,16 @@ in the run's ``report.json`` and ``report.md``.
 
 ``add_to_report(raw, out)`` adds ``pipelines`` (the targets, the ratios and every raw trial of
 ``tools.bench.pipelines``) to ``out/report.json`` and appends the section to ``out/report.md``
-— or writes both, with the machine, when nothing else ran (``--pipelines-only``).
-
-Called by ``tools.bench.pipelines.bench_pipelines``.
+— or writes both, with the machine, when nothing else ran (``--pipelines-only``) — through
+``tools.bench.report.add_part``. Called by ``tools.bench.pipelines.bench_pipelines``.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import json
 from pathlib import Path
 from typing import Any
 
-from tools.bench.report import machine
+from tools.bench.report import add_part, targets_table
 
 VARIANT_NAMES = {
     "pipeline": "(a) Duomo pipeline `faces`",
@@ -261,41 +258,20 @@ def markdown(raw: dict[str, Any], found: list[dict[str, Any]]) -> str:
                 "saved).",
             ]
     if found:
-        lines += ["", "| target | value | limit | held |", "|---|--:|--:|---|"]
-        for t in found:
-            held = {True: "yes", False: "**no**", None: "—"}[t["held"]]
-            lines.append(
-                f"| {t['target']} | {_fmt(t['value'], '.2f')} | ≥ {t['limit']:g} | {held} |"
-            )
+        lines += targets_table(found, ".2f")
     return "\n".join(lines) + "\n"
 
 
 def add_to_report(raw: dict[str, Any], out: Path) -> str:
     """Add the pipeline part to ``out``'s report (made if absent); its Markdown section."""
-    out.mkdir(parents=True, exist_ok=True)
     found = targets(raw)
     section = markdown(raw, found)
-    json_path, md_path = out / "report.json", out / "report.md"
-    if json_path.is_file():
-        report = json.loads(json_path.read_text(encoding="utf-8"))
-        text = md_path.read_text(encoding="utf-8") if md_path.is_file() else ""
-    else:
-        report = {
-            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "machine": machine(),
-        }
-        m = report["machine"]
-        text = (
-            f"# duomo bench — {report['date']}\n\nMachine: {m['cpus']} CPUs ({m['processor']}), "
-            f"Python {m['python']}, onnxruntime {m['onnxruntime']}.\n"
-        )
-    report["pipelines"] = {
+    part = {
         "targets": found,
         "ratios": ratios(raw),
         "cpu_ratios": ratios(raw, cpu=True),
         "tracker": tracker_summary(raw),
         "raw": raw,
     }
-    json_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-    md_path.write_text(text.rstrip("\n") + "\n\n" + section, encoding="utf-8")
+    add_part(out, "pipelines", part, section)
     return section

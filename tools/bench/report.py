@@ -13,6 +13,7 @@ Called by ``tools.bench.run`` with the raw rounds.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import platform
@@ -390,7 +391,7 @@ def charts(report: dict[str, Any], out: Path) -> list[str]:
 
 
 def machine() -> dict[str, Any]:
-    """The machine a report's figures come from (also ``tools.bench.camera_report``'s)."""
+    """The machine a report's figures come from (also ``add_part``'s)."""
     import onnxruntime
 
     return {
@@ -399,6 +400,45 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "onnxruntime": onnxruntime.__version__,
     }
+
+
+def targets_table(found: list[dict[str, Any]], spec: str) -> list[str]:
+    """The Markdown lines of a benchmark part's targets (value, limit, held), each value formatted
+    by ``spec``, after a blank line. Called by ``tools.bench.camera_report`` and
+    ``tools.bench.pipeline_report``."""
+    lines = ["", "| target | value | limit | held |", "|---|--:|--:|---|"]
+    for t in found:
+        sign = "≥" if t["at_least"] else "≤"
+        held = {True: "yes", False: "**no**", None: "—"}[t["held"]]
+        lines.append(
+            f"| {t['target']} | {_fmt(t['value'], spec)} | {sign} {t['limit']:g} | {held} |"
+        )
+    return lines
+
+
+def add_part(out: Path, key: str, part: dict[str, Any], section: str) -> None:
+    """Put one benchmark's ``part`` under ``key`` in ``out/report.json`` and append its Markdown
+    ``section`` to ``out/report.md``; where no report is there yet (the benchmark ran alone), both
+    are written, with the date and the machine. Called by ``tools.bench.camera_report`` and
+    ``tools.bench.pipeline_report``."""
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out / "report.json", out / "report.md"
+    if json_path.is_file():
+        report = json.loads(json_path.read_text(encoding="utf-8"))
+        text = md_path.read_text(encoding="utf-8") if md_path.is_file() else ""
+    else:
+        report = {
+            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "machine": machine(),
+        }
+        m = report["machine"]
+        text = (
+            f"# duomo bench — {report['date']}\n\nMachine: {m['cpus']} CPUs ({m['processor']}), "
+            f"Python {m['python']}, onnxruntime {m['onnxruntime']}.\n"
+        )
+    report[key] = part
+    json_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    md_path.write_text(text.rstrip("\n") + "\n\n" + section, encoding="utf-8")
 
 
 def write_report(raw: dict[str, Any], out: Path) -> dict[str, Any]:
