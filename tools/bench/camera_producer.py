@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from tools.bench.inprocess import await_window
+from tools.bench.inprocess import await_window, print_figures
 from tools.bench.report import percentile
 
 Infer = Callable[[np.ndarray], object]
@@ -295,9 +295,7 @@ def main(argv: list[str]) -> int:
             result = play_loop(spec, infers)
         finally:
             close()
-    result["cpu_s"] = time.process_time() - cpu0
-    print(json.dumps(result), flush=True)
-    return 0
+    return print_figures(result, cpu0)
 
 
 if __name__ == "__main__":

@@ -87,6 +87,15 @@ def await_window() -> tuple[float, float]:
     return float(window["start_at"]), float(window["end_at"])
 
 
+def print_figures(figures: dict[str, Any], cpu_started: float) -> int:
+    """A producer's last word in the window protocol: its ``figures`` with the CPU seconds it
+    spent since ``cpu_started`` (``time.process_time``) as ``cpu_s``, one JSON line; the exit
+    status. Called by ``tools.bench.camera_producer`` and ``tools.bench.pipeline_producer``."""
+    figures["cpu_s"] = time.process_time() - cpu_started
+    print(json.dumps(figures), flush=True)
+    return 0
+
+
 def alone(spec: dict[str, Any]) -> dict[str, Any]:
     """Each model by itself, one thread, closed loop for ``alone_s``: its answers/s (the weight
     of its work), p50, and the expected summary of each of its images."""

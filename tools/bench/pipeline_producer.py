@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from tools.bench.inprocess import await_window
+from tools.bench.inprocess import await_window, print_figures
 
 # past the window's end, a producer still running dumps its threads' stacks and exits
 HANG_AFTER_S = 120.0
@@ -252,9 +252,7 @@ def main(argv: list[str]) -> int:
             result = closed_loop(run, lambda i: base, int(spec["faces"]))
         finally:
             close()
-    result["cpu_s"] = time.process_time() - cpu0
-    print(json.dumps(result), flush=True)
-    return 0
+    return print_figures(result, cpu0)
 
 
 if __name__ == "__main__":
