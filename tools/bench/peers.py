@@ -3,8 +3,9 @@ the ``nvidia-pytriton`` 0.7.0 wheel, Python backend) and Mosec 0.9.8, each in a 
 environment under ``.bench/envs/<peer>`` created on demand (never by CI), with the same
 numpy/OpenCV/ONNX Runtime pins for both (numpy < 2: Triton's Python stub is built against 1.x).
 
-Called by ``tools.bench.servers`` when a peer mode runs. What each gotcha below is, and how it
-was found, is in ``shared/research/peers.md``.
+Called by ``tools.bench.servers`` when a peer mode runs, and by ``tools.bench.pipelines`` for its
+Triton models. What each gotcha below is, and how it was found, is in
+``shared/research/peers.md``.
 """
 
 from __future__ import annotations
@@ -116,23 +117,41 @@ def triton_command(
 def triton_repository(repository: Path, config: Path, models: list[str]) -> None:
     """One Python-backend model per Duomo model: one CPU instance, no dynamic batching."""
     for name in models:
-        version = repository / name / "1"
-        version.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(APPS / "triton_model.py", version / "model.py")
-        (repository / name / "config.pbtxt").write_text(
-            f'name: "{name}"\n'
-            'backend: "python"\n'
+        python_model(
+            repository,
+            name,
+            "triton_model.py",
             "max_batch_size: 0\n"
             'input [{ name: "IMAGE", data_type: TYPE_UINT8, dims: [-1, -1, -1] }]\n'
             'output [{ name: "RESULT", data_type: TYPE_STRING, dims: [1] }]\n'
-            "instance_group [{ kind: KIND_CPU, count: 1 }]\n"
-            "parameters [\n"
-            f'  {{ key: "duomo_root", value: {{ string_value: "{ROOT}" }} }},\n'
-            f'  {{ key: "duomo_config", value: {{ string_value: "{config}" }} }},\n'
-            f'  {{ key: "duomo_model", value: {{ string_value: "{name}" }} }}\n'
-            "]\n",
-            encoding="utf-8",
+            "instance_group [{ kind: KIND_CPU, count: 1 }]\n",
+            duomo_config=config,
         )
+
+
+def python_model(
+    repository: Path, name: str, app: str, settings: str, duomo_config: Path | None = None
+) -> None:
+    """Triton model ``name`` in ``repository``: ``app`` (a file of ``peer_apps``) copied in as its
+    ``1/model.py`` and a Python-backend ``config.pbtxt`` of ``settings`` (its lines after the name
+    and the backend), then, with ``duomo_config``, the parameters the app opens its Duomo executor
+    by (the checkout, that config and the model ``name``). Called by ``triton_repository`` and
+    ``tools.bench.pipelines.triton_faces_repository``."""
+    version = repository / name / "1"
+    version.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(APPS / app, version / "model.py")
+    parameters = (
+        ""
+        if duomo_config is None
+        else "parameters [\n"
+        f'  {{ key: "duomo_root", value: {{ string_value: "{ROOT}" }} }},\n'
+        f'  {{ key: "duomo_config", value: {{ string_value: "{duomo_config}" }} }},\n'
+        f'  {{ key: "duomo_model", value: {{ string_value: "{name}" }} }}\n'
+        "]\n"
+    )
+    (repository / name / "config.pbtxt").write_text(
+        f'name: "{name}"\nbackend: "python"\n{settings}{parameters}', encoding="utf-8"
+    )
 
 
 def mosec_command(

@@ -59,7 +59,6 @@ from tools.bench.servers import DuomoServers, ModeServers, TritonServer
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "pipelines-bench.yaml"
 FACE_IMAGE = ROOT / "tests" / "fixtures" / "images" / "astronaut.png"
-APPS = Path(__file__).resolve().parent / "peer_apps"
 MODULE = "tools.bench.pipeline_producer"
 MODELS = ["face", "face_embedding", "face_attributes"]
 SECOND_STAGE = ["face_embedding", "face_attributes"]
@@ -156,19 +155,15 @@ def triton_faces_repository(repository: Path, config: Path, bls_instances: int) 
     """``face`` (``peers.triton_repository``'s one-image model), ``face_embedding`` and
     ``face_attributes`` (``triton_faces_chip.py``, dynamically batched as the config batches
     them) and the BLS model ``faces`` (``triton_faces_bls.py``, ``bls_instances`` instances)."""
-    import shutil
-
     peers.triton_repository(repository, config, ["face"])
     models = {m["name"]: m for m in yaml.safe_load(config.read_text(encoding="utf-8"))["models"]}
     for name in SECOND_STAGE:
-        version = repository / name / "1"
-        version.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(APPS / "triton_faces_chip.py", version / "model.py")
         max_batch = int(models[name].get("max_batch", 1))
         delay_us = int(float(models[name].get("max_delay_ms") or 0) * 1000)
-        (repository / name / "config.pbtxt").write_text(
-            f'name: "{name}"\n'
-            'backend: "python"\n'
+        peers.python_model(
+            repository,
+            name,
+            "triton_faces_chip.py",
             f"max_batch_size: {max_batch}\n"
             f"dynamic_batching {{ max_queue_delay_microseconds: {delay_us} }}\n"
             "input [\n"
@@ -176,25 +171,17 @@ def triton_faces_repository(repository: Path, config: Path, bls_instances: int) 
             '  { name: "LANDMARKS", data_type: TYPE_FP32, dims: [5, 2] }\n'
             "]\n"
             'output [{ name: "RESULT", data_type: TYPE_STRING, dims: [1] }]\n'
-            "instance_group [{ kind: KIND_CPU, count: 1 }]\n"
-            "parameters [\n"
-            f'  {{ key: "duomo_root", value: {{ string_value: "{ROOT}" }} }},\n'
-            f'  {{ key: "duomo_config", value: {{ string_value: "{config}" }} }},\n'
-            f'  {{ key: "duomo_model", value: {{ string_value: "{name}" }} }}\n'
-            "]\n",
-            encoding="utf-8",
+            "instance_group [{ kind: KIND_CPU, count: 1 }]\n",
+            duomo_config=config,
         )
-    version = repository / PIPELINE / "1"
-    version.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(APPS / "triton_faces_bls.py", version / "model.py")
-    (repository / PIPELINE / "config.pbtxt").write_text(
-        f'name: "{PIPELINE}"\n'
-        'backend: "python"\n'
+    peers.python_model(
+        repository,
+        PIPELINE,
+        "triton_faces_bls.py",
         "max_batch_size: 0\n"
         'input [{ name: "IMAGE", data_type: TYPE_UINT8, dims: [-1, -1, 3] }]\n'
         'output [{ name: "RESULT", data_type: TYPE_STRING, dims: [1] }]\n'
         f"instance_group [{{ kind: KIND_CPU, count: {bls_instances} }}]\n",
-        encoding="utf-8",
     )
 
 
@@ -408,6 +395,9 @@ def wait_quiet(settings: PipelineSettings) -> dict[str, float]:
     return {"waited_s": round(time.monotonic() - started, 1), "busy_before": round(busy, 2)}
 
 
+AGAIN = ", again (others' work ran beside it)"  # the label of a trial run again (``disturbed``)
+
+
 def _attempt(label: str, run: Any, **fields: Any) -> dict[str, Any]:
     """``run()`` once the machine is quiet enough (``wait_quiet``), or what went wrong (the run
     goes on; the report says it)."""
@@ -437,6 +427,20 @@ def chain(
             _log(f"triton: {err}")
             triton_error, triton = str(err), None
     trials: list[dict[str, Any]] = []
+
+    def attempt(kind: str, faces: int, r: int, again: str = "") -> dict[str, Any]:
+        """One trial of round ``r`` (``again``: the label's note on a retry)."""
+        return _attempt(
+            f"{kind}, {faces} face(s){again}",
+            lambda: chain_trial(
+                kind, faces, frames[faces], configs, triton, settings, workdir / f"round-{r}"
+            ),
+            variant=kind,
+            faces=faces,
+            round=r,
+            settings=settings,
+        )
+
     turns = [(faces, kind) for faces in settings.faces for kind in variants]
     try:
         for r in range(settings.rounds):
@@ -444,24 +448,7 @@ def chain(
                 if kind == "triton" and triton is None:
                     trials.append({"variant": kind, "faces": faces, "error": triton_error})
                     continue
-                trials.append(
-                    _attempt(
-                        f"{kind}, {faces} face(s)",
-                        lambda kind=kind, faces=faces, r=r: chain_trial(
-                            kind,
-                            faces,
-                            frames[faces],
-                            configs,
-                            triton,
-                            settings,
-                            workdir / f"round-{r}",
-                        ),
-                        variant=kind,
-                        faces=faces,
-                        round=r,
-                        settings=settings,
-                    )
-                )
+                trials.append(attempt(kind, faces, r))
         for faces, kind in turns:  # a variant never measured on a quiet machine: again
             for extra in range(settings.retries):
                 if kind == "triton" and triton is None:
@@ -469,24 +456,7 @@ def chain(
                 ran = [t for t in trials if t["variant"] == kind and t["faces"] == faces]
                 if not disturbed(ran, settings.quiet_below):
                     break
-                trials.append(
-                    _attempt(
-                        f"{kind}, {faces} face(s), again (others' work ran beside it)",
-                        lambda kind=kind, faces=faces, r=settings.rounds + extra: chain_trial(
-                            kind,
-                            faces,
-                            frames[faces],
-                            configs,
-                            triton,
-                            settings,
-                            workdir / f"round-{r}",
-                        ),
-                        variant=kind,
-                        faces=faces,
-                        round=settings.rounds + extra,
-                        settings=settings,
-                    )
-                )
+                trials.append(attempt(kind, faces, settings.rounds + extra, AGAIN))
     finally:
         if triton is not None:
             triton.stop()
@@ -536,38 +506,28 @@ def tracker_trial(
 
 def tracker(frame: Path, base: Path, settings: PipelineSettings, workdir: Path) -> dict[str, Any]:
     """Part 2: the same streams with each ``reinfer_every``."""
-    trials = []
+    trials: list[dict[str, Any]] = []
+
+    def attempt(every: int, r: int, again: str = "") -> dict[str, Any]:
+        """One trial of round ``r`` (``again``: the label's note on a retry)."""
+        return _attempt(
+            f"tracker, reinfer_every {every}{again}",
+            lambda: tracker_trial(every, frame, base, settings, workdir / f"every-{every}-{r}"),
+            reinfer_every=every,
+            round=r,
+            settings=settings,
+        )
+
     for r in range(settings.rounds):
         order = settings.reinfer_every if r % 2 == 0 else settings.reinfer_every[::-1]
         for every in order:
-            trials.append(
-                _attempt(
-                    f"tracker, reinfer_every {every}",
-                    lambda every=every, r=r: tracker_trial(
-                        every, frame, base, settings, workdir / f"every-{every}-{r}"
-                    ),
-                    reinfer_every=every,
-                    round=r,
-                    settings=settings,
-                )
-            )
+            trials.append(attempt(every, r))
     for every in settings.reinfer_every:
         for extra in range(settings.retries):
             ran = [t for t in trials if t["reinfer_every"] == every]
             if not disturbed(ran, settings.quiet_below):
                 break
-            r = settings.rounds + extra
-            trials.append(
-                _attempt(
-                    f"tracker, reinfer_every {every}, again (others' work ran beside it)",
-                    lambda every=every, r=r: tracker_trial(
-                        every, frame, base, settings, workdir / f"every-{every}-{r}"
-                    ),
-                    reinfer_every=every,
-                    round=r,
-                    settings=settings,
-                )
-            )
+            trials.append(attempt(every, settings.rounds + extra, AGAIN))
     return {"trials": trials}
 
 
