@@ -123,7 +123,7 @@ class FaultyExecutor(AffineExecutor):
 
 
 class FaultyImageParams(StrictModel):
-    fault: Literal["none", "raise"] = "none"
+    fault: Literal["none", "raise", "hang"] = "none"
     first_call: int = Field(default=1, ge=1)
     fault_calls: int = Field(default=0, ge=0)
     control_file: Path | None = None
@@ -137,9 +137,9 @@ class FaultyImageExecutor(Executor):
     object's points); the answer is ``{"mean": the image's mean, "shape": [h, w], "points": n}``
     (``points``: the landmarks given, 0 for a crop), so a test can tell what each request was
     handed. ``fault: raise`` raises on this instance's batches from ``first_call`` on, for
-    ``fault_calls`` batches (0: for good); a ``control_file``, when it exists, says "none" or
-    "raise" on every batch instead; ``work_ms`` + ``item_ms`` × n is the time a batch of n
-    takes."""
+    ``fault_calls`` batches (0: for good), ``hang`` hangs while the fault lasts; a
+    ``control_file``, when it exists, says "none", "raise" or "hang" on every batch instead;
+    ``work_ms`` + ``item_ms`` × n is the time a batch of n takes."""
 
     roles = ()
     Params = FaultyImageParams
@@ -177,7 +177,7 @@ class FaultyImageExecutor(Executor):
                 said = control.read_text().strip()
             except OSError:
                 said = ""
-            if said in ("none", "raise"):
+            if said in ("none", "raise", "hang"):
                 return said
         if self.calls < self.p.first_call:
             return "none"
@@ -187,8 +187,12 @@ class FaultyImageExecutor(Executor):
 
     def execute(self, items: Sequence[tuple[np.ndarray, int]], timer: StageTimer) -> list[Any]:
         self.calls += 1
-        if self._fault_now() == "raise":
+        fault = self._fault_now()
+        if fault == "raise":
             raise RuntimeError(f"injected image fault on call {self.calls}")
+        while fault == "hang":  # until the control file says otherwise
+            time.sleep(0.02)
+            fault = self._fault_now()
         if self.p.work_ms or self.p.item_ms:
             time.sleep((self.p.work_ms + self.p.item_ms * len(items)) / 1e3)
         with timer.stage("infer"):

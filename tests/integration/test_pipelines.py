@@ -30,7 +30,7 @@ import pytest
 import yaml
 
 from duomo.ipc.client import Client
-from duomo.ipc.errors import DuomoError
+from duomo.ipc.errors import DuomoError, UnavailableError
 from duomo.supervisor.config import load_config
 from duomo.supervisor.engine import Engine
 from tests.conftest import DEMO_CONFIG, IMAGES, ROOT, fixture_image
@@ -517,3 +517,45 @@ def produce(socket_path: str, pipeline: str, faces: int, seconds: float, slots: 
 if __name__ == "__main__":
     socket_arg, pipeline_arg, faces_arg, seconds_arg, slots_arg = sys.argv[1:6]
     sys.exit(produce(socket_arg, pipeline_arg, int(faces_arg), float(seconds_arg), int(slots_arg)))
+
+
+def test_a_hung_step_answers_the_frame_and_holds_its_slot_until_the_batch_ends(
+    tmp_path: Path, demo_config: object
+) -> None:
+    """A face's step that hangs is abandoned by the watchdog: the frame is answered (that
+    sub-result UNAVAILABLE), and its slot, which the hung batch may still read, stays reserved
+    until that batch really ends."""
+    control = tmp_path / "stuck.fault"
+    control.write_text("hang")
+    stuck = {
+        **PROBE, "name": "stuck", "max_batch": 1, "params": {"control_file": str(control)},
+        "health": {"exec_timeout_ms": 500, "backoff_ms": 0},
+    }  # fmt: skip
+    hangs = {"name": "hangs", "steps": [
+        {"name": "detect", "model": "face"},
+        {"name": "stuck", "model": "stuck", "for_each": LANDMARKS},
+    ]}  # fmt: skip
+    config = write_config(
+        tmp_path, ["face"], extra=[stuck], pipelines=[hangs], watchdog={"period_ms": 100}
+    )
+    with running_supervisor(config) as sup, Client(sup.socket, timeout_s=30) as client:
+        handle = client.model("hangs", slots=2)
+        slot = handle.slot()
+        slot.write(ASTRONAUT)
+        slot.submit()
+        (face,) = slot.wait(timeout_s=20)["faces"]
+        assert face["stuck"]["error"]["code"] == "UNAVAILABLE"
+        slot.submit()  # the hung batch may still read the frame in this slot
+        with pytest.raises(UnavailableError, match="still held"):
+            slot.wait(timeout_s=10)
+        control.write_text("none")  # the hung thread ends, and lets go of the slot
+
+        def served() -> bool:
+            slot.submit()
+            try:
+                return "mean" in slot.wait(timeout_s=10)["faces"][0]["stuck"]
+            except UnavailableError:
+                return False
+
+        poll(served, timeout_s=60)
+        slot.release()
