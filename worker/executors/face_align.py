@@ -23,7 +23,7 @@ import cv2
 import numpy as np
 
 from duomo.ipc.errors import InvalidArgumentError
-from duomo.worker.executors.image_ops import rgb
+from duomo.worker.executors.image_ops import check_near_image, image_points, rgb
 
 LANDMARKS = 5
 
@@ -81,30 +81,12 @@ def face_landmarks(value: Any, width: int, height: int, name: str = "landmarks")
     outside the image by more than the face's own size (its landmarks' extent): points a little
     outside are a face cut by the frame's edge, points far outside belong to another image.
     """
-    try:
-        points = np.array(value, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise InvalidArgumentError(
-            f"input {name!r} must be 5×2 numbers (x, y), got {type(value).__name__} "
-            "that is not an array of numbers"
-        ) from None
-    if points.shape != (LANDMARKS, 2):
-        raise InvalidArgumentError(
-            f"input {name!r} must be {LANDMARKS}×2 points (x, y) in pixels, "
-            f"got shape {list(points.shape)}"
-        )
-    if not np.isfinite(points).all():
-        raise InvalidArgumentError(f"input {name!r} holds a NaN or an infinity")
+    points = image_points(value, LANDMARKS, np.float64, name)
     extent = float(np.ptp(points, axis=0).max())
     if extent < 1.0:
         raise InvalidArgumentError(f"input {name!r}: the five points lie within one pixel")
-    low, high = points.min(axis=0), points.max(axis=0)
-    if (low < -extent).any() or high[0] > width + extent or high[1] > height + extent:
-        raise InvalidArgumentError(
-            f"input {name!r} lies outside the {width}×{height} image "
-            f"(x {low[0]:.1f}..{high[0]:.1f}, y {low[1]:.1f}..{high[1]:.1f}; "
-            f"at most the face's size, {extent:.1f} px, past an edge)"
-        )
+    past = f"; at most the face's size, {extent:.1f} px, past an edge"
+    check_near_image(points, width, height, name, past)
     return points
 
 

@@ -10,6 +10,9 @@ A request's frame is never copied at its full size, whatever its size or channel
 checks it and returns it as it is (a view into its slot), the resize reads it once, and gray or
 RGBA pixels become RGB only after that, on the small image (``rgb``). A 6000×4000 RGBA frame
 would otherwise cost a 72 MB copy before anything else happened.
+
+``image_points`` and ``check_near_image`` check points a request gives in its image's pixels (a
+face's landmarks, ``face_align``; a text line's corners, ``ocr_stages``).
 """
 
 from __future__ import annotations
@@ -119,3 +122,39 @@ def zero_padding(out_chw: np.ndarray, height: int, width: int) -> None:
     """Zero what lies outside the top-left ``height``×``width`` region of a C×H×W canvas."""
     out_chw[:, height:, :] = 0.0
     out_chw[:, :height, width:] = 0.0
+
+
+def image_points(value: Any, count: int, dtype: type, name: str, order: str = "") -> np.ndarray:
+    """``value`` as ``count`` (x, y) points in an image's pixels (a face's landmarks, a text
+    line's corners); InvalidArgumentError naming input ``name``: not ``count`` pairs of real
+    numbers, or a NaN or an infinity. ``order``: how the points go, said in the shape's error."""
+    try:
+        points: np.ndarray = np.array(value, dtype=dtype)
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(
+            f"input {name!r} must be {count}×2 numbers (x, y), got {type(value).__name__} "
+            "that is not an array of numbers"
+        ) from None
+    if points.shape != (count, 2):
+        raise InvalidArgumentError(
+            f"input {name!r} must be {count}×2 points (x, y) in pixels{order}, "
+            f"got shape {list(points.shape)}"
+        )
+    if not np.isfinite(points).all():
+        raise InvalidArgumentError(f"input {name!r} holds a NaN or an infinity")
+    return points
+
+
+def check_near_image(
+    points: np.ndarray, width: int, height: int, name: str, past: str = ""
+) -> None:
+    """InvalidArgumentError naming input ``name`` when a point lies outside the ``width`` ×
+    ``height`` image by more than the points' own extent (a little outside: an object cut by the
+    frame's edge; far outside: points of another image); ``past`` ends the message."""
+    reach = float(np.ptp(points, axis=0).max())
+    low, high = points.min(axis=0), points.max(axis=0)
+    if (low < -reach).any() or high[0] > width + reach or high[1] > height + reach:
+        raise InvalidArgumentError(
+            f"input {name!r} lies outside the {width}×{height} image "
+            f"(x {low[0]:.1f}..{high[0]:.1f}, y {low[1]:.1f}..{high[1]:.1f}{past})"
+        )

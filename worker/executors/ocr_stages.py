@@ -50,7 +50,7 @@ from duomo.worker.executors.base import (
     SlotSpec,
     StageTimer,
 )
-from duomo.worker.executors.image_ops import as_image
+from duomo.worker.executors.image_ops import as_image, check_near_image, image_points
 from duomo.worker.executors.ocr import (
     LineReader,
     OcrDetectionParams,
@@ -113,30 +113,10 @@ def line_quad(value: Any, width: int, height: int) -> np.ndarray:
     InvalidArgumentError naming input ``quad``: not four pairs of real numbers, a NaN or an
     infinity, corners within one pixel of each other, or a corner outside the image by more
     than the line's own size."""
-    try:
-        quad = np.array(value, dtype=np.float32)
-    except (TypeError, ValueError):
-        raise InvalidArgumentError(
-            f"input 'quad' must be 4×2 numbers (x, y), got {type(value).__name__} "
-            "that is not an array of numbers"
-        ) from None
-    if quad.shape != QUAD:
-        raise InvalidArgumentError(
-            f"input 'quad' must be 4×2 points (x, y) in pixels, clockwise from the top-left, "
-            f"got shape {list(quad.shape)}"
-        )
-    if not np.isfinite(quad).all():
-        raise InvalidArgumentError("input 'quad' holds a NaN or an infinity")
-    extent = float(np.ptp(quad, axis=0).min())
-    if extent < 1.0:
+    quad = image_points(value, QUAD[0], np.float32, "quad", ", clockwise from the top-left")
+    if float(np.ptp(quad, axis=0).min()) < 1.0:
         raise InvalidArgumentError("input 'quad': the four corners lie within one pixel")
-    low, high = quad.min(axis=0), quad.max(axis=0)
-    reach = float(np.ptp(quad, axis=0).max())
-    if (low < -reach).any() or high[0] > width + reach or high[1] > height + reach:
-        raise InvalidArgumentError(
-            f"input 'quad' lies outside the {width}×{height} image "
-            f"(x {low[0]:.1f}..{high[0]:.1f}, y {low[1]:.1f}..{high[1]:.1f})"
-        )
+    check_near_image(quad, width, height, "quad")
     return quad
 
 
