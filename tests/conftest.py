@@ -30,8 +30,10 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Sequence
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -122,6 +124,23 @@ def poll(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         time.sleep(0.02)
+
+
+def alone_then_together(served: Any, payloads: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+    """The outcomes of ``payloads`` submitted to ``served`` (a ``ServedModel``) one at a time,
+    each waited for (with a long fill window, a batch of 1 each), then all at once (one batch).
+    For the tests that a batch answers what single runs answer."""
+    singles = []
+    for payload in payloads:
+        future: Future[Any] = Future()
+        served.submit(payload, future.set_result)
+        singles.append(future.result(60))  # alone, it waits out the window: a batch of 1
+    futures: list[Future[Any]] = []
+    for payload in payloads:
+        future = Future()
+        served.submit(payload, future.set_result)
+        futures.append(future)
+    return singles, [f.result(60) for f in futures]
 
 
 @pytest.fixture(scope="session")

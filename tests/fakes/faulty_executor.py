@@ -46,6 +46,25 @@ Fault = Literal["none", "raise", "hang", "garbage"]
 FAULTS = ("none", "raise", "hang", "garbage")
 
 
+def scheduled_fault(p: FaultyParams | FaultyImageParams, calls: int, faults: Sequence[str]) -> str:
+    """The fault an instance's ``calls``-th batch has: what its ``control_file`` says (one of
+    ``faults``), else ``p.fault`` from batch ``first_call`` on, for ``fault_calls`` batches (0:
+    for good)."""
+    control = p.control_file
+    if control is not None:
+        try:
+            said = control.read_text().strip()
+        except OSError:
+            said = ""
+        if said in faults:
+            return said
+    if calls < p.first_call:
+        return "none"
+    if p.fault_calls and calls >= p.first_call + p.fault_calls:
+        return "none"
+    return p.fault
+
+
 class FaultyParams(AffineParams):
     fault: Fault = "none"
     first_call: int = Field(default=1, ge=1)
@@ -88,19 +107,7 @@ class FaultyExecutor(AffineExecutor):
     def _fault_now(self) -> str:
         if self.p.fault_device is not None and self.device != self.p.fault_device:
             return "none"
-        control = self.p.control_file
-        if control is not None:
-            try:
-                said = control.read_text().strip()
-            except OSError:
-                said = ""
-            if said in FAULTS:
-                return said
-        if self.calls < self.p.first_call:
-            return "none"
-        if self.p.fault_calls and self.calls >= self.p.first_call + self.p.fault_calls:
-            return "none"
-        return self.p.fault
+        return scheduled_fault(self.p, self.calls, FAULTS)
 
     def execute(self, items: Sequence[Any], timer: StageTimer) -> list[Any]:
         self.calls += 1
@@ -171,19 +178,7 @@ class FaultyImageExecutor(Executor):
         return payload, points
 
     def _fault_now(self) -> str:
-        control = self.p.control_file
-        if control is not None:
-            try:
-                said = control.read_text().strip()
-            except OSError:
-                said = ""
-            if said in ("none", "raise", "hang"):
-                return said
-        if self.calls < self.p.first_call:
-            return "none"
-        if self.p.fault_calls and self.calls >= self.p.first_call + self.p.fault_calls:
-            return "none"
-        return self.p.fault
+        return scheduled_fault(self.p, self.calls, ("none", "raise", "hang"))
 
     def execute(self, items: Sequence[tuple[np.ndarray, int]], timer: StageTimer) -> list[Any]:
         self.calls += 1

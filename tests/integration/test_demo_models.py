@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +16,8 @@ from duomo.supervisor.engine import Engine
 from duomo.worker.backends.base import ModelSession, SessionSettings, TensorSpec
 from duomo.worker.backends.ort_backend import OrtBackend
 from duomo.worker.executors.base import StageTimer
-from duomo.worker.request import Outcome
 from duomo.worker.thread_budget import available_cores
-from tests.conftest import demo_variant, fixture_image
+from tests.conftest import alone_then_together, demo_variant, fixture_image
 
 CAT_CLASSES = {281, 282, 283, 284, 285}  # tabby, tiger, Persian, Siamese, Egyptian cat
 OCR_LINES = ["Ascend inference server", "Invoice No. 2026-0471", "Total: 1,234.56 CNY"]
@@ -110,18 +108,7 @@ def test_a_batch_of_four_equals_four_single_runs(
     if model == "ocr":
         arrays[1] = rendered_text(OCR_LINES)
     with Engine(config) as engine:
-        served = engine.model(model)
-        singles = []
-        for a in arrays:
-            future: Future[Outcome] = Future()
-            served.submit(a, future.set_result)
-            singles.append(future.result(60))  # alone, it waits out the window: a batch of 1
-        futures: list[Future[Outcome]] = []
-        for a in arrays:
-            future = Future()
-            served.submit(a, future.set_result)
-            futures.append(future)
-        batched = [f.result(60) for f in futures]
+        singles, batched = alone_then_together(engine.model(model), arrays)
     assert [o.batch_size for o in singles] == [1, 1, 1, 1]
     assert [o.batch_size for o in batched] == [4, 4, 4, 4]
     for single, together in zip(singles, batched):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +27,7 @@ from duomo.worker.backends.base import SessionSettings
 from duomo.worker.backends.ort_backend import OrtBackend
 from duomo.worker.executors.face_align import ARCFACE, chip_transform, warp_chip
 from duomo.worker.executors.face_attributes import FaceAttributesExecutor, FaceAttributesParams
-from duomo.worker.request import Outcome
-from tests.conftest import ROOT, fixture_image
+from tests.conftest import ROOT, alone_then_together, fixture_image
 from tests.integration.harness import free_port, running_supervisor, write_config
 
 EMBEDDING = {
@@ -145,18 +143,7 @@ def test_a_batch_of_four_equals_four_single_runs(
     engine: Engine, faces: dict[str, dict[str, np.ndarray]], model: str
 ) -> None:
     payloads = [faces["astronaut"], faces["camera"], faces["mirrored"], faces["astronaut"]]
-    served = engine.model(model)
-    singles = []
-    for payload in payloads:
-        future: Future[Outcome] = Future()
-        served.submit(payload, future.set_result)
-        singles.append(future.result(60))  # alone, it waits out the window: a batch of 1
-    futures: list[Future[Outcome]] = []
-    for payload in payloads:
-        future = Future()
-        served.submit(payload, future.set_result)
-        futures.append(future)
-    batched = [f.result(60) for f in futures]
+    singles, batched = alone_then_together(engine.model(model), payloads)
     assert [o.batch_size for o in singles] == [1, 1, 1, 1]
     assert [o.batch_size for o in batched] == [4, 4, 4, 4]
     for single, together in zip(singles, batched):
