@@ -5,6 +5,7 @@ tested on a fake clock: tests/unit/test_batch_window.py.)"""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from concurrent.futures import Future
@@ -40,16 +41,38 @@ def stream(client: Client, model: str, seconds: float, rate: float) -> int:
     return int(seconds * rate)
 
 
+def window_during(watcher: Client, model: str, after_s: float) -> Future[float]:
+    """``model``'s ``batch_window_ms`` read ``after_s`` from now, on a thread of its own (its
+    stream runs on the caller's meanwhile)."""
+    seen: Future[float] = Future()
+
+    def read() -> None:
+        time.sleep(after_s)
+        try:
+            seen.set_result(watcher.status()["models"][model]["batch_window_ms"])
+        except BaseException as err:
+            seen.set_exception(err)
+
+    threading.Thread(target=read, daemon=True).start()
+    return seen
+
+
 def test_a_fixed_cost_gets_a_window_and_a_linear_one_does_not(tmp_path: Path) -> None:
     fixed = faulty_model("fixed", params={"work_ms": 20}, health={"slo_p99_ms": 400}, **AUTO)
     linear = faulty_model("linear", params={"item_ms": 4}, health={"slo_p99_ms": 400}, **AUTO)
     config = write_config(tmp_path, [], extra=[fixed, linear])
     with running_supervisor(config) as sup, Client(sup.socket, timeout_s=60) as client:
-        assert stream(client, "fixed", 3.0, rate=150) > 0
-        assert stream(client, "linear", 3.0, rate=150) > 0
+        # each model's window as it is while its stream still runs: once the stream ends, its
+        # last fills gain nothing and switch the window off (rule 5), which is not under test
+        with Client(sup.socket, timeout_s=60) as watcher:
+            while_fixed = window_during(watcher, "fixed", after_s=2.0)
+            assert stream(client, "fixed", 3.0, rate=150) > 0
+            while_linear = window_during(watcher, "linear", after_s=2.0)
+            assert stream(client, "linear", 3.0, rate=150) > 0
         models = client.status()["models"]
     fixed_seen, linear_seen = models["fixed"], models["linear"]
-    assert fixed_seen["batch_window_ms"] > 0, fixed_seen
+    assert while_fixed.result(30) > 0, fixed_seen
+    assert while_linear.result(30) == 0, linear_seen
     assert linear_seen["batch_window_ms"] == 0, linear_seen
     totals = fixed_seen["totals"]
     assert totals["inference_count"] / totals["execution_count"] > 2  # fuller batches
