@@ -110,6 +110,8 @@ class ModelConfig(StrictModel):
     memory_budget_mb: int | None = Field(default=None, ge=1)
     preload: bool = True
     evictable: bool = False
+    # instances and models that open the same file alike use one copy of its weights
+    share_weights: bool = True
     health: HealthPolicy = Field(default_factory=HealthPolicy)
     # threads per instance: planned (None), a number, or "all": the whole thread budget of its
     # pool while it computes (the compute gate has it take turns with the others)

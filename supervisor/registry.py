@@ -96,6 +96,7 @@ class ModelRegistry:
             priority=cfg.priority,
             priority_aging_per_s=cfg.priority_aging_per_s,
             compute_weight=cfg.compute_weight,
+            share_weights=cfg.share_weights,
             health=cfg.health,
             placements=tuple(placements.placement(name, cfg, i) for i in range(cfg.instances)),
         )

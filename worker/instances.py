@@ -64,12 +64,15 @@ class Instances:
         spec = self._spec
         place = spec.placement(index)
         pin_thread(place.cores)  # its thread, and the intra-op threads its sessions start
+        gate = self._gates.get(place.device)
         settings = SessionSettings(
             intra_op_threads=place.intra_op_threads,
-            gate=self._gates.get(place.device),
+            gate=gate,
             device=place.device,
             device_room_bytes=device_room.get(place.device),
             cores=place.cores,
+            share_weights=spec.share_weights,
+            runs_alone=gate is not None and gate.gate.runs_alone,
         )
         return spec.executor.open(spec.params, spec.files, spec.max_batch, self._backend, settings)
 

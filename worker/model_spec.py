@@ -88,6 +88,7 @@ class ModelSpec:
     intra_op_threads: int = 1
     health: HealthPolicy = field(default_factory=HealthPolicy)
     compute_weight: float = 1.0  # its share of the device's compute time, relative to others'
+    share_weights: bool = True  # its sessions use the process's one copy of a file's weights
     # instance i's place (``models[].device``, round-robin); none given: all on device 0
     placements: tuple[Placement, ...] = ()
 

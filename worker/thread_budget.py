@@ -344,6 +344,11 @@ class ComputeGate:
         self._cond = threading.Condition(self._lock)
         self.high_water = 0
 
+    @property
+    def runs_alone(self) -> bool:
+        """Whether it starts one run at a time, never two together (one token, no overdraft)."""
+        return self.tokens == 1 and self.overdraft == 0
+
     def member(
         self, name: str, weight: float = 1.0, priority: int = 0, aging_per_s: float = 0.0
     ) -> GateMember:

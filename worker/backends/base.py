@@ -41,6 +41,30 @@ class SessionSettings:
     cores: tuple[int, ...] = ()  # a cpu device's own cores, its threads pinned there
     device_room_bytes: int | None = None  # device memory the model may still take (budgets)
     varying_shapes: bool = False  # its input shapes change from request to request
+    # one copy of a file's weights for every session that opens it alike (``share_weights``)
+    share_weights: bool = True
+    # its device's compute gate starts one run at a time (``runs_at_once: 1``, ``overdraft:
+    # 0``): models there never run together, so they may share one work buffer (ACL)
+    runs_alone: bool = False
+
+
+@dataclass(frozen=True)
+class WeightShare:
+    """One copy of a model file's weights in this process, used by every session that opened
+    the file alike (instances of a model, a replica under another name, a pipeline step).
+
+    ``key`` tells copies apart (two sessions with the same key use the same memory); ``file``
+    is the file's name as ``status`` shows it; ``nbytes`` what the copy holds, measured when it
+    was made: host memory (ONNX Runtime: the resident growth across the shared session's
+    creation) unless ``on_device`` (ACL: the weight buffer, ``query_size``'s weight size). The
+    memory ledger charges each key once per device, whatever the number of users.
+    """
+
+    key: str
+    file: str
+    device: int
+    nbytes: int
+    on_device: bool = False
 
 
 class NotEnoughDeviceMemoryError(RuntimeError):
@@ -152,8 +176,15 @@ class ModelSession(ABC):
 
     @property
     def device_bytes(self) -> int:
-        """Accelerator memory this session took when it loaded (0 for host-only runtimes)."""
+        """Accelerator memory this session took when it loaded, not counting the shared
+        weights of ``weights`` (0 for host-only runtimes)."""
         return 0
+
+    @property
+    def weights(self) -> WeightShare | None:
+        """The shared copy of weights this session uses, or None (its weights are its own and
+        counted in what its load took)."""
+        return None
 
     @property
     def hw_gears(self) -> tuple[tuple[int, int], ...]:
