@@ -10,7 +10,8 @@ device→host writes to it. A model is a JSON descriptor standing in for an ``.o
      "inputs":  [{"name": "x", "dtype": "float32", "format": "NCHW", "dims": [-1, 4]}],
      "outputs": [{"name": "y", "dtype": "float32", "format": "ND", "dims": [-1, 4]}],
      "dynamic_batch": [1, 2, 4],          # gears; adds the ascend_mbatch_shape_data input
-     "function": "affine"}                # what "execute" computes (FUNCTIONS below)
+     "function": "affine",                # what "execute" computes (FUNCTIONS below)
+     "work_bytes": 65536, "weight_bytes": 1048576}  # what query_size says (these defaults)
 
 or, for a dynamic image size (``atc --dynamic_image_size``), ``"dynamic_hw": [[h, w], ...]`` with
 -1 at H and W (never together with ``dynamic_batch``, which ATC refuses too).
@@ -28,11 +29,26 @@ index other than -1; a dataset whose buffer count or sizes do not match the mode
 releases out of the documented order; and it counts leaks (``leaks()``). ``fail_next_executes``
 makes the next N executes fail with 507011; ``rebind_default_context`` makes every synchronise
 leave the thread in the device's default context, as ORT-CANN's per-run ``set_device`` does.
+
+Memory a model runs in (``mdl.load_from_file_with_mem``, the documented rules): a work or weight
+pointer of 0 means the runtime manages that part itself (as ``load_from_file`` does for both);
+otherwise the buffer must be allocated, on the current context's device (200002), at least as
+large as ``query_size`` says (100000), and neither freed while a loaded model uses it — the
+fake refuses that ``rt.free`` (100000), where a card would free memory a model still reads.
+Weight memory is read-only during inference, so models loaded from the same file may share
+one weight buffer; one that holds another file's weights, or overlaps a model's work buffer,
+is refused. Models may share a work buffer only if they never run at once: an
+``execute_async`` while another model's run on another stream, over the same work buffer, has
+not been synchronised is an error (100000). A card would not say so (the runs would corrupt
+each other's intermediates); the fake does, so a test catches it. Each load writes the file's
+digest at the start of its weight buffer, and an execute whose weights no longer start with it
+fails (507011): a shared weight buffer overwritten by anything else is caught on the next run.
 """
 
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import itertools
 import json
 import math
@@ -80,7 +96,8 @@ H2D = CONTRACT["enums"]["aclrtMemcpyKind"]["ACL_MEMCPY_HOST_TO_DEVICE"]
 D2H = CONTRACT["enums"]["aclrtMemcpyKind"]["ACL_MEMCPY_DEVICE_TO_HOST"]
 DEVICE_BYTES = 8 << 30  # each device's
 DEVICE_BASE = 0x7F00_0000_0000  # fake device addresses: never valid host memory
-WEIGHT_BYTES = 1 << 20  # what a loaded fake model "uses" on the device
+WEIGHT_BYTES = 1 << 20  # a fake model's weights (query_size), unless it says "weight_bytes"
+WORK_BYTES = 64 << 10  # its work memory, unless it says "work_bytes"
 
 FUNCTIONS: dict[str, Callable[[list[np.ndarray]], list[np.ndarray]]] = {
     "identity": lambda xs: [x.copy() for x in xs],
@@ -144,6 +161,10 @@ class Model:
     running_on: int = 0  # the stream it executes on until that stream is synchronised
     last_gear: tuple[int, ...] = ()  # the gear of its last execute, for get_cur_output_dims
     descs: set[int] = field(default_factory=set)
+    digest: bytes = b""  # of the file: what its weight buffer starts with
+    work: tuple[int, int] = (0, 0)  # (pointer, bytes) of user-managed work memory; 0: runtime's
+    weights: tuple[int, int] = (0, 0)  # the same for its weights
+    system_bytes: int = 0  # device memory the runtime manages for it (a part passed as 0)
 
 
 @dataclass
@@ -230,6 +251,16 @@ class FakeAcl:
             if base <= pointer and pointer + count <= base + len(region):
                 return region, pointer - base
         return None
+
+    def users(self, pointer: int, size: int = 1) -> list[tuple[int, str]]:
+        """The loaded models whose work or weight memory overlaps ``size`` bytes at ``pointer``,
+        with which of the two it is: ``(model id, "work" | "weights")``."""
+        found = []
+        for model_id, model in self.models.items():
+            for part, (base, nbytes) in (("work", model.work), ("weights", model.weights)):
+                if base and base < pointer + size and pointer < base + nbytes:
+                    found.append((model_id, part))
+        return found
 
     def leaks(self) -> dict[str, int]:
         """Everything created and not released (all zero after a clean shutdown)."""
@@ -438,6 +469,8 @@ class _Rt(_Namespace):
                 return f.error(INVALID_PARAM, f"free of {pointer:#x}, not a device buffer")
             if any(p == pointer for p, _ in f.buffers.values()):
                 return f.error(INVALID_PARAM, "free of a buffer a data buffer still describes")
+            if users := f.users(pointer, len(f.memory[pointer])):
+                return f.error(INVALID_PARAM, f"free of memory loaded models still use: {users}")
             if (ret := f.on_current_device(pointer, "free")) != OK:
                 return ret
             f.used[f.memory_device.pop(pointer)] -= len(f.memory.pop(pointer))
@@ -486,10 +519,10 @@ class _Mdl(_Namespace):
     @_contract("mdl.query_size")
     def query_size(self, path: str) -> tuple[int, int, int]:
         try:
-            self._read(path)
+            data = self._read(path)
         except (OSError, ValueError, KeyError) as err:
             return 0, 0, self.fake.error(INVALID_FILE, str(err))
-        return 64 << 10, WEIGHT_BYTES, OK
+        return (*_sizes(data), OK)
 
     def _read(self, path: str) -> dict[str, Any]:
         data = json.loads(Path(path).read_text())
@@ -499,16 +532,54 @@ class _Mdl(_Namespace):
 
     @_contract("mdl.load_from_file")
     def load_from_file(self, path: str) -> tuple[int, int]:
+        return self._load(path, (0, 0), (0, 0))
+
+    @_contract("mdl.load_from_file_with_mem")
+    def load_from_file_with_mem(
+        self, path: str, work_ptr: int, work_size: int, weight_ptr: int, weight_size: int
+    ) -> tuple[int, int]:
+        return self._load(path, (work_ptr, work_size), (weight_ptr, weight_size))
+
+    def _user_memory(self, part: str, given: tuple[int, int], needed: int, digest: bytes) -> int:
+        """0 when the caller's ``part`` memory (pointer, bytes) may hold what the model needs."""
+        f = self.fake
+        pointer, size = given
+        if size < needed:
+            return f.error(INVALID_PARAM, f"{part} memory of {size} B, query_size says {needed}")
+        if f.region(pointer, size) is None:
+            return f.error(INVALID_PARAM, f"{part} memory at {pointer:#x} is not allocated")
+        if (ret := f.on_current_device(pointer, f"load_from_file_with_mem {part}")) != OK:
+            return ret
+        for model_id, use in f.users(pointer, size):
+            other = f.models[model_id]
+            if use != part:  # work memory over weights, or weights over work
+                return f.error(INVALID_PARAM, f"{part} memory overlaps model {model_id}'s {use}")
+            if part == "weights" and (other.weights != given or other.digest != digest):
+                return f.error(
+                    INVALID_PARAM, f"weight memory holds model {model_id}'s weights, of "
+                    f"another file or at another place ({other.path})"
+                )  # fmt: skip
+        return OK
+
+    def _load(self, path: str, work: tuple[int, int], weights: tuple[int, int]) -> tuple[int, int]:
         f = self.fake
         with f.lock:
             if (ret := f.needs_context()) != OK:
                 return 0, ret
             try:
+                raw = Path(path).read_bytes()
                 data = self._read(path)
             except (OSError, ValueError) as err:
                 return 0, f.error(INVALID_FILE, str(err))
             if data.get("soc_version", f.soc_name) != f.soc_name:
                 return 0, f.error(INVALID_FILE, f"model built for {data['soc_version']}")
+            digest = hashlib.sha256(raw).digest()
+            system = 0
+            for part, given, needed in zip(("work", "weights"), (work, weights), _sizes(data)):
+                if not given[0]:
+                    system += needed  # a null pointer: the runtime manages this part
+                elif (ret := self._user_memory(part, given, needed, digest)) != OK:
+                    return 0, ret
 
             def tensors(items: list[dict[str, Any]]) -> list[Tensor]:
                 return [
@@ -526,10 +597,16 @@ class _Mdl(_Namespace):
             model_id = f.handle()
             f.models[model_id] = Model(
                 path, f.current_context, inputs, tensors(data["outputs"]), gears,
-                data.get("function", "identity"), hw=bool(sizes),
+                data.get("function", "identity"), hw=bool(sizes), digest=digest,
+                work=work if work[0] else (0, 0), weights=weights if weights[0] else (0, 0),
+                system_bytes=system,
             )  # fmt: skip
+            if weights[0]:  # the runtime copies the file's weights in
+                region, offset = f.region(*weights)  # type: ignore[misc]
+                stamp = digest[: weights[1]]
+                region[offset : offset + len(stamp)] = stamp
             device = f.current_device
-            f.used[device] = f.used.get(device, 0) + WEIGHT_BYTES
+            f.used[device] = f.used.get(device, 0) + system
             return model_id, OK
 
     @_contract("mdl.unload")
@@ -544,7 +621,7 @@ class _Mdl(_Namespace):
             if model.running_on:
                 return f.error(INVALID_PARAM, "unload while executing")
             del f.models[model_id]
-            f.used[f.contexts[model.context]] -= WEIGHT_BYTES
+            f.used[f.contexts[model.context]] -= model.system_bytes
             return OK
 
     @_contract("mdl.create_desc")
@@ -727,6 +804,19 @@ class _Mdl(_Namespace):
                 return f.error(STREAM_CONTEXT, "stream of another context")
             if model.running_on and model.running_on != stream:
                 return f.error(INVALID_PARAM, "the same model is executing on another stream")
+            if model.work[0]:
+                for other_id, use in f.users(*model.work):
+                    other = f.models[other_id]
+                    if use == "work" and other.running_on not in (0, stream):
+                        return f.error(
+                            INVALID_PARAM, f"work memory shared with model {other_id}, whose "
+                            "run on another stream is not synchronised"
+                        )  # fmt: skip
+            if model.weights[0]:
+                region, offset = f.region(*model.weights)  # type: ignore[misc]
+                stamp = model.digest[: model.weights[1]]
+                if bytes(region[offset : offset + len(stamp)]) != stamp:
+                    return f.error(MODEL_EXECUTE, "its weight memory no longer holds its weights")
             in_ds, out_ds = f.datasets.get(inputs), f.datasets.get(outputs)
             if in_ds is None or out_ds is None:
                 return f.error(INVALID_PARAM, "unknown dataset")
@@ -761,6 +851,11 @@ class _Mdl(_Namespace):
             model.running_on = stream
             model.last_gear = gear
             return OK
+
+
+def _sizes(data: dict[str, Any]) -> tuple[int, int]:
+    """(work, weight) bytes a model needs: what query_size says."""
+    return int(data.get("work_bytes", WORK_BYTES)), int(data.get("weight_bytes", WEIGHT_BYTES))
 
 
 def write_model(path: Path, soc_version: str = "Ascend310P3", **spec: Any) -> Path:

@@ -7,14 +7,32 @@ pyACL call contract (``worker.backends.acl_runtime``) and tested against the str
 
 Process-wide (``AclBackend``): the first ``open`` calls ``acl.init`` (100002, "already
 initialised", is fine: ORT's CANN provider may have done it) and ``rt.set_device`` once per device;
-``close`` resets the devices and finalises, after every session is gone.
+``close`` resets the devices and finalises, after every session is gone. ``DeviceMemory`` holds
+the device buffers sessions share, counting their users.
 
 Per session (one per model instance): its own context (made current again before every call the
 session makes), its own stream and its own model id (so one model id never runs on two streams),
 device buffers for every input and output at the largest gear allocated once (HUGE_FIRST), and
 both datasets built once, including the ``ascend_mbatch_shape_data`` input ATC adds to a
-dynamic-batch model. Device memory: ``query_size`` before the load and the ``get_mem_info``
-drop across it are kept in ``memory``.
+dynamic-batch model. The model is loaded with ``load_from_file_with_mem`` into memory the
+backend allocates at ``query_size``'s sizes (so what a model takes is known before it loads):
+
+- weights: with ``share_weights`` (the default), one buffer per device and file (its resolved
+  path, size and mtime) for every session that loads that file there — the instances of a
+  model, a replica under another name, a pipeline step (ACL: weight memory is read-only during
+  inference, and models loaded from one file may share it). The last session to let go frees
+  it, after unloading its model. ``share_weights: false``: a buffer of its own.
+- work: a buffer of its own, unless its device's compute gate starts one run at a time
+  (``runs_alone``: ``runs_at_once: 1``, ``overdraft: 0``): then its models share one work
+  buffer (ACL: models that run one after another may), sized to the largest of them. A model
+  that needs more than the current one gets a new, larger buffer that later loads share; the
+  old one is freed when its last user unloads.
+
+``device_bytes`` is what the session takes as its own: its input and output buffers, its work
+(a shared work buffer counts each model's own ``query_size`` work, never less than it uses),
+and its weights unless shared; shared weights are ``weights`` (a ``WeightShare``, charged once
+per device). ``memory`` keeps ``query_size``'s figures and the ``get_mem_info`` drop across
+the load, which on a card shows what the runtime takes beyond the buffers.
 
 Per run: host→device ``memcpy`` straight from the caller's arrays (a shared-memory slot's views or
 the session's host buffers), ``set_dynamic_batch_size`` to the smallest gear that holds the batch
@@ -26,7 +44,7 @@ synchronous ``execute`` would hold it and stall every model), then device→host
 the real rows of each output (``get_cur_output_dims``).
 
 Close releases in the documented order: data buffers and datasets, model, description, device
-buffers, stream, context.
+buffers (a shared work or weight buffer only when its last user has unloaded), stream, context.
 """
 
 from __future__ import annotations
@@ -34,7 +52,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +79,7 @@ from duomo.worker.backends.base import (
     NotEnoughDeviceMemoryError,
     SessionSettings,
     TensorSpec,
+    WeightShare,
 )
 from duomo.worker.config_model import StrictModel
 from duomo.worker.thread_budget import GateMember
@@ -102,6 +121,7 @@ class AclBackend(Backend):
         self._devices: list[int] = []
         self._lock = threading.Lock()
         self.soc_name = ""
+        self.memory = DeviceMemory()
 
     def _runtime_for(self, device: int) -> AclRuntime:
         """The process's runtime, initialised once, with ``device`` set once."""
@@ -123,9 +143,7 @@ class AclBackend(Backend):
         rt = self._runtime_for(settings.device)
         if self.options.check_soc:
             _check_soc(path, self.soc_name)
-        return AclSession(
-            rt, path, settings.device, self.soc_name, settings.device_room_bytes, settings.gate
-        )
+        return AclSession(rt, path, settings, self.soc_name, self.memory)
 
     def close(self) -> None:
         with self._lock:
@@ -133,6 +151,9 @@ class AclBackend(Backend):
             devices, self._devices = self._devices, []
         if rt is None:
             return
+        held = self.memory.held()
+        if held["buffers"]:  # a session left open: reset_device reclaims its memory
+            log.warning("acl shared buffers still held at close", **held)
         for device in reversed(devices):
             _release(rt, rt.reset_device(device), f"rt.reset_device({device})")
         _release(rt, rt.finalize(), "finalize")
@@ -153,6 +174,134 @@ def _release(rt: AclRuntime, ret: int, call: str) -> None:
         log.error("acl release failed", call=call, code=ret, detail=rt.get_recent_err_msg())
 
 
+@dataclass(eq=False)
+class DeviceBuffer:
+    """A device allocation and the sessions using it; freed when the last one lets go.
+
+    ``shared``: others may use it (``DeviceMemory`` lists it); else a session's own. ``pointer``
+    0 with ``nbytes`` 0: the model needs none, nothing was allocated."""
+
+    pointer: int
+    nbytes: int
+    shared: bool = False
+    users: int = field(default=1)
+
+
+class DeviceMemory:
+    """The weight and work buffers of every session in the process, counted by user.
+
+    Sessions call ``claim`` while loading and ``release`` after unloading, each on its own
+    thread with its own context current (device memory belongs to the device, so the last user
+    frees a buffer another session allocated). ``claim`` decides what a load needs, compares it
+    with the room its budgets leave and allocates under one lock, so two instances loading at
+    once agree on one weight buffer. Invariant: a buffer in the registry has at least one user,
+    and is freed only by the release that takes its users to zero.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._weights: dict[tuple[object, ...], DeviceBuffer] = {}  # (device, file identity)
+        self._work: dict[int, DeviceBuffer] = {}  # device -> the work buffer its models share
+
+    def claim(
+        self,
+        rt: AclRuntime,
+        path: Path,
+        settings: SessionSettings,
+        sizes: tuple[int, int],
+        identity: tuple[str, int, int] | None,
+    ) -> tuple[DeviceBuffer, DeviceBuffer]:
+        """The (work, weights) buffers a load of ``path`` uses, found or allocated: ``sizes``
+        are ``query_size``'s (work, weight); ``identity`` the file's (``file_identity``) when
+        its weights are shared, else None.
+
+        Compares with ``settings.device_room_bytes`` what the session will be charged: its
+        ``query_size`` work, plus its weights unless that file's weights are on the device
+        already (I/O buffers are sized only after the load). Raises
+        ``NotEnoughDeviceMemoryError`` before allocating anything, ``AclError`` for a failed
+        malloc (after giving back what it took)."""
+        device = settings.device
+        work, weight = sizes
+        weight_key = (device, *identity) if identity is not None else None
+        with self._lock:
+            weights = self._weights.get(weight_key) if weight_key is not None else None
+            shared = self._work.get(device) if settings.runs_alone else None
+            if shared is not None and shared.nbytes < work:
+                shared = None  # a new, larger one for it and later loads
+            room = settings.device_room_bytes
+            needed = work + (0 if weights else weight)
+            if room is not None and needed > room:
+                raise _short(path, needed, room, device, weights_resident=weights is not None)
+            if weights is None:
+                weights = _allocate(rt, weight, shared=weight_key is not None)
+                if weight_key is not None:
+                    self._weights[weight_key] = weights
+            else:
+                weights.users += 1
+            try:
+                if shared is None:
+                    shared = _allocate(rt, work, shared=settings.runs_alone)
+                    if settings.runs_alone:
+                        self._work[device] = shared
+                else:
+                    shared.users += 1
+            except BaseException:
+                self._let_go(rt, weights)
+                raise
+            return shared, weights
+
+    def release(self, rt: AclRuntime, buffer: DeviceBuffer) -> None:
+        """One user fewer; the last frees the buffer (its model must be unloaded by then)."""
+        with self._lock:
+            self._let_go(rt, buffer)
+
+    def _let_go(self, rt: AclRuntime, buffer: DeviceBuffer) -> None:
+        buffer.users -= 1
+        if buffer.users > 0:
+            return
+        self._weights = {k: b for k, b in self._weights.items() if b is not buffer}
+        self._work = {d: b for d, b in self._work.items() if b is not buffer}
+        if buffer.pointer:
+            _release(rt, rt.free(buffer.pointer), f"rt.free({buffer.nbytes} B)")
+
+    def held(self) -> dict[str, int]:
+        """Shared buffers still in use: how many, and their bytes (both 0 when all let go)."""
+        with self._lock:
+            buffers = [*self._weights.values(), *self._work.values()]
+            return {"buffers": len(buffers), "bytes": sum(b.nbytes for b in buffers)}
+
+
+def file_identity(path: Path) -> tuple[str, int, int]:
+    """What makes two loads "the same file": its resolved path, size and mtime (a file
+    rewritten in place is another file)."""
+    resolved = path.resolve()
+    stat = resolved.stat()
+    return str(resolved), stat.st_size, stat.st_mtime_ns
+
+
+def _allocate(rt: AclRuntime, nbytes: int, shared: bool) -> DeviceBuffer:
+    """A device buffer of ``nbytes`` on the current context's device (none for 0 bytes), with
+    the policy of the I/O buffers."""
+    pointer = 0
+    if nbytes:
+        pointer, ret = rt.malloc(nbytes, ACL_MEM_MALLOC_HUGE_FIRST)
+        rt.check(ret, f"rt.malloc({nbytes})")
+    return DeviceBuffer(pointer, nbytes, shared)
+
+
+def _short(
+    path: Path, needed: int, room: int, device: int, weights_resident: bool
+) -> NotEnoughDeviceMemoryError:
+    short = NotEnoughDeviceMemoryError(path, needed, room, device)
+    if weights_resident:  # the base message says work + weights
+        short.args = (
+            f"{path.name} needs {needed / 2**20:.2f} MB of device memory (query_size's work; "
+            f"its weights are on device {device} already), and its budgets leave "
+            f"{room / 2**20:.2f} MB there",
+        )
+    return short
+
+
 @dataclass(frozen=True)
 class _Tensor:
     """One model input or output as the model description reports it."""
@@ -171,17 +320,20 @@ class AclSession(BufferedSession):
         self,
         rt: AclRuntime,
         path: Path,
-        device: int,
+        settings: SessionSettings,
         soc_name: str,
-        room: int | None = None,
-        gate: GateMember | None = None,
+        memory: DeviceMemory,
     ) -> None:
         super().__init__()
         self._rt = rt
-        self._gate = gate  # its model's place at the device's compute gate
-        self._room = room  # device memory the budgets leave for it (checked with query_size)
+        self._settings = settings  # device, room its budgets leave, sharing
+        self._gate: GateMember | None = settings.gate  # its model's place at the device's gate
+        self._device_memory = memory
+        self._work: DeviceBuffer | None = None
+        self._weights: DeviceBuffer | None = None
+        self._identity: tuple[str, int, int] | None = None  # the file's, when weights are shared
         self.path = path
-        self.device = device
+        self.device = settings.device
         self.metadata: dict[str, str] = {"soc": soc_name}
         self._context = self._stream = self._model_id = self._desc = 0
         self._input_dataset = self._output_dataset = 0
@@ -209,14 +361,20 @@ class AclSession(BufferedSession):
         free_before = self._free_device_bytes()
         work, weight, ret = rt.query_size(str(self.path))
         rt.check(ret, f"mdl.query_size({self.path.name})")
-        if self._room is not None and work + weight > self._room:
-            raise NotEnoughDeviceMemoryError(self.path, work + weight, self._room, self.device)
-        model_id, ret = rt.load_from_file(str(self.path))
+        if self._settings.share_weights:
+            self._identity = file_identity(self.path)
+        self._work, self._weights = self._device_memory.claim(
+            rt, self.path, self._settings, (work, weight), self._identity
+        )
+        model_id, ret = rt.load_from_file_with_mem(
+            str(self.path), self._work.pointer, work, self._weights.pointer, weight
+        )
         if ret != ACL_SUCCESS:
             hint = ""
             if ret in _LOAD_FAILURES_WORTH_A_SOC_HINT:
                 hint = f"; this device is {self.metadata['soc']}: was it built for it?"
-            raise AclError(f"mdl.load_from_file({self.path})", ret, rt.get_recent_err_msg() + hint)
+            call = f"mdl.load_from_file_with_mem({self.path})"
+            raise AclError(call, ret, rt.get_recent_err_msg() + hint)
         self._model_id = model_id
         self._desc = rt.create_desc()
         rt.check(rt.get_desc(self._desc, model_id), "mdl.get_desc")
@@ -226,9 +384,15 @@ class AclSession(BufferedSession):
             p for i, p in enumerate(self._input_pointers) if i != self._dynamic_index
         ]
         self._output_dataset, self._output_pointers = self._dataset([t.size for t in self._outputs])
+        io_bytes = sum(self._input_sizes) + sum(t.size for t in self._outputs)
         self.memory = {
             "query_work_bytes": work,
             "query_weight_bytes": weight,
+            "work_buffer_bytes": self._work.nbytes,  # the shared one's, when shared
+            "work_shared": int(self._work.shared),
+            "weights_shared": int(self._weights.shared),
+            "io_bytes": io_bytes,
+            "own_bytes": io_bytes + work + (0 if self._weights.shared else weight),
             "measured_bytes": max(0, free_before - self._free_device_bytes()),
         }
 
@@ -524,14 +688,21 @@ class AclSession(BufferedSession):
                 _release(rt, rt.destroy_dataset(dataset), "mdl.destroy_dataset")
         self._input_dataset = self._output_dataset = 0
         if self._model_id:
-            _release(rt, rt.unload(self._model_id), "mdl.unload")
-            self._model_id = 0
+            ret = rt.unload(self._model_id)
+            _release(rt, ret, "mdl.unload")
+            if ret == ACL_SUCCESS:  # else its memory stays: a model may still read it
+                self._model_id = 0
         if self._desc:
             _release(rt, rt.destroy_desc(self._desc), "mdl.destroy_desc")
             self._desc = 0
         for pointer in self._pointers:
             _release(rt, rt.free(pointer), "rt.free")
         self._pointers = []
+        if not self._model_id:  # unloaded (or never loaded): nothing reads its memory now
+            for held in (self._work, self._weights):
+                if held is not None:
+                    self._device_memory.release(rt, held)
+            self._work = self._weights = None
         if self._stream:
             _release(rt, rt.destroy_stream(self._stream), "rt.destroy_stream")
             self._stream = 0
@@ -542,7 +713,20 @@ class AclSession(BufferedSession):
 
     @property
     def device_bytes(self) -> int:
-        return self.memory.get("measured_bytes", 0)
+        """Its I/O buffers, its work (``query_size``'s, also on a shared work buffer) and its
+        weights unless shared (those are ``weights``)."""
+        return self.memory.get("own_bytes", 0)
+
+    @property
+    def weights(self) -> WeightShare | None:
+        """The weight buffer it shares with every session that loaded the same file on its
+        device (``share_weights``), or None when the buffer is its own."""
+        buffer = self._weights
+        if buffer is None or not buffer.shared or self._identity is None:
+            return None
+        path, size, mtime_ns = self._identity
+        key = f"acl:{self.device}:{path}:{size}:{mtime_ns}"
+        return WeightShare(key, self.path.name, self.device, buffer.nbytes, on_device=True)
 
 
 __all__ = ["AclBackend", "AclOptions", "AclSession", "atc_sidecar"]

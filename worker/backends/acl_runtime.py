@@ -179,8 +179,15 @@ class AclRuntime:
         work, weight, ret = self._acl.mdl.query_size(path)
         return int(work), int(weight), int(ret)
 
-    def load_from_file(self, path: str) -> tuple[int, int]:
-        model_id, ret = self._acl.mdl.load_from_file(path)
+    def load_from_file_with_mem(
+        self, path: str, work_ptr: int, work_size: int, weight_ptr: int, weight_size: int
+    ) -> tuple[int, int]:
+        """Into the caller's device memory (a pointer of 0: the runtime manages that part).
+        Weight memory is read-only during inference, so loads of one file may share it; work
+        memory only models that never run at once may share."""
+        model_id, ret = self._acl.mdl.load_from_file_with_mem(
+            path, work_ptr, work_size, weight_ptr, weight_size
+        )
         return int(model_id), int(ret)
 
     def unload(self, model_id: int) -> int:
