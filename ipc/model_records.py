@@ -139,15 +139,47 @@ class StateChange:
 
 
 @dataclass(frozen=True)
+class WeightCopy:
+    """One copy of weights a model's sessions use: its file, device and size, whether it is
+    device memory, and the other loaded models using the same copy (a device is charged it
+    once)."""
+
+    file: str
+    device: int
+    bytes: int
+    on_device: bool
+    shared_with: tuple[str, ...]
+
+    def to_dict(self) -> JSON:
+        return {
+            "file": self.file, "device": self.device, "bytes": self.bytes,
+            "on_device": self.on_device, "shared_with": list(self.shared_with),
+        }  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: object) -> WeightCopy:
+        r = RecordReader("WeightCopy", data)
+        users = r.array("shared_with")
+        if not all(isinstance(u, str) for u in users):
+            raise r.wrong("shared_with", "a list of model names")
+        return cls(
+            r.text("file"), r.integer("device"), r.integer("bytes"), r.flag("on_device"),
+            tuple(users),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
 class ModelMemory:
     """A model's memory: whether it holds any, what its load measured, what is charged to its
-    budget (by device) and that budget (None: none)."""
+    budget (by device: its own memory and its weights in full), that budget (None: none), and
+    the copies of weights it uses (``weights``; its device is charged each once)."""
 
     loaded: bool
-    measured: dict[str, Any] | None  # host_bytes, device_bytes, device_bytes_by_device
+    measured: dict[str, Any] | None  # host_bytes, device_bytes(_by_device), weights_bytes
     charged_bytes: int | None
     charged_bytes_by_device: dict[str, int | None]
     budget_bytes: int | None
+    weights: tuple[WeightCopy, ...] = ()
 
     def to_dict(self) -> JSON:
         return {
@@ -156,7 +188,13 @@ class ModelMemory:
             "charged_bytes": self.charged_bytes,
             "charged_bytes_by_device": dict(self.charged_bytes_by_device),
             "budget_bytes": self.budget_bytes,
+            "weights": [w.to_dict() for w in self.weights],
         }
+
+    @property
+    def shared_weights_bytes(self) -> int:
+        """Bytes of its weights that other loaded models use too (charged to the device once)."""
+        return sum(w.bytes for w in self.weights if w.shared_with)
 
     @classmethod
     def from_dict(cls, data: object) -> ModelMemory:
@@ -164,6 +202,7 @@ class ModelMemory:
         return cls(
             r.flag("loaded"), r.optional_object("measured"), r.optional_integer("charged_bytes"),
             r.object("charged_bytes_by_device"), r.optional_integer("budget_bytes"),
+            r.records("weights", WeightCopy.from_dict),
         )  # fmt: skip
 
 

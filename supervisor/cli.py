@@ -262,6 +262,21 @@ def _aligned(
     return out
 
 
+def _shared_weights(status: SupervisorStatus) -> list[str]:
+    """A line per copy of weights that several loaded models use (the MEM column counts it for
+    each; the device's line, once)."""
+    copies: dict[tuple[str, int, int], set[str]] = {}
+    for name, m in status.models.items():
+        for w in m.memory.weights:
+            if w.shared_with:
+                copies.setdefault((w.file, w.device, w.bytes), set()).update({name, *w.shared_with})
+    return [
+        f"  weights shared on device {device}: {file} {nbytes / 2**20:.0f} MiB, one copy for "
+        f"{', '.join(sorted(users))}"
+        for (file, device, nbytes), users in sorted(copies.items())
+    ]
+
+
 def render_status(status: SupervisorStatus) -> str:
     """``duomo status``'s text: the process, each device, the model table (its columns:
     docs/operations.md), the streams table when there are streams (``stream_table``), the
@@ -286,6 +301,7 @@ def render_status(status: SupervisorStatus) -> str:
             f"device {device.id} ({device.kind}{pinned}{budget_note}): "
             f"{device.used_bytes / 2**20:.0f} MiB charged to loaded models{limit}{size}"
         )
+    lines += _shared_weights(status)
     rows: list[tuple[list[str], str | None]] = []  # a model's cells, and its last error
     for name, m in status.models.items():
         batches = " ".join(f"{k}:{v}" for k, v in m.batch_sizes.items()) or "-"

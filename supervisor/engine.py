@@ -230,9 +230,12 @@ class Engine:
         memory = self.memory
         budget = memory.model_budget(resolved or self._resolved(name))
         devices = model.spec.devices
+        held = {d: memory.weights_held(d, without=model) for d in devices}  # by other models
         for device in devices:
-            memory.make_room(model, device, memory.expected(name, device, budget), exclude)
+            need = memory.expected(name, device, budget, held[device])
+            memory.make_room(model, device, need, exclude)
         self.registry.release_memory()
+        held = {d: memory.weights_held(d, without=model) for d in devices}  # evictions freed some
         before = resident_bytes()
         try:
             self._load_within_room(model, budget)
@@ -249,7 +252,8 @@ class Engine:
             except BaseException as final:  # the requests waiting for it had waited for this
                 model.fail_queued(f"model {name!r} could not be loaded: {final}")
                 raise
-        footprint = memory.record(model, max(0, resident_bytes() - before))
+        held_keys = {key for on in held.values() for key in on}
+        footprint = memory.record(model, max(0, resident_bytes() - before), held_keys)
         charged = {d: memory.charged(name, d) for d in devices}
         worst = max(charged, key=charged.__getitem__)
         if budget is not None and charged[worst] > budget:
@@ -263,7 +267,8 @@ class Engine:
             raise ResourceExhaustedError(f"model {name!r} {why}")
         try:
             for device in devices:
-                memory.make_room(model, device, charged[device], exclude)
+                need = memory.expected(name, device, budget, held[device])
+                memory.make_room(model, device, need, exclude)
         except ResourceExhaustedError:
             model.unload("does not fit its device's memory budget", by_operator=False)
             self.registry.release_memory()
@@ -415,6 +420,7 @@ class Engine:
             "charged_bytes": sum(charged) if charged else None,
             "charged_bytes_by_device": {str(d): u.used_bytes for d, u in use.items()},
             "budget_bytes": next(iter(use.values())).budget_bytes,
+            "weights": self.memory.weights_of(name),
         }
         shown["idle_spin"] = self.idle_spin.counts(name)
         shown["preload"] = resolved.config.preload if resolved else None

@@ -6,10 +6,17 @@ process's resident memory across its load and warm-up (sessions, ONNX Runtime's 
 buffers); on an accelerator it is the device memory its sessions took (ACL: the ``get_mem_info``
 drop), device by device: a model spread over several devices is charged on each. The engine
 charges each model the largest footprint measured for it, so a reload that happens to reuse
-freed heap does not make it look free. After an unload the C heap is trimmed
-(``malloc_trim``), so freed model memory goes back to the system instead of staying resident.
-``tune_heap`` (called once by the supervisor process, and by the benchmark's in-process mode,
-before any thread starts) bounds glibc's heap so freed request buffers do not stay resident.
+freed heap does not make it look free.
+
+Weights are charged apart from the rest: every session names the copy of weights it uses (a
+``WeightShare``, made by the first session that opened its file alike and shared by the others:
+instances, replicas under other names). A device is charged each copy once, whatever the number
+of models using it; a model alone is charged its own memory (activations, buffers) plus every
+copy it uses, and evicting it frees its own memory and the copies no other loaded model uses.
+After an unload the C heap is trimmed (``malloc_trim``), so freed model memory goes back to the
+system instead of staying resident. ``tune_heap`` (called once by the supervisor process, and by
+the benchmark's in-process mode, before any thread starts) bounds glibc's heap so freed request
+buffers do not stay resident.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import ctypes
 import ctypes.util
 import functools
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +34,7 @@ import structlog
 
 from duomo.ipc.errors import ResourceExhaustedError
 from duomo.supervisor.config import LoadedConfig, ResolvedModel
+from duomo.worker.backends.base import WeightShare
 from duomo.worker.model_spec import SERVING
 from duomo.worker.served_model import ServedModel
 
@@ -46,23 +54,32 @@ class MemoryUse:
 
 @dataclass(frozen=True)
 class Footprint:
-    """What a model took when it loaded, on all its devices."""
+    """What a model took when it loaded, on all its devices: its own memory, and the copies of
+    weights its sessions use (charged once per device, whoever else uses them)."""
 
-    host_bytes: int  # resident-memory growth across load + warm-up, all instances
-    device_bytes: Mapping[int, int]  # accelerator memory its sessions took, by device
+    host_bytes: int  # its resident growth across load + warm-up, weights it made not counted
+    device_bytes: Mapping[int, int]  # accelerator memory its sessions took, shared weights not
     instances: Mapping[int, int]  # its instances by device
+    weights: tuple[WeightShare, ...] = ()  # the copies of weights its sessions use, each once
 
     def charged_on(self, device: int, kind: str) -> int:
-        """What counts against ``device``'s budget: the device memory its sessions took there
-        on an accelerator; on the host, its resident growth in proportion to the instances
-        there (a model on two devices is charged on each)."""
+        """Its own memory on ``device``'s terms: the device memory its sessions took there on
+        an accelerator; on the host, its resident growth in proportion to the instances there
+        (a model on two devices is charged on each). Weights: ``weights_on``."""
         if kind not in HOST_KINDS:
             return self.device_bytes.get(device, 0)
         total = sum(self.instances.values())
         return self.host_bytes * self.instances.get(device, 0) // total if total else 0
 
+    def weights_on(self, device: int, kind: str) -> list[WeightShare]:
+        """The copies of weights it uses that count against ``device``'s budget (host memory
+        on a host device, device memory on an accelerator)."""
+        on_device = kind not in HOST_KINDS
+        return [w for w in self.weights if w.device == device and w.on_device == on_device]
+
     def largest(self, other: Footprint | None) -> Footprint:
-        """The larger of the two on every count (the engine charges the largest measured)."""
+        """The larger of the two on every count (the engine charges the largest measured);
+        the weights of the latest."""
         if other is None:
             return self
         devices = self.device_bytes.keys() | other.device_bytes.keys()
@@ -70,6 +87,7 @@ class Footprint:
             max(self.host_bytes, other.host_bytes),
             {d: max(self.device_bytes.get(d, 0), other.device_bytes.get(d, 0)) for d in devices},
             self.instances,
+            self.weights,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -77,6 +95,7 @@ class Footprint:
             "host_bytes": self.host_bytes,
             "device_bytes": sum(self.device_bytes.values()),
             "device_bytes_by_device": {str(d): b for d, b in sorted(self.device_bytes.items())},
+            "weights_bytes": sum(w.nbytes for w in self.weights),
         }
 
 
@@ -192,29 +211,62 @@ class MemoryLedger:
     # -- charges --------------------------------------------------------------------------
 
     def charged(self, name: str, device: int) -> int:
-        """What ``name`` is charged on ``device``: its largest measured load there, or before
-        it was ever measured its ``memory_budget_mb``."""
+        """What ``name`` is charged on ``device`` alone: its own memory and every copy of
+        weights it uses there (its largest measured load), or before it was ever measured its
+        ``memory_budget_mb``."""
         return self.expected(name, device, self.model_budget(self.loaded.models.get(name)))
 
-    def expected(self, name: str, device: int, budget: int | None) -> int:
-        """What a load of ``name`` will need on ``device``: its largest measured load, or its
-        ``budget`` before its first."""
+    def expected(
+        self, name: str, device: int, budget: int | None, held: Collection[str] = ()
+    ) -> int:
+        """What a load of ``name`` will need on ``device``: its own memory and the copies of
+        weights it uses that are not ``held`` already (by key) there, as its largest measured
+        load had them; its ``budget`` before its first."""
         found = self.footprints.get(name)
-        if found is not None:
-            return found.charged_on(device, self._kind(device))
-        return budget or 0
+        if found is None:
+            return budget or 0
+        kind = self._kind(device)
+        weights = sum(w.nbytes for w in found.weights_on(device, kind) if w.key not in held)
+        return found.charged_on(device, kind) + weights
+
+    def own(self, name: str, device: int) -> int:
+        """``name``'s own memory on ``device``, its weights not counted (its budget before it
+        was ever measured)."""
+        found = self.footprints.get(name)
+        if found is None:
+            return self.model_budget(self.loaded.models.get(name)) or 0
+        return found.charged_on(device, self._kind(device))
 
     def _kind(self, device: int) -> str:
         return self.loaded.config.device(device).kind
 
-    def loaded_on(self, model: ServedModel, device: int) -> dict[str, int]:
-        """Bytes charged on ``device`` to each other model loaded there (a model being replaced
-        is still here, under its name)."""
-        return {
-            n: self.charged(n, device)
+    def _loaded_on(self, device: int, without: ServedModel | None = None) -> list[str]:
+        """The models holding memory on ``device`` but ``without`` (a model being replaced is
+        still here, under its name)."""
+        return [
+            n
             for n, m in list(self.models.items())
-            if device in m.spec.devices and m is not model and m.holds_memory
-        }
+            if device in m.spec.devices and m is not without and m.holds_memory
+        ]
+
+    def weights_held(
+        self, device: int, without: ServedModel | None = None
+    ) -> dict[str, tuple[WeightShare, list[str]]]:
+        """By key, the copies of weights the models loaded on ``device`` (but ``without``) use
+        there, each once, with the names of the models using it."""
+        held: dict[str, tuple[WeightShare, list[str]]] = {}
+        kind = self._kind(device)
+        for name in self._loaded_on(device, without):
+            found = self.footprints.get(name)
+            for share in found.weights_on(device, kind) if found else ():
+                held.setdefault(share.key, (share, []))[1].append(name)
+        return held
+
+    def used(self, device: int, without: ServedModel | None = None) -> int:
+        """Bytes charged on ``device`` to the models loaded there but ``without``: each one's
+        own memory, and each copy of weights once."""
+        own = sum(self.own(n, device) for n in self._loaded_on(device, without))
+        return own + sum(w.nbytes for w, _ in self.weights_held(device, without).values())
 
     def rooms(self, model: ServedModel, budget: int | None) -> dict[int, int | None]:
         """On an accelerator, the device memory each of ``model``'s devices has left for it
@@ -227,21 +279,30 @@ class MemoryLedger:
             limits = [budget] if budget is not None else []
             device_budget = self.device_budget(device)
             if device_budget is not None:
-                limits.append(device_budget - sum(self.loaded_on(model, device).values()))
+                limits.append(device_budget - self.used(device, without=model))
             rooms[device] = max(0, min(limits)) if limits else None
         return rooms
 
-    def record(self, model: ServedModel, host_bytes: int) -> Footprint:
-        """A load measured: ``host_bytes`` of resident growth, and the device memory its
-        sessions took on each device; the model is charged the largest measured from now on."""
+    def record(self, model: ServedModel, host_bytes: int, held: Iterable[str] = ()) -> Footprint:
+        """A load measured: ``host_bytes`` of resident growth, the device memory its sessions
+        took on each device and the copies of weights they use (``held``: the keys of those
+        loaded before it, which its growth does not include); the model is charged the largest
+        measured from now on."""
         name = model.spec.name
+        sessions = model.instances.sessions_by_device()
+        weights = {
+            s.weights.key: s.weights
+            for on in sessions.values()
+            for s in on
+            if s.weights is not None
+        }
+        before = set(held)
+        made = sum(w.nbytes for k, w in weights.items() if k not in before and not w.on_device)
         footprint = Footprint(
-            host_bytes,
-            {
-                d: sum(s.device_bytes for s in on)
-                for d, on in model.instances.sessions_by_device().items()
-            },
+            max(0, host_bytes - made),
+            {d: sum(s.device_bytes for s in on) for d, on in sessions.items()},
             Counter(model.spec.placement(i).device for i in range(model.spec.instances)),
+            tuple(weights.values()),
         )
         self.measured[name] = footprint
         self.footprints[name] = footprint.largest(self.footprints.get(name))
@@ -256,14 +317,20 @@ class MemoryLedger:
         if budget is None:
             return
         for _attempt in range(3):  # a candidate may turn busy between the choice and the evict
-            charged = self.loaded_on(model, device)
-            loaded = {n: self.models[n] for n in charged}
-            used = sum(charged.values())
+            loaded = {n: self.models[n] for n in self._loaded_on(device, without=model)}
+            held = self.weights_held(device, without=model)
+            used = self.used(device, without=model)
             over = used + need - budget
             if over <= 0:
                 return
             candidates = [
-                Resident(n, charged[n], m.last_used_s, self._evictable(n), m.pending == 0)
+                Resident(
+                    n,
+                    self._frees(n, device, held),
+                    m.last_used_s,
+                    self._evictable(n),
+                    idle=m.pending == 0,
+                )
                 for n, m in loaded.items()
                 if n not in exclude and m.state in SERVING
             ]
@@ -282,6 +349,14 @@ class MemoryLedger:
             f"cannot free the {mb(over)} missing" + (f" (busy now: {sorted(busy)})" if busy else "")
         )
 
+    def _frees(
+        self, name: str, device: int, held: Mapping[str, tuple[WeightShare, list[str]]]
+    ) -> int:
+        """What evicting ``name`` frees on ``device``: its own memory and the copies of weights
+        only it uses."""
+        alone = sum(w.nbytes for w, users in held.values() if users == [name])
+        return self.own(name, device) + alone
+
     def _evictable(self, name: str) -> bool:
         resolved = self.loaded.models.get(name)
         return resolved is not None and resolved.config.evictable
@@ -298,14 +373,32 @@ class MemoryLedger:
             for d in model.spec.devices
         }
 
-    def device_memory(self) -> dict[int, MemoryUse]:
-        """Per configured device id: the bytes charged to its loaded models against its budget."""
-        shown = {}
-        for device in self.loaded.config.devices:
-            used = sum(
-                self.charged(n, device.id)
-                for n, m in list(self.models.items())
-                if device.id in m.spec.devices and m.holds_memory
-            )
-            shown[device.id] = MemoryUse(used, self.device_budget(device.id))
+    def weights_bytes(self, name: str, device: int) -> int:
+        """The copies of weights ``name`` uses on ``device``, in full (the part of its charge
+        that is weights)."""
+        found = self.footprints.get(name)
+        return sum(w.nbytes for w in found.weights_on(device, self._kind(device))) if found else 0
+
+    def weights_of(self, name: str) -> list[dict[str, Any]]:
+        """The copies of weights ``name`` uses, as ``status`` shows them: file, device, bytes,
+        and the other loaded models that use the same copy."""
+        found = self.footprints.get(name)
+        shown = []
+        for share in found.weights if found else ():
+            held = self.weights_held(share.device).get(share.key)
+            users = [n for n in held[1] if n != name] if held else []
+            shown.append(
+                {
+                    "file": share.file, "device": share.device, "bytes": share.nbytes,
+                    "on_device": share.on_device, "shared_with": users,
+                }
+            )  # fmt: skip
         return shown
+
+    def device_memory(self) -> dict[int, MemoryUse]:
+        """Per configured device id: the bytes charged to its loaded models against its budget
+        (each copy of weights once)."""
+        return {
+            device.id: MemoryUse(self.used(device.id), self.device_budget(device.id))
+            for device in self.loaded.config.devices
+        }

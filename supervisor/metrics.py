@@ -148,7 +148,15 @@ class DuomoCollector(Collector):
         )  # fmt: skip
         memory = GaugeMetricFamily(
             "duomo_model_memory_bytes",
-            "Memory charged to the loaded model on its device (0 when unloaded).",
+            "Memory charged to the loaded model on its device, its weights in full even where "
+            "shared (0 when unloaded).",
+            labels=[*m, "device"],
+        )  # fmt: skip
+        weights = GaugeMetricFamily(
+            "duomo_model_weights_bytes",
+            "The part of duomo_model_memory_bytes that is the copies of weights it uses "
+            "(the rest: activations, buffers); a copy shared with other models is charged to "
+            "the device once (duomo_weights_bytes).",
             labels=[*m, "device"],
         )  # fmt: skip
         budget = GaugeMetricFamily(
@@ -195,6 +203,8 @@ class DuomoCollector(Collector):
                 if use.used_bytes is not None:
                     held = use.used_bytes if model.holds_memory else 0
                     memory.add_metric([name, str(device)], held)
+                    mine = self.engine.memory.weights_bytes(name, device)
+                    weights.add_metric([name, str(device)], mine if model.holds_memory else 0)
                 if use.budget_bytes is not None and device == model.spec.devices[0]:
                     budget.add_metric([name], use.budget_bytes)
             loads.add_metric([name], model.loads)
@@ -206,7 +216,8 @@ class DuomoCollector(Collector):
             hits.add_metric([name], model.predictions.hits)
             wasted.add_metric([name], model.predictions.wasted)
         yield from (success, failure, items, executions, *durations.values(), latency, batch)
-        yield from (pending, state, memory, budget, loads, load_time, evictions, restarts)
+        yield from (pending, state, memory, weights, budget, loads, load_time, evictions)
+        yield restarts
         yield from (predicted, hits, wasted)
         if window.samples:
             yield window
@@ -235,9 +246,22 @@ class DuomoCollector(Collector):
             "duomo_device_cpu_seconds", "CPU seconds this process spent (cpu devices).",
             labels=[*d, "mode"],
         )  # fmt: skip
+        weights = GaugeMetricFamily(
+            "duomo_weights_bytes",
+            "A copy of weights held for the loaded models that use it, charged to the device "
+            "once (copy: what tells copies of one file apart).",
+            labels=[*d, "file", "copy"],
+        )  # fmt: skip
+        users = GaugeMetricFamily(
+            "duomo_weights_models",
+            "How many loaded models use the copy of weights.", labels=[*d, "file", "copy"],
+        )  # fmt: skip
         for id_, use in self.engine.device_memory().items():
             key = [str(id_)]
             used.add_metric(key, use.used_bytes or 0)
+            for copy, (share, names) in self.engine.memory.weights_held(id_).items():
+                weights.add_metric([*key, share.file, copy], share.nbytes)
+                users.add_metric([*key, share.file, copy], len(names))
             if use.budget_bytes is not None:
                 budget.add_metric(key, use.budget_bytes)
             reading = self.engine.telemetry.read(id_)
@@ -252,7 +276,9 @@ class DuomoCollector(Collector):
                     family.add_metric(key, value)
             for mode, seconds in reading.cpu_seconds.items():
                 cpu.add_metric([*key, mode], seconds)
-        families: tuple[Metric, ...] = (used, budget, total, utilization, temperature, power, cpu)
+        families: tuple[Metric, ...] = (
+            used, budget, total, weights, users, utilization, temperature, power, cpu,
+        )  # fmt: skip
         yield from (family for family in families if family.samples)  # absent when unreported
 
     def _streams(self) -> Iterator[Metric]:

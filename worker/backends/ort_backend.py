@@ -11,22 +11,39 @@ What it guarantees:
 - I/O goes through one reused IOBinding over the session's own buffers: inputs are bound where the
   executor wrote them, outputs are bound to pre-allocated arrays once their shape for a given set
   of input shapes is known (learned on the first run with those shapes, usually the warm-up);
-- every ``run`` holds the process's ``ComputeGate`` for its threads.
+- every ``run`` holds the process's ``ComputeGate`` for its threads;
+- weights are shared (``share_weights``, on by default): the sessions that open one file with
+  the same settings (the instances of a model, a replica under another name) use one
+  ``InferenceSession``, made by the first and closed with the last. ONNX Runtime's ``Run`` is
+  safe to call from several threads at once, each through its own I/O binding, so every instance
+  keeps its own buffers, binding and place at the gate; what they share is everything the session
+  holds: the weights, the copies its optimiser and pre-packing made of them, its kernels and
+  its intra-op pool (docs/configuration.md, "Shared weights").
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import itertools
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field, model_validator
 
-from duomo.worker.backends.base import Backend, BufferedSession, SessionSettings, TensorSpec
+from duomo.worker.backends.base import (
+    Backend,
+    BufferedSession,
+    SessionSettings,
+    TensorSpec,
+    WeightShare,
+)
 from duomo.worker.config_model import StrictModel
 
 _ORT_TYPES = {
@@ -135,11 +152,19 @@ class OrtSession(BufferedSession):
     I/O binding at its model's compute gate, into reused host buffers."""
 
     def __init__(
-        self, path: Path, session: Any, gate_threads: int, settings: SessionSettings
+        self,
+        path: Path,
+        session: Any,
+        gate_threads: int,
+        settings: SessionSettings,
+        weights: WeightShare | None = None,
+        on_close: Callable[[], None] | None = None,
     ) -> None:
         super().__init__()
         self.path = path
         self._session = session
+        self._weights = weights
+        self._on_close = on_close  # hands its use of a shared session back
         self._binding = session.io_binding()
         self._threads = gate_threads
         self._gate = settings.gate
@@ -253,10 +278,30 @@ class OrtSession(BufferedSession):
             result[spec.name] = view
         return result
 
+    @property
+    def weights(self) -> WeightShare | None:
+        return self._weights
+
     def close(self) -> None:
         self._binding = None
         self._session = None
         self._drop_buffers()
+        on_close, self._on_close = self._on_close, None
+        if on_close is not None:
+            on_close()
+
+
+@dataclass
+class _SharedSession:
+    """One ``InferenceSession`` and the sessions (``OrtSession``) using it; ``ready`` is set
+    once it is made (or failed to be: ``error``), so openers alike wait instead of loading it
+    again."""
+
+    ready: threading.Event = field(default_factory=threading.Event)
+    session: Any = None
+    weights: WeightShare | None = None
+    error: BaseException | None = None
+    users: int = 0
 
 
 class OrtBackend(Backend):
@@ -267,6 +312,14 @@ class OrtBackend(Backend):
 
     def __init__(self, options: OrtOptions | None = None) -> None:
         self.options = options or OrtOptions()
+        self._shared: dict[str, _SharedSession] = {}  # by recipe: file, identity, settings
+        self._shared_lock = threading.Lock()
+        self._unshared = itertools.count(1)  # tells apart the copies of share_weights: false
+
+    def shared_sessions(self) -> dict[str, int]:
+        """Each shared session's weights key and how many sessions use it (tests, status)."""
+        with self._shared_lock:
+            return {key: entry.users for key, entry in self._shared.items()}
 
     def release_free_memory(self) -> None:
         """Shrink the shared CPU arena (if there is one) to what open sessions use."""
@@ -288,6 +341,60 @@ class OrtBackend(Backend):
         import onnxruntime as ort
 
         _quiet_ort_logging(ort)
+        providers = self._providers(ort)
+        recipe = self._recipe(path, settings, providers)
+        if not settings.share_weights:
+            session, nbytes = _measured(lambda: self._make_session(ort, path, settings, providers))
+            key = f"{recipe}#{next(self._unshared)}"
+            share = WeightShare(key, path.name, settings.device, nbytes)
+            return OrtSession(path, session, settings.intra_op_threads, settings, share)
+        with self._shared_lock:
+            entry = self._shared.get(recipe)
+            making = entry is None
+            if entry is None:
+                entry = self._shared[recipe] = _SharedSession()
+            entry.users += 1
+        if making:
+            try:
+                entry.session, nbytes = _measured(
+                    lambda: self._make_session(ort, path, settings, providers)
+                )
+                entry.weights = WeightShare(recipe, path.name, settings.device, nbytes)
+            except BaseException as err:
+                entry.error = err
+                raise
+            finally:
+                if entry.error is not None:  # openers from now on try again
+                    with self._shared_lock:
+                        if self._shared.get(recipe) is entry:
+                            del self._shared[recipe]
+                    self._release(recipe, entry)
+                entry.ready.set()
+        else:
+            entry.ready.wait()
+            if entry.error is not None:
+                self._release(recipe, entry)
+                raise entry.error
+        return OrtSession(
+            path,
+            entry.session,
+            settings.intra_op_threads,
+            settings,
+            entry.weights,
+            on_close=functools.partial(self._release, recipe, entry),
+        )
+
+    def _release(self, recipe: str, entry: _SharedSession) -> None:
+        """One user of a shared session is done; the last one's going closes it."""
+        with self._shared_lock:
+            entry.users -= 1
+            if entry.users == 0 and self._shared.get(recipe) is entry:
+                del self._shared[recipe]
+                entry.session = None
+
+    def _providers(self, ort: Any) -> list[str]:
+        """The providers a session asks for: those configured and installed (an error for a
+        missing one, unless ``allow_cpu_fallback``)."""
         opts = self.options
         available = ort.get_available_providers()
         missing = [p for p in opts.providers if p not in available]
@@ -297,7 +404,27 @@ class OrtBackend(Backend):
                 f"(available: {available}); install the matching onnxruntime package or set "
                 "backends.onnxruntime.allow_cpu_fallback: true"
             )
-        providers = [p for p in opts.providers if p in available] or ["CPUExecutionProvider"]
+        return [p for p in opts.providers if p in available] or ["CPUExecutionProvider"]
+
+    def _recipe(self, path: Path, settings: SessionSettings, providers: list[str]) -> str:
+        """What makes two sessions of a file interchangeable: the file (where it is, and which
+        version of it: a file replaced on disk is another model) and every setting a session is
+        made with. Readable up to the file's name, then a digest."""
+        resolved = path.resolve()
+        stat = resolved.stat()
+        made_with = (
+            str(resolved), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns,
+            tuple(providers), sorted(self.options.provider_options.items()),
+            settings.intra_op_threads, settings.cores, settings.device,
+            settings.varying_shapes, self.options.model_dump_json(),
+        )  # fmt: skip
+        digest = hashlib.sha1(repr(made_with).encode(), usedforsecurity=False).hexdigest()
+        return f"{path.name}@{digest[:10]}"
+
+    def _make_session(
+        self, ort: Any, path: Path, settings: SessionSettings, providers: list[str]
+    ) -> Any:
+        opts = self.options
         so = ort.SessionOptions()
         so.intra_op_num_threads = settings.intra_op_threads
         so.inter_op_num_threads = 1
@@ -336,7 +463,24 @@ class OrtBackend(Backend):
             raise RuntimeError(
                 f"{path.name}: asked for {providers[0]} but onnxruntime runs it on {in_use}"
             )
-        return OrtSession(path, session, settings.intra_op_threads, settings)
+        return session
+
+
+_making = threading.Lock()  # one session made at a time, so each one's measure is its own
+
+
+def _measured(make: Callable[[], Any]) -> tuple[Any, int]:
+    """What ``make`` returns and the growth of this process's resident memory across it (the
+    weights a session holds, with their optimised and pre-packed copies). Sessions are made
+    one at a time, so instances loading together do not count each other's; requests running
+    meanwhile can still add their buffers to it."""
+    import psutil
+
+    process = psutil.Process()
+    with _making:
+        before = process.memory_info().rss
+        made = make()
+        return made, max(0, process.memory_info().rss - before)
 
 
 def provider_device_options(
