@@ -364,12 +364,13 @@ class MemoryLedger:
     # -- what status and /metrics show ----------------------------------------------------
 
     def model_memory(self, name: str, model: ServedModel) -> dict[int, MemoryUse]:
-        """By device: the bytes charged to ``model`` there (its largest measured load, on the
-        device's terms, whether loaded now or not) against its ``memory_budget_mb``."""
-        largest = self.footprints.get(name)
+        """By device: the bytes charged to ``model`` there alone (its own memory and the
+        copies of weights it uses, in full; its largest measured load, on the device's terms,
+        whether loaded now or not) against its ``memory_budget_mb``."""
+        measured = name in self.footprints
         budget = self.model_budget(self.loaded.models.get(name))
         return {
-            d: MemoryUse(largest.charged_on(d, self._kind(d)) if largest else None, budget)
+            d: MemoryUse(self.charged(name, d) if measured else None, budget)
             for d in model.spec.devices
         }
 
