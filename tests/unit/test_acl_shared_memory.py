@@ -5,7 +5,8 @@ Instances of one ``.om`` (and other models naming the same file) on a device loa
 device whose gate runs one at a time share one work buffer sized to the largest. The fake holds
 the contract: it refuses a weight buffer freed while a model uses it, and a run over a work
 buffer another model's unsynchronised run still uses. ``leaks() == {}`` at the end of a test
-also proves the backend never had a free refused (the buffer would still be there).
+also proves the backend never had a free refused (the buffer would still be there). The engine's
+ledger charges a device such a weight buffer once, whatever the number of models using it.
 """
 
 from __future__ import annotations
@@ -315,6 +316,80 @@ def test_the_devices_gate_decides_whether_work_is_shared(
             assert len(works) == 4
         futures = [engine.submit(name, X) for _ in range(40) for name in ("big", "small")]
         assert all(f.result(10)["y"][0, 0] == 3.0 for f in futures)
+    assert fake.leaks() == {}
+
+
+# -- the engine's ledger ----------------------------------------------------------------------
+
+
+def own_bytes(engine: Engine, name: str) -> int:
+    """What ``name``'s sessions on device 0 take as their own (``device_bytes``, no weights)."""
+    sessions = engine.model(name).instances.sessions_by_device()[0]
+    assert sessions and all(s.weights is not None for s in sessions)
+    return sum(s.device_bytes for s in sessions)
+
+
+def test_the_ledger_charges_a_device_the_shared_weights_once(tmp_path: Path, fake: FakeAcl) -> None:
+    """``instances: 2`` and a replica of the same .om on one device: the device is charged the
+    weights once and every session's own memory, which is what the fake has allocated; each
+    model's status names the copy and the other model using it. Unloading the replica takes
+    off its own memory only (the other model still uses the weights); unloading the last takes
+    off the rest, and the weight buffer is freed."""
+    write_model(tmp_path / "affine.om", **AFFINE)
+    models = [
+        raw_model("main", "affine.om", max_batch=4, instances=2),
+        raw_model("replica", "affine.om", max_batch=4),
+    ]
+    with Engine(load_config(ascend_config(tmp_path, models))) as engine:
+        main, replica = own_bytes(engine, "main"), own_bytes(engine, "replica")
+        assert main == 2 * replica > 0
+        status = engine.status()
+        used = status["devices"][0]["used_bytes"]
+        assert used == WEIGHT_BYTES + main + replica == fake.used[0]
+        for name, other in (("main", "replica"), ("replica", "main")):
+            (weights,) = status["models"][name]["memory"]["weights"]
+            assert weights == {
+                "file": "affine.om",
+                "device": 0,
+                "bytes": WEIGHT_BYTES,
+                "on_device": True,
+                "shared_with": [other],
+            }
+
+        engine.unload("replica")
+        status = engine.status()
+        assert status["devices"][0]["used_bytes"] == used - replica == WEIGHT_BYTES + main
+        assert status["models"]["main"]["memory"]["weights"][0]["shared_with"] == []
+        assert len(buffers_of(fake, WEIGHT_BYTES)) == 1
+        engine.unload("main")
+        assert engine.status()["devices"][0]["used_bytes"] == 0
+        assert buffers_of(fake, WEIGHT_BYTES) == [] and fake.used[0] == 0
+    assert fake.leaks() == {}
+
+
+def test_a_device_budget_that_holds_the_weights_once_takes_both_models(
+    tmp_path: Path, fake: FakeAcl
+) -> None:
+    """The device's ``memory_budget_mb`` fits the weights once and both models' own memory,
+    not the weights twice: both load (charging each model the weights would refuse or evict
+    one of them)."""
+    write_model(tmp_path / "affine.om", **AFFINE)
+    models = [
+        raw_model("main", "affine.om", max_batch=4, instances=2),
+        raw_model("replica", "affine.om", max_batch=4),
+    ]
+    budget_mb = 2
+    config = load_config(ascend_config(tmp_path, models, memory_budget_mb=budget_mb))
+    with Engine(config) as engine:
+        status = engine.status()
+        assert all(status["models"][n]["memory"]["loaded"] for n in ("main", "replica"))
+        own = own_bytes(engine, "main") + own_bytes(engine, "replica")
+        budget = budget_mb << 20
+        assert WEIGHT_BYTES + own <= budget < 2 * WEIGHT_BYTES + own  # the case this is
+        device = status["devices"][0]
+        assert (device["used_bytes"], device["budget_bytes"]) == (WEIGHT_BYTES + own, budget)
+        assert engine.infer("replica", X, timeout_s=10)["y"][0, 0] == 3.0
+        assert engine.infer("main", X, timeout_s=10)["y"][0, 0] == 3.0
     assert fake.leaks() == {}
 
 

@@ -7,26 +7,19 @@ pyACL call contract (``worker.backends.acl_runtime``) and tested against the str
 
 Process-wide (``AclBackend``): the first ``open`` calls ``acl.init`` (100002, "already
 initialised", is fine: ORT's CANN provider may have done it) and ``rt.set_device`` once per device;
-``close`` resets the devices and finalises, after every session is gone. ``DeviceMemory`` holds
-the device buffers sessions share, counting their users.
+``close`` resets the devices and finalises, after every session is gone. Its ``DeviceMemory``
+(``worker.backends.acl_memory``) holds the device buffers sessions share, counting their users.
 
 Per session (one per model instance): its own context (made current again before every call the
 session makes), its own stream and its own model id (so one model id never runs on two streams),
 device buffers for every input and output at the largest gear allocated once (HUGE_FIRST), and
 both datasets built once, including the ``ascend_mbatch_shape_data`` input ATC adds to a
-dynamic-batch model. The model is loaded with ``load_from_file_with_mem`` into memory the
-backend allocates at ``query_size``'s sizes (so what a model takes is known before it loads):
-
-- weights: with ``share_weights`` (the default), one buffer per device and file (its resolved
-  path, size and mtime) for every session that loads that file there — the instances of a
-  model, a replica under another name, a pipeline step (ACL: weight memory is read-only during
-  inference, and models loaded from one file may share it). The last session to let go frees
-  it, after unloading its model. ``share_weights: false``: a buffer of its own.
-- work: a buffer of its own, unless its device's compute gate starts one run at a time
-  (``runs_alone``: ``runs_at_once: 1``, ``overdraft: 0``): then its models share one work
-  buffer (ACL: models that run one after another may), sized to the largest of them. A model
-  that needs more than the current one gets a new, larger buffer that later loads share; the
-  old one is freed when its last user unloads.
+dynamic-batch model. The model is loaded with ``load_from_file_with_mem`` into memory allocated
+at ``query_size``'s sizes (so what a model takes is known before it loads): its weights shared
+with every session that loads the same file on its device (``share_weights``, the default), its
+work shared with the device's other models when the device's gate runs one at a time
+(``runs_alone``); ``acl_memory`` holds the rules and frees a shared buffer with its last user,
+after that session unloaded its model.
 
 ``device_bytes`` is what the session takes as its own: its input and output buffers, its work
 (a shared work buffer counts each model's own ``query_size`` work, never less than it uses),
@@ -52,13 +45,19 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import structlog
 
+from duomo.worker.backends.acl_memory import (
+    DeviceBuffer,
+    DeviceMemory,
+    check_release,
+    file_identity,
+)
 from duomo.worker.backends.acl_runtime import (
     ACL_DTYPES,
     ACL_DYNAMIC_TENSOR_NAME,
@@ -76,7 +75,6 @@ from duomo.worker.backends.acl_runtime import (
 from duomo.worker.backends.base import (
     Backend,
     BufferedSession,
-    NotEnoughDeviceMemoryError,
     SessionSettings,
     TensorSpec,
     WeightShare,
@@ -155,8 +153,8 @@ class AclBackend(Backend):
         if held["buffers"]:  # a session left open: reset_device reclaims its memory
             log.warning("acl shared buffers still held at close", **held)
         for device in reversed(devices):
-            _release(rt, rt.reset_device(device), f"rt.reset_device({device})")
-        _release(rt, rt.finalize(), "finalize")
+            check_release(rt, rt.reset_device(device), f"rt.reset_device({device})")
+        check_release(rt, rt.finalize(), "finalize")
 
 
 def _check_soc(path: Path, soc_name: str) -> None:
@@ -166,140 +164,6 @@ def _check_soc(path: Path, soc_name: str) -> None:
             f"{path.name} was built for {built_for} but this device is {soc_name}: convert it "
             f"again with atc --soc_version={soc_name} (tools/atc_convert.py)"
         )
-
-
-def _release(rt: AclRuntime, ret: int, call: str) -> None:
-    """Teardown goes on after a failed release; the failure is logged, not raised."""
-    if ret != ACL_SUCCESS:
-        log.error("acl release failed", call=call, code=ret, detail=rt.get_recent_err_msg())
-
-
-@dataclass(eq=False)
-class DeviceBuffer:
-    """A device allocation and the sessions using it; freed when the last one lets go.
-
-    ``shared``: others may use it (``DeviceMemory`` lists it); else a session's own. ``pointer``
-    0 with ``nbytes`` 0: the model needs none, nothing was allocated."""
-
-    pointer: int
-    nbytes: int
-    shared: bool = False
-    users: int = field(default=1)
-
-
-class DeviceMemory:
-    """The weight and work buffers of every session in the process, counted by user.
-
-    Sessions call ``claim`` while loading and ``release`` after unloading, each on its own
-    thread with its own context current (device memory belongs to the device, so the last user
-    frees a buffer another session allocated). ``claim`` decides what a load needs, compares it
-    with the room its budgets leave and allocates under one lock, so two instances loading at
-    once agree on one weight buffer. Invariant: a buffer in the registry has at least one user,
-    and is freed only by the release that takes its users to zero.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._weights: dict[tuple[object, ...], DeviceBuffer] = {}  # (device, file identity)
-        self._work: dict[int, DeviceBuffer] = {}  # device -> the work buffer its models share
-
-    def claim(
-        self,
-        rt: AclRuntime,
-        path: Path,
-        settings: SessionSettings,
-        sizes: tuple[int, int],
-        identity: tuple[str, int, int] | None,
-    ) -> tuple[DeviceBuffer, DeviceBuffer]:
-        """The (work, weights) buffers a load of ``path`` uses, found or allocated: ``sizes``
-        are ``query_size``'s (work, weight); ``identity`` the file's (``file_identity``) when
-        its weights are shared, else None.
-
-        Compares with ``settings.device_room_bytes`` what the session will be charged: its
-        ``query_size`` work, plus its weights unless that file's weights are on the device
-        already (I/O buffers are sized only after the load). Raises
-        ``NotEnoughDeviceMemoryError`` before allocating anything, ``AclError`` for a failed
-        malloc (after giving back what it took)."""
-        device = settings.device
-        work, weight = sizes
-        weight_key = (device, *identity) if identity is not None else None
-        with self._lock:
-            weights = self._weights.get(weight_key) if weight_key is not None else None
-            shared = self._work.get(device) if settings.runs_alone else None
-            if shared is not None and shared.nbytes < work:
-                shared = None  # a new, larger one for it and later loads
-            room = settings.device_room_bytes
-            needed = work + (0 if weights else weight)
-            if room is not None and needed > room:
-                raise _short(path, needed, room, device, weights_resident=weights is not None)
-            if weights is None:
-                weights = _allocate(rt, weight, shared=weight_key is not None)
-                if weight_key is not None:
-                    self._weights[weight_key] = weights
-            else:
-                weights.users += 1
-            try:
-                if shared is None:
-                    shared = _allocate(rt, work, shared=settings.runs_alone)
-                    if settings.runs_alone:
-                        self._work[device] = shared
-                else:
-                    shared.users += 1
-            except BaseException:
-                self._let_go(rt, weights)
-                raise
-            return shared, weights
-
-    def release(self, rt: AclRuntime, buffer: DeviceBuffer) -> None:
-        """One user fewer; the last frees the buffer (its model must be unloaded by then)."""
-        with self._lock:
-            self._let_go(rt, buffer)
-
-    def _let_go(self, rt: AclRuntime, buffer: DeviceBuffer) -> None:
-        buffer.users -= 1
-        if buffer.users > 0:
-            return
-        self._weights = {k: b for k, b in self._weights.items() if b is not buffer}
-        self._work = {d: b for d, b in self._work.items() if b is not buffer}
-        if buffer.pointer:
-            _release(rt, rt.free(buffer.pointer), f"rt.free({buffer.nbytes} B)")
-
-    def held(self) -> dict[str, int]:
-        """Shared buffers still in use: how many, and their bytes (both 0 when all let go)."""
-        with self._lock:
-            buffers = [*self._weights.values(), *self._work.values()]
-            return {"buffers": len(buffers), "bytes": sum(b.nbytes for b in buffers)}
-
-
-def file_identity(path: Path) -> tuple[str, int, int]:
-    """What makes two loads "the same file": its resolved path, size and mtime (a file
-    rewritten in place is another file)."""
-    resolved = path.resolve()
-    stat = resolved.stat()
-    return str(resolved), stat.st_size, stat.st_mtime_ns
-
-
-def _allocate(rt: AclRuntime, nbytes: int, shared: bool) -> DeviceBuffer:
-    """A device buffer of ``nbytes`` on the current context's device (none for 0 bytes), with
-    the policy of the I/O buffers."""
-    pointer = 0
-    if nbytes:
-        pointer, ret = rt.malloc(nbytes, ACL_MEM_MALLOC_HUGE_FIRST)
-        rt.check(ret, f"rt.malloc({nbytes})")
-    return DeviceBuffer(pointer, nbytes, shared)
-
-
-def _short(
-    path: Path, needed: int, room: int, device: int, weights_resident: bool
-) -> NotEnoughDeviceMemoryError:
-    short = NotEnoughDeviceMemoryError(path, needed, room, device)
-    if weights_resident:  # the base message says work + weights
-        short.args = (
-            f"{path.name} needs {needed / 2**20:.2f} MB of device memory (query_size's work; "
-            f"its weights are on device {device} already), and its budgets leave "
-            f"{room / 2**20:.2f} MB there",
-        )
-    return short
 
 
 @dataclass(frozen=True)
@@ -475,7 +339,7 @@ class AclSession(BufferedSession):
                 dataset, ret = rt.add_dataset_buffer(dataset, buffer)
                 rt.check(ret, "mdl.add_dataset_buffer")
         except BaseException:
-            _release(rt, rt.destroy_dataset(dataset), "mdl.destroy_dataset")
+            check_release(rt, rt.destroy_dataset(dataset), "mdl.destroy_dataset")
             raise
         return dataset, pointers
 
@@ -679,24 +543,24 @@ class AclSession(BufferedSession):
         """Release everything this session created, in the documented order (idempotent)."""
         rt = self._rt
         if self._context:
-            _release(rt, rt.set_context(self._context), "rt.set_context")
+            check_release(rt, rt.set_context(self._context), "rt.set_context")
         for buffer in self._data_buffers:
-            _release(rt, rt.destroy_data_buffer(buffer), "destroy_data_buffer")
+            check_release(rt, rt.destroy_data_buffer(buffer), "destroy_data_buffer")
         self._data_buffers = []
         for dataset in (self._input_dataset, self._output_dataset):
             if dataset:
-                _release(rt, rt.destroy_dataset(dataset), "mdl.destroy_dataset")
+                check_release(rt, rt.destroy_dataset(dataset), "mdl.destroy_dataset")
         self._input_dataset = self._output_dataset = 0
         if self._model_id:
             ret = rt.unload(self._model_id)
-            _release(rt, ret, "mdl.unload")
+            check_release(rt, ret, "mdl.unload")
             if ret == ACL_SUCCESS:  # else its memory stays: a model may still read it
                 self._model_id = 0
         if self._desc:
-            _release(rt, rt.destroy_desc(self._desc), "mdl.destroy_desc")
+            check_release(rt, rt.destroy_desc(self._desc), "mdl.destroy_desc")
             self._desc = 0
         for pointer in self._pointers:
-            _release(rt, rt.free(pointer), "rt.free")
+            check_release(rt, rt.free(pointer), "rt.free")
         self._pointers = []
         if not self._model_id:  # unloaded (or never loaded): nothing reads its memory now
             for held in (self._work, self._weights):
@@ -704,10 +568,10 @@ class AclSession(BufferedSession):
                     self._device_memory.release(rt, held)
             self._work = self._weights = None
         if self._stream:
-            _release(rt, rt.destroy_stream(self._stream), "rt.destroy_stream")
+            check_release(rt, rt.destroy_stream(self._stream), "rt.destroy_stream")
             self._stream = 0
         if self._context:
-            _release(rt, rt.destroy_context(self._context), "rt.destroy_context")
+            check_release(rt, rt.destroy_context(self._context), "rt.destroy_context")
             self._context = 0
         self._drop_buffers()
 
