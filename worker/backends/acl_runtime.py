@@ -9,7 +9,7 @@ return a bare int, and pure getters return only the value. ``tests/fixtures/pyac
 lists the binding's function names and the header constants; a test checks every call below and
 every constant here against it.
 
-Used only by ``worker.backends.acl_backend``.
+Used only by ``worker.backends.acl_backend`` and ``worker.backends.acl_memory``.
 """
 
 from __future__ import annotations
