@@ -75,3 +75,32 @@ def test_bench_rejects_a_bad_workload_with_the_field(tmp_path: Path) -> None:
     )  # fmt: skip
     assert run.returncode == 2
     assert "overhead_models ['face'] are not in models ['classify']" in run.stderr
+
+
+def test_bench_sharing_only_measures_both_settings(demo_config: object, tmp_path: Path) -> None:
+    """``--sharing-only``: one round (sharing on, then off) of the demo config at two instances
+    a model under the smoke workload's producers; both trials answer correctly, the ledger counts
+    one copy of each file's weights with sharing on and more with it off, and the supervisor
+    holds less after load with sharing on (about one copy of the demo's 105 MB of weights)."""
+    out = tmp_path / "report"
+    segments_before = _segments()
+    run = subprocess.run(
+        [sys.executable, "-m", "duomo.supervisor.cli", "bench", "-w", str(SMOKE), "--out",
+         str(out), "--sharing-only", "--sharing-rounds", "1", "--sharing-window", "2"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert "modes" not in report  # the mixed load did not run
+    part = report["sharing"]
+    trials = {t["sharing"]: t for t in part["trials"]}
+    assert set(trials) == {"on", "off"} and len(part["raw"]["trials"]) == 2
+    for setting, t in trials.items():
+        assert t["wrong"] == 0 and t["errors"] == 0, (setting, t)
+        assert set(t["rps"]) == {"face", "classify"} and t["work"] > 0, setting
+        assert t["rss_peak_mib"] > 0 and t["after_load_rss_mib"] > 0, setting
+    files = {w["file"] for w in part["raw"]["trials"][0]["after_load"]["ledger"]["weights"]}
+    assert trials["on"]["weight_copies"] == len(files) < trials["off"]["weight_copies"]
+    assert trials["on"]["after_load_rss_mib"] < trials["off"]["after_load_rss_mib"]
+    assert "## Shared weights" in (out / "report.md").read_text()
+    assert _segments() <= segments_before

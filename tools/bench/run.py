@@ -19,6 +19,10 @@
    ``tools.bench.pipelines``: the chain face → embedding + attributes as a Duomo pipeline,
    driven from the client and as a Triton BLS model, and the tracker's reuse; its section joins
    the report (``tools.bench.pipeline_report``).
+6. **sharing** (``--sharing``, or ``--sharing-only`` without 1–3) — ``tools.bench.sharing``:
+   the workload's config with ``instances: 2`` on every model, weight sharing on and off in
+   turn, under the mixed load: resident memory after load and at its peak, and the work; its
+   section joins the report (``tools.bench.sharing_report``).
 
 Called by ``duomo bench`` (``supervisor.cli``) and as ``python -m tools.bench.run``.
 """
@@ -102,8 +106,9 @@ def _sample(pids: list[int], start_at: float, end_at: float) -> dict[str, Any]:
     return sampler.stop()
 
 
-def _model_specs(workload: Workload, alone: dict[str, Any]) -> list[dict[str, Any]]:
-    """What producers need of each model: its name, images and their expected answers."""
+def model_specs(workload: Workload, alone: dict[str, Any]) -> list[dict[str, Any]]:
+    """What producers need of each model: its name, images and their expected answers (also
+    ``tools.bench.sharing``'s)."""
     return [
         {
             "name": m.name,
@@ -117,7 +122,7 @@ def _model_specs(workload: Workload, alone: dict[str, Any]) -> list[dict[str, An
 def run_alone(workload: Workload) -> dict[str, Any]:
     spec = {
         "config": str(workload.config),
-        "models": _model_specs(workload, {m.name: {"expected": []} for m in workload.models}),
+        "models": model_specs(workload, {m.name: {"expected": []} for m in workload.models}),
         "alone_s": workload.alone_s,
     }
     child = Child("tools.bench.inprocess", ["alone"], spec)
@@ -125,12 +130,14 @@ def run_alone(workload: Workload) -> dict[str, Any]:
     return child.result()
 
 
-def _producers(
+def producer_children(
     workload: Workload,
     servers: ModeServers,
     models: list[dict[str, Any]],
     producers: dict[str, int],
 ) -> list[Child]:
+    """The mixed load's producers against ``servers``: ``producers[name]`` per model, each with
+    its images and expected answers (also ``tools.bench.sharing``'s)."""
     loads = {m.name: m for m in workload.models}
     children: list[Child] = []
     for model in models:
@@ -237,7 +244,7 @@ def run_served(
             now = time.time() + 1.0  # let start-up settle
             figures["idle"] = _sample(servers.pids(), now, now + workload.idle_s)
         producers = {m.name: m.producers for m in workload.models}
-        children = _producers(workload, servers, models, producers)
+        children = producer_children(workload, servers, models, producers)
         start_at, end_at = open_window(children, workload.warmup_s, workload.duration_s)
         figures["resources"] = _sample(servers.pids(), start_at, end_at)
         tallies = [child.result() for child in children]
@@ -255,7 +262,7 @@ def run(workload: Workload, out: Path, workload_path: Path) -> dict[str, Any]:
     log = sys.stderr
     print(f"duomo bench: alone, in-process, one thread ({workload.alone_s:g} s each)", file=log)
     alone = run_alone(workload)
-    models = _model_specs(workload, alone)
+    models = model_specs(workload, alone)
     rounds: dict[str, list[dict[str, Any]]] = {mode: [] for mode in workload.modes}
     with tempfile.TemporaryDirectory(prefix="duomo-bench-") as tmp:
         for r in range(workload.rounds):
@@ -350,6 +357,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--pipeline-config", type=Path, default=ROOT / "configs/pipelines-bench.yaml",
         help="supervisor config of the pipeline part (default: configs/pipelines-bench.yaml)",
     )  # fmt: skip
+    # the shared-weights benchmark (issue 36: tools.bench.sharing), after the rest or alone
+    sharing = parser.add_mutually_exclusive_group()
+    sharing.add_argument(
+        "--sharing", action="store_true",
+        help="then the shared-weights benchmark: instances: 2 on every model, sharing on vs off",
+    )  # fmt: skip
+    sharing.add_argument(
+        "--sharing-only", action="store_true", help="only the shared-weights benchmark"
+    )
+    parser.add_argument(
+        "--sharing-window", type=float, default=20.0,
+        help="seconds measured in each sharing trial (default 20)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--sharing-rounds", type=int, default=2,
+        help="rounds of the sharing part, each on and off, the order reversed every other "
+        "round (default 2: on, off, off, on)",
+    )  # fmt: skip
 
 
 def bench(args: argparse.Namespace) -> int:
@@ -378,10 +403,16 @@ def bench(args: argparse.Namespace) -> int:
         if not set(pipelines) <= set(VARIANTS):
             print(f"duomo bench: --pipeline-variants: some of {VARIANTS}", file=sys.stderr)
             return 2
+    sharing = args.sharing or args.sharing_only
+    if sharing and (args.sharing_rounds < 1 or args.sharing_window <= 0):
+        print("duomo bench: --sharing-rounds ≥ 1 and --sharing-window > 0", file=sys.stderr)
+        return 2
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = args.out or ROOT / "bench-results" / stamp
-    if not (args.cameras_only or args.pipelines_only):
+    alone: dict[str, Any] | None = None  # the mixed load's alone phase, reused by --sharing
+    if not (args.cameras_only or args.pipelines_only or args.sharing_only):
         report = run(workload, out, args.workload)
+        alone = report["alone"]
         print(report["markdown"])
     if cameras:
         from tools.bench.cameras import bench_cameras
@@ -394,6 +425,10 @@ def bench(args: argparse.Namespace) -> int:
         config = args.pipeline_config
         rounds = args.pipeline_rounds
         print(bench_pipelines(config, out, window, pipelines, producers, rounds))
+    if sharing:
+        from tools.bench.sharing import bench_sharing
+
+        print(bench_sharing(workload, out, args.sharing_window, args.sharing_rounds, alone))
     print(f"duomo bench: report in {out}", file=sys.stderr)
     return 0
 
