@@ -1,12 +1,22 @@
 """The executors' image operations: a resize into the reusable scratch buffer is the same image
 as a fresh resize, reuses the same memory request after request, and never keeps an oversized
-buffer; padding is zeroed around the written region."""
+buffer; padding is zeroed around the written region; a lookup through a normalization table
+gives the bits ``normalize_into`` computes."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from duomo.worker.executors.image_ops import ResizeScratch, normalize_into, resize, zero_padding
+from duomo.worker.executors.image_ops import (
+    ResizeScratch,
+    lookup_into,
+    normalization_table,
+    normalize_into,
+    resize,
+    rgb,
+    zero_padding,
+)
 
 
 def _image(h: int, w: int, channels: int = 3, seed: int = 0) -> np.ndarray:
@@ -47,3 +57,20 @@ def test_normalize_and_zero_padding_fill_a_canvas() -> None:
     zero_padding(canvas, 5, 6)
     assert np.allclose(canvas[:, :5, :6], image.transpose(2, 0, 1) * 0.5 - 1.0)
     assert not canvas[:, 5:, :].any() and not canvas[:, :5, 6:].any()
+
+
+@pytest.mark.parametrize("scale, offset", [(1 / 127.5, -1.0), (1.0, 0.0), (1 / 255, 0.0)])
+def test_a_lookup_gives_the_bits_normalize_into_computes(scale: float, offset: float) -> None:
+    table = normalization_table(scale, offset)
+    rgba = _image(40, 30, channels=4, seed=2)
+    for image in (_image(40, 30), rgba[:, :, :3], rgb(rgba[:, :, :1])):  # RGB, a view, gray
+        expected = np.empty((3, 40, 30), dtype=np.float32)
+        normalize_into(expected, image, scale, offset)
+        out = np.full((3, 40, 30), np.nan, dtype=np.float32)
+        lookup_into(out, image, table)
+        assert np.array_equal(out.view(np.uint32), expected.view(np.uint32))
+
+
+def test_a_lookup_refuses_a_buffer_of_another_size() -> None:
+    with pytest.raises(ValueError, match="do not fit"):
+        lookup_into(np.empty((3, 8, 8), np.float32), _image(8, 9), normalization_table(1.0, 0.0))

@@ -20,7 +20,12 @@ from duomo.ipc.errors import InvalidArgumentError
 from duomo.worker.backends.base import ModelSession
 from duomo.worker.config_model import StrictModel
 from duomo.worker.executors.base import Executor, StageTimer
-from duomo.worker.executors.image_ops import ResizeScratch, as_image, normalize_into
+from duomo.worker.executors.image_ops import (
+    ResizeScratch,
+    as_image,
+    lookup_into,
+    normalization_table,
+)
 
 # (scale, offset) applied to 0..255 pixels; imagenet's per-channel mean/std is folded per channel.
 _IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32) * 255
@@ -59,6 +64,18 @@ class CenterCrop:
     left: int
 
 
+def input_table(normalization: Literal["tflite", "imagenet"]) -> np.ndarray:
+    """What each channel's pixel value 0..255 becomes in the model's input (3×256 float32):
+    ``x / 127.5 - 1`` (tflite), or ``(x - mean) / std`` per channel (imagenet), computed by the
+    same float32 operations the whole crop once went through, so the lookup gives the same bits."""
+    if normalization == "tflite":
+        return normalization_table(1 / 127.5, -1.0)
+    table = normalization_table(1.0, 0.0)
+    table -= _IMAGENET_MEAN[:, None]
+    table /= _IMAGENET_STD[:, None]
+    return table
+
+
 def load_imagenet_labels() -> list[str]:
     text = (
         resources.files("duomo.worker.executors").joinpath("imagenet_labels.txt").read_text("utf-8")
@@ -86,6 +103,7 @@ class ClassificationExecutor(Executor):
         else:
             self.labels = load_imagenet_labels()
         self._scratch = ResizeScratch()
+        self._table = input_table(params.normalization)
 
     def prepare(self, payload: Any) -> CenterCrop:
         image = as_image(payload)
@@ -108,12 +126,7 @@ class ClassificationExecutor(Executor):
             for row, item in zip(batch, items):
                 resized = self._scratch.resize(item.image, item.resized_width, item.resized_height)
                 crop = resized[item.top : item.top + size, item.left : item.left + size]
-                if self.p.normalization == "tflite":
-                    normalize_into(row, crop, 1 / 127.5, -1.0)
-                else:
-                    normalize_into(row, crop, 1.0, 0.0)
-                    row -= _IMAGENET_MEAN[:, None, None]
-                    row /= _IMAGENET_STD[:, None, None]
+                lookup_into(row, crop, self._table)
         with timer.stage("infer"):
             logits = self.session.run({self.input: batch})[self.output]
         with timer.stage("postprocess"):

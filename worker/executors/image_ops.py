@@ -118,6 +118,41 @@ def normalize_into(out_chw: np.ndarray, image_hwc: np.ndarray, scale: float, off
         region += offset
 
 
+def normalization_table(scale: float, offset: float, channels: int = 3) -> np.ndarray:
+    """What ``normalize_into(out, image, scale, offset)`` makes of each pixel value 0..255, per
+    channel (``channels``×256 float32): computed by ``normalize_into`` itself, so a lookup in it
+    (``lookup_into``) gives the same float32 bits as the arithmetic. A caller may apply more
+    per-channel arithmetic to the table (a mean, a standard deviation) to match its own."""
+    values = np.broadcast_to(np.arange(256, dtype=np.uint8)[None, :, None], (1, 256, channels))
+    table = np.empty((channels, 1, 256), dtype=np.float32)
+    normalize_into(table, values, scale, offset)
+    return table.reshape(channels, 256)
+
+
+def lookup_into(out_chw: np.ndarray, image_hwc: np.ndarray, table: np.ndarray) -> None:
+    """``out[c] = table[c][image[:, :, c]]``, written in place: a uint8 H×W×C image (a view: gray
+    read as RGB, ``rgb``, is looked up once per channel without a copy) through one 256-entry
+    float32 table per channel (``normalization_table``) into a C×H×W float32 buffer of its size.
+
+    Half the time of ``normalize_into`` for a 224×224 RGB crop: OpenCV splits the channels into
+    planes and looks each one up, where numpy's arithmetic writes the transposed image element by
+    element in float64 (docs/benchmarks.md, "Classification pre-processing")."""
+    h, w, channels = image_hwc.shape
+    if out_chw.shape != (channels, h, w) or table.shape != (channels, 256):
+        raise ValueError(
+            f"lookup_into: out {out_chw.shape} and table {table.shape} do not fit an image of "
+            f"shape {image_hwc.shape}"
+        )
+    if image_hwc.strides[2] == 0:  # one plane read as every channel
+        planes = [image_hwc[:, :, 0]] * channels
+    else:
+        planes = list(cv2.split(image_hwc))
+    for plane, values, out in zip(planes, table, out_chw):
+        written = cv2.LUT(plane, values, dst=out)
+        if written is not out and not np.shares_memory(written, out):
+            raise RuntimeError("OpenCV did not write the lookup into the buffer given")
+
+
 def zero_padding(out_chw: np.ndarray, height: int, width: int) -> None:
     """Zero what lies outside the top-left ``height``×``width`` region of a C×H×W canvas."""
     out_chw[:, height:, :] = 0.0
