@@ -8,6 +8,10 @@ it finishes its batch, closes its executor on its own thread and ends. ``busy_si
 The process's ``Activity`` counts it from its load to its warm-up's end and through each batch
 (the supervisor's idle spin reads it: ``supervisor.lending``).
 
+After its warm-up the executor is settled: a request far larger than what warm-up sized is a
+one-off, and once its batch is answered the worker has the sessions give back what it took
+(``worker.backends.base``).
+
 Per batch: expired requests are answered DEADLINE_EXCEEDED; each request is prepared alone (a bad
 one fails alone with its own error); the rest execute together. An exception from ``execute``
 fails every member of the batch: a ``DuomoError`` with its own code, anything else as INTERNAL
@@ -117,6 +121,7 @@ class ModelWorker:
             executor = self._load()
             try:
                 executor.warmup()  # every batch size it will run: nothing is sized under load
+                executor.settle()  # what warm-up sized is the usual; far more is a one-off
             except BaseException:
                 executor.close()
                 raise
@@ -146,6 +151,7 @@ class ModelWorker:
                     log.exception("serving loop error", model=self.model)
                 finally:
                     self.busy_since, self.current = None, ()
+                    self._release_one_offs(executor)
                     activity.leave()
                     if self.abandoned:  # whatever was held back for this batch is free now
                         for request in batch:
@@ -153,6 +159,15 @@ class ModelWorker:
         finally:
             self.executor = None
             executor.close()
+
+    def _release_one_offs(self, executor: Executor) -> None:
+        """The batch is answered: what a one-off request in it took goes back (its buffers went
+        with it; this is the runtime's pools), before the next batch is taken."""
+        try:
+            if executor.release_one_offs():
+                log.info("one-off request's memory given back", model=self.model)
+        except Exception:  # the pools keep it; serving goes on
+            log.exception("could not give back a one-off request's memory", model=self.model)
 
     def _serve(self, executor: Executor, taken: TakenBatch) -> None:
         now = time.monotonic()

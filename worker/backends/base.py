@@ -7,6 +7,15 @@ their batch straight into ``session.input_buffer(...)`` views and read outputs f
 allocates nothing per request.
 
 Invariant: output views returned by ``run`` stay valid until the next ``run`` on that session.
+
+A one-off request gives its memory back. The model worker calls ``settle`` once its warm-up is
+over; from then on a buffer grows and is kept only up to ``ONE_OFF_FACTOR`` times the bytes the
+warm-up gave it, and a run whose inputs take more than that factor times the warm-up's is a
+one-off run (a 10 000 × 10 000 frame's OCR detector input): its buffers are its own, freed as
+soon as the executor drops them, and once the worker has answered the batch it calls
+``release_one_off``, which makes the session hand back what the run left in its runtime's pools
+(``give_back``: ONNX Runtime's shared arena). Measured on the demo models: docs/operations.md,
+"What a large frame costs".
 """
 
 from __future__ import annotations
@@ -81,36 +90,57 @@ class NotEnoughDeviceMemoryError(RuntimeError):
         self.device = device
 
 
+# A request needing more than this many times the bytes of its model's warm-up is a one-off: what
+# it takes goes back once it is answered (an image twice the warm-up's side is four times its bytes)
+ONE_OFF_FACTOR = 4
+
+
 class HostBuffers:
     """Named flat host arrays handed out as shaped views; grown only when a shape needs more.
 
-    Buffers are sized by the warm-up at ``max_batch`` and grow only when a request needs a larger
-    shape than any before it (an OCR page larger than the warm-up image, say); they never shrink.
-    ``growths`` counts allocations and is shown in ``status`` so a regrowth is visible.
+    Buffers are sized by the warm-up at ``max_batch``. Before ``settle`` a buffer grows to any
+    shape asked of it and keeps that size. After it, a buffer still grows for a larger shape, up
+    to ``ONE_OFF_FACTOR`` times the bytes it had when settled, and keeps that size; a shape that
+    needs more gets an array of its own (a one-off), not kept: it is freed when the caller drops
+    it, so a one-off giant frame leaves nothing behind. ``growths`` counts every allocation
+    (kept or one-off) and is shown in ``status`` so a regrowth is visible.
     """
 
     def __init__(self) -> None:
         self._flat: dict[str, np.ndarray] = {}
+        # bytes each buffer may grow to and be kept; None until ``settle``
+        self._kept_limit: dict[str, int] | None = None
         self.growths = 0
+
+    def settle(self) -> None:
+        """The warm-up is over: from now on each buffer is kept up to ``ONE_OFF_FACTOR`` times
+        its present size (a buffer the warm-up never made has no usual size: it grows and is
+        kept as before)."""
+        self._kept_limit = {name: ONE_OFF_FACTOR * a.nbytes for name, a in self._flat.items()}
 
     def view(self, name: str, dtype: np.dtype, shape: Sequence[int]) -> np.ndarray:
         """A view of buffer ``name`` as ``dtype`` at ``shape``, its contents undefined.
 
         The buffer is reallocated (``growths`` counts it) when it does not exist yet, has
         another dtype, or is smaller than ``shape`` needs; otherwise its memory is reused, so
-        the view shares memory with every earlier view of ``name``.
+        the view shares memory with every earlier view of ``name``. After ``settle``, a shape
+        past the buffer's limit gets a new array of its own instead, which shares memory with
+        nothing and is not kept.
         """
         count = math.prod(shape)
         flat = self._flat.get(name)
         if flat is None or flat.dtype != dtype or flat.size < count:
             flat = np.empty(max(count, 1), dtype=dtype)
-            self._flat[name] = flat
             self.growths += 1
+            limit = None if self._kept_limit is None else self._kept_limit.get(name)
+            if limit is not None and flat.nbytes > limit:
+                return flat[:count].reshape(shape)
+            self._flat[name] = flat
         return flat[:count].reshape(shape)
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by every buffer."""
+        """Bytes held by every buffer (not counting one-off arrays)."""
         return sum(a.nbytes for a in self._flat.values())
 
 
@@ -159,6 +189,15 @@ class ModelSession(ABC):
     def close(self) -> None:
         """Release the runtime objects; the session is unusable afterwards."""
 
+    def settle(self) -> None:  # noqa: B027 - sessions without reusable buffers keep nothing
+        """The warm-up is over (called once by the model worker): what it sized is the usual
+        size, and a request far above it is a one-off (see the module docstring)."""
+
+    def release_one_off(self) -> bool:
+        """After a batch is answered (called by the model worker): if a one-off run happened
+        since the last call, hand back what it left in the runtime's pools. Whether it did."""
+        return False
+
     @property
     def max_rows(self) -> int | None:
         """The most rows one run takes (a compiled model's largest batch), None if unbounded."""
@@ -204,23 +243,65 @@ class ModelSession(ABC):
 
 
 class BufferedSession(ModelSession):
-    """A session whose host-side inputs and outputs live in ``HostBuffers`` it reuses."""
+    """A session whose host-side inputs and outputs live in ``HostBuffers`` it reuses.
+
+    Its ``run`` calls ``note_run`` with the inputs, so a one-off run (see the module docstring)
+    is known; ``give_back`` is what a runtime does after one, once the batch is answered."""
 
     def __init__(self) -> None:
         self._in = HostBuffers()
         self._out = HostBuffers()
+        # each input's largest bytes in the warm-up's runs; frozen by ``settle``
+        self._usual_bytes: dict[str, int] = {}
+        self._settled = False
+        self._one_off_pending = False  # a one-off run since the last ``release_one_off``
 
     def input_buffer(self, name: str, shape: Sequence[int]) -> np.ndarray:
-        """A view of the reused input buffer for ``name`` at ``shape``, in the input's dtype.
+        """A view of the reused input buffer for ``name`` at ``shape``, in the input's dtype
+        (after ``settle``, an array of its own for a shape far past the warm-up's).
 
         Raises:
             KeyError: the model has no tensor of that name.
         """
         return self._in.view(name, self.spec(name).dtype, shape)
 
+    def note_run(self, inputs: Mapping[str, np.ndarray]) -> bool:
+        """Called by ``run`` with its inputs: whether this run is a one-off (after ``settle``,
+        an input of more than ``ONE_OFF_FACTOR`` times the bytes it had in the warm-up's
+        runs; an input the warm-up never ran has no usual size). Before ``settle`` it records
+        those bytes."""
+        usual = self._usual_bytes
+        if not self._settled:
+            for name, array in inputs.items():
+                usual[name] = max(usual.get(name, 0), array.nbytes)
+            return False
+        for name, array in inputs.items():
+            if array.nbytes > ONE_OFF_FACTOR * usual.get(name, array.nbytes):
+                self._one_off_pending = True
+                return True
+        return False
+
+    def settle(self) -> None:
+        """The warm-up is over: its buffers' sizes and its runs' input bytes are the usual."""
+        self._in.settle()
+        self._out.settle()
+        self._settled = True
+
+    def release_one_off(self) -> bool:
+        """After a batch is answered: ``give_back`` if a one-off run happened since the last
+        call. Whether one did."""
+        if not self._one_off_pending:
+            return False
+        self._one_off_pending = False
+        self.give_back()
+        return True
+
+    def give_back(self) -> None:
+        """Hand back to the system what a one-off run left in the runtime's memory pools."""
+
     @property
     def buffer_bytes(self) -> int:
-        """Bytes of its input and output host buffers."""
+        """Bytes of its input and output host buffers (one-off arrays are not kept)."""
         return self._in.nbytes + self._out.nbytes
 
     def _drop_buffers(self) -> None:
@@ -231,7 +312,7 @@ class BufferedSession(ModelSession):
 
     @property
     def buffer_growths(self) -> int:
-        """Allocations of its input and output host buffers so far."""
+        """Allocations of its input and output host buffers so far (one-offs included)."""
         return self._in.growths + self._out.growths
 
 

@@ -135,6 +135,10 @@ class Executor(ABC):
 
     roles: ClassVar[tuple[str, ...]] = ("model",)
     varying_shape_roles: ClassVar[tuple[str, ...]] = ()  # roles fed a new shape per request
+    # roles whose inputs follow the request's size, so that a request far larger than the
+    # warm-up's is a one-off whose memory goes back (``settle``); None: every role. A role
+    # left out keeps what its largest input took, bounded by the task's own params.
+    one_off_roles: ClassVar[tuple[str, ...] | None] = None
     Params: ClassVar[type[StrictModel]] = NoParams
     # For pipelines (``supervisor.pipelines``): the key of the result's list of objects a later
     # step may run ``for_each`` of (dicts with a ``box`` [x1, y1, x2, y2] in the frame's pixels,
@@ -205,6 +209,23 @@ class Executor(ABC):
     def warmup(self) -> None:  # noqa: B027 - optional hook
         """Run once at every batch size (``warmup_sizes``) at the largest shapes, so every buffer
         is sized and every batch shape has run at load, not under load."""
+
+    def settle(self) -> None:
+        """The warm-up is over (the model worker calls this once): the session of each role in
+        ``one_off_roles`` keeps what the warm-up sized, and a request far larger is a one-off
+        whose memory goes back when it is answered (``worker.backends.base``)."""
+        roles = self.sessions.keys() if self.one_off_roles is None else self.one_off_roles
+        for role in roles:
+            self.sessions[role].settle()
+
+    def release_one_offs(self) -> bool:
+        """After a batch is answered (the model worker calls this): each session that ran a
+        one-off since the last call hands back what it left in its runtime's pools. Whether
+        any did."""
+        released = False
+        for session in self.sessions.values():
+            released = session.release_one_off() or released
+        return released
 
     def warmup_sizes(self) -> Iterator[int]:
         """Every batch size this instance will run, largest first (buffers are sized first).

@@ -37,7 +37,7 @@ import cv2
 import numpy as np
 from pydantic import Field
 
-from duomo.worker.backends.base import ModelSession
+from duomo.worker.backends.base import ONE_OFF_FACTOR, ModelSession
 from duomo.worker.config_model import StrictModel
 from duomo.worker.executors.base import Executor, StageTimer
 from duomo.worker.executors.image_ops import ResizeScratch, as_image, normalize_into, resize, rgb
@@ -229,6 +229,13 @@ class TextDetector:
                 boxes.extend((index, b) for b in found)
             return boxes
 
+    def settle(self) -> None:
+        """The warm-up is over: the resize buffer is kept up to ``ONE_OFF_FACTOR`` times the
+        size the warm-up gave it; a larger image (a huge frame, resized to ``det_max_side``)
+        gets a copy of its own, freed with its request (``worker.backends.base``)."""
+        scratch = self._scratch
+        scratch.keep_bytes = min(scratch.keep_bytes, ONE_OFF_FACTOR * scratch.nbytes)
+
     def warmup_blank(self) -> OcrInput:
         """A blank page at the usual detector size, prepared (what warm-up runs per batch)."""
         blank = np.full((self.p.det_limit_side, self.p.det_limit_side, 3), 255, dtype=np.uint8)
@@ -376,6 +383,10 @@ class OcrExecutor(Executor):
 
     roles = ("det", "cls", "rec")
     varying_shape_roles = ("det", "rec")  # image sizes, text-line widths
+    # the detector's input follows the frame (up to det_max_side); a line's width follows its
+    # aspect, whatever the frame, bounded by rec_max_width and rec_batch: long lines are usual
+    # in documents, and giving back after each would cost their batch a fifth more CPU
+    one_off_roles = ("det",)
     Params = OcrParams
 
     def __init__(
@@ -388,6 +399,10 @@ class OcrExecutor(Executor):
 
     def prepare(self, payload: Any) -> OcrInput:
         return self.detector.prepare(payload)
+
+    def settle(self) -> None:
+        super().settle()
+        self.detector.settle()
 
     def execute(self, items: Sequence[OcrInput], timer: StageTimer) -> list[Any]:
         found = self.detector.detect(items, timer)

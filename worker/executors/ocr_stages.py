@@ -91,6 +91,10 @@ class OcrDetectionExecutor(Executor):
     def prepare(self, payload: Any) -> OcrInput:
         return self.detector.prepare(payload)
 
+    def settle(self) -> None:
+        super().settle()
+        self.detector.settle()
+
     def execute(self, items: Sequence[OcrInput], timer: StageTimer) -> list[Any]:
         found = self.detector.detect(items, timer)
         with timer.stage("postprocess"):
@@ -153,6 +157,7 @@ class OcrReadingExecutor(Executor):
 
     roles = ("cls", "rec")
     varying_shape_roles = ("rec",)  # text-line widths
+    one_off_roles = ()  # a line's width follows its aspect, bounded by rec_max_width (``ocr``)
     Params = OcrReadingParams
     object_inputs = frozenset({"quad"})  # a pipeline hands it the frame and a line's corners
 
