@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Any
 
@@ -237,8 +237,17 @@ class Engine:
         self.registry.release_memory()
         held = {d: memory.weights_held(d, without=model) for d in devices}  # evictions freed some
         before = resident_bytes()
+        loaded: list[int] = []
+
+        def measure() -> None:  # warmed up; the requests waiting for the load not run yet
+            # what the load and warm-up freed (activations in the shared arena, the C heap's
+            # free pages) goes back first: a model is charged what it holds while loaded,
+            # which is what its unload gives back
+            self.registry.release_memory()
+            loaded.append(resident_bytes())
+
         try:
-            self._load_within_room(model, budget)
+            self._load_within_room(model, budget, measure)
         except DeviceMemoryError as short:
             try:
                 if budget is not None and short.needed > budget:
@@ -248,12 +257,13 @@ class Engine:
                     ) from None
                 # evict on the device that was short, then once more
                 memory.make_room(model, short.device, short.needed, exclude)
-                self._load_within_room(model, budget)
+                self._load_within_room(model, budget, measure)
             except BaseException as final:  # the requests waiting for it had waited for this
                 model.fail_queued(f"model {name!r} could not be loaded: {final}")
                 raise
         held_keys = {key for on in held.values() for key in on}
-        footprint = memory.record(model, max(0, resident_bytes() - before), held_keys)
+        after = loaded[-1] if loaded else resident_bytes()
+        footprint = memory.record(model, max(0, after - before), held_keys)
         charged = {d: memory.charged(name, d) for d in devices}
         worst = max(charged, key=charged.__getitem__)
         if budget is not None and charged[worst] > budget:
@@ -278,10 +288,13 @@ class Engine:
             device_mb={d: round(b / 2**20, 1) for d, b in footprint.device_bytes.items()},
         )  # fmt: skip
 
-    def _load_within_room(self, model: ServedModel, budget: int | None) -> None:
+    def _load_within_room(
+        self, model: ServedModel, budget: int | None, measure: Callable[[], None]
+    ) -> None:
         """Load, telling an accelerator's sessions how much device memory the budgets leave
-        them on their device (``MemoryLedger.rooms``)."""
-        model.load(LOAD_TIMEOUT_S, device_room=self.memory.rooms(model, budget))
+        them on their device (``MemoryLedger.rooms``); ``measure`` runs once it is warmed up,
+        before it serves."""
+        model.load(LOAD_TIMEOUT_S, self.memory.rooms(model, budget), measure)
 
     def _refuse_if_closed(self) -> None:
         if self._closed:

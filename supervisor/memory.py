@@ -2,9 +2,11 @@
 against its budget, and which idle models to evict for room (``MemoryLedger``).
 
 Used by the engine around every load. On the CPU a model's footprint is the growth of this
-process's resident memory across its load and warm-up (sessions, ONNX Runtime's arena, I/O
-buffers); on an accelerator it is the device memory its sessions took (ACL: the ``get_mem_info``
-drop), device by device: a model spread over several devices is charged on each. The engine
+process's anonymous resident memory (``worker.host_memory``) across its load and warm-up
+(sessions, ONNX Runtime's arena, I/O buffers), measured once what the warm-up freed has gone back
+and before its instances serve: what its unload returns. On an accelerator it is the device
+memory its sessions took (ACL: the ``get_mem_info`` drop), device by device: a model spread over
+several devices is charged on each. The engine
 charges each model the largest footprint measured for it, so a reload that happens to reuse
 freed heap does not make it look free.
 
@@ -21,20 +23,19 @@ buffers do not stay resident.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import functools
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import psutil
 import structlog
 
 from duomo.ipc.errors import ResourceExhaustedError
 from duomo.supervisor.config import LoadedConfig, ResolvedModel
 from duomo.worker.backends.base import WeightShare
+from duomo.worker.host_memory import libc
+from duomo.worker.host_memory import resident_bytes as resident_bytes  # (the engine's)
+from duomo.worker.host_memory import trim_heap as trim_heap  # (the registry's)
 from duomo.worker.model_spec import SERVING
 from duomo.worker.served_model import ServedModel
 
@@ -110,27 +111,6 @@ class Resident:
     idle: bool  # nothing queued or in flight
 
 
-def resident_bytes() -> int:
-    return int(psutil.Process().memory_info().rss)
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL | None:
-    name = ctypes.util.find_library("c")
-    try:
-        return ctypes.CDLL(name) if name else None
-    except OSError:
-        return None
-
-
-def trim_heap() -> None:
-    """Return freed C-heap memory to the system (glibc ``malloc_trim``; a no-op elsewhere)."""
-    libc = _libc()
-    trim = getattr(libc, "malloc_trim", None)
-    if trim is not None:
-        trim(0)
-
-
 # glibc mallopt parameters (malloc.h)
 _M_MMAP_THRESHOLD = -3
 _M_ARENA_MAX = -8
@@ -146,8 +126,7 @@ def tune_heap() -> None:
     such a free, and the next large request buffers then stay resident in the heap). Measured on
     the mixed three-model load: about 30 MiB less resident memory, the same speed
     (docs/design-notes.md, "Memory")."""
-    libc = _libc()
-    mallopt = getattr(libc, "mallopt", None)
+    mallopt = getattr(libc(), "mallopt", None)
     if mallopt is not None:
         mallopt(_M_ARENA_MAX, HEAP_ARENAS)
         mallopt(_M_MMAP_THRESHOLD, HEAP_MMAP_THRESHOLD)

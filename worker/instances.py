@@ -14,6 +14,7 @@ thread cannot be killed).
 from __future__ import annotations
 
 import functools
+import threading
 import time
 from collections.abc import Callable, Mapping
 
@@ -76,13 +77,21 @@ class Instances:
         )
         return spec.executor.open(spec.params, spec.files, spec.max_batch, self._backend, settings)
 
-    def start(self, timeout_s: float, device_room: Mapping[int, int | None]) -> Executor:
+    def start(
+        self,
+        timeout_s: float,
+        device_room: Mapping[int, int | None],
+        before_serving: Callable[[], None] | None = None,
+    ) -> Executor:
         """Start a new generation of instances and wait until all are warmed up; one of their
         executors. ``device_room``: the device memory the budgets leave the model on each
-        device. Raises ``ModelLoadError`` (``DeviceMemoryError`` when an instance's estimate
-        did not fit that room) after retiring the generation."""
+        device; ``before_serving``: called once all are warmed up and before any takes a
+        request (the engine measures the load then: a request waiting for the load would
+        add its buffers to the measure). Raises ``ModelLoadError`` (``DeviceMemoryError`` when
+        an instance's estimate did not fit that room) after retiring the generation."""
         spec = self._spec
         generation = self._batcher.retire_workers()
+        serving = threading.Event()
         workers = [
             ModelWorker(
                 spec.name,
@@ -92,6 +101,7 @@ class Instances:
                 self._batch_done,
                 generation,
                 self._activity,
+                serving,
             )
             for i in range(spec.instances)
         ]
@@ -106,11 +116,17 @@ class Instances:
                 error = f"failed to load: {worker.load_error}"
             if error is not None:
                 self._batcher.retire_workers()  # the loaded ones close their sessions and end
+                serving.set()
                 cause = worker.load_error
                 if isinstance(cause, NotEnoughDeviceMemoryError):
                     raise DeviceMemoryError(spec.name, error, cause) from cause
                 raise ModelLoadError(spec.name, error) from cause
         self.workers = workers
+        try:
+            if before_serving is not None:
+                before_serving()
+        finally:
+            serving.set()
         return next(w.executor for w in workers if w.executor is not None)
 
     def retire(self) -> int:

@@ -70,6 +70,7 @@ class ModelWorker:
         on_batch: Callable[[ModelWorker, int, bool, float], None],
         generation: int = 0,
         activity: Activity | None = None,
+        serving: threading.Event | None = None,
     ) -> None:
         self.model = model
         self.index = index
@@ -81,6 +82,9 @@ class ModelWorker:
         self._activity = activity or Activity()  # the process's, shared by every instance
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
+        # set when its generation may take requests (``Instances.start``: once every instance
+        # is warmed up and the load measured); none given: at once
+        self._serving = serving
         self.load_error: BaseException | None = None
         self.executor: Executor | None = None
         self.busy_since: float | None = None  # monotonic start of the batch in progress
@@ -134,6 +138,8 @@ class ModelWorker:
         finally:
             activity.leave()
         self._ready.set()
+        if self._serving is not None:
+            self._serving.wait()
         try:
             for taken in self._batcher.batches(self.generation):
                 activity.enter()

@@ -147,9 +147,12 @@ class ServedModel:
 
     # -- loading ----------------------------------------------------------------------------
 
-    def _start_workers(self, timeout_s: float) -> None:
-        """Start a new generation of instances and wait until all are warmed up (or raise)."""
-        executor = self.instances.start(timeout_s, self._device_room)
+    def _start_workers(
+        self, timeout_s: float, before_serving: Callable[[], None] | None = None
+    ) -> None:
+        """Start a new generation of instances and wait until all are warmed up (or raise);
+        ``before_serving`` runs then, before any of them takes a request."""
+        executor = self.instances.start(timeout_s, self._device_room, before_serving)
         if self.window is not None:
             self.window.seed(executor.warmup_costs)
         self._slot_spec = executor.slot_spec()
@@ -158,11 +161,16 @@ class ServedModel:
         self.last_error = None
 
     def load(
-        self, timeout_s: float = 300.0, device_room: Mapping[int, int | None] | None = None
+        self,
+        timeout_s: float = 300.0,
+        device_room: Mapping[int, int | None] | None = None,
+        before_serving: Callable[[], None] | None = None,
     ) -> None:
         """Load and warm up every instance; a model already serving is left as it is.
         ``device_room``: on an accelerator, the device memory its budgets leave it on each of
         its devices (``MemoryLedger.rooms``; a re-initialization keeps what the load had).
+        ``before_serving``: called once every instance is warmed up, before the requests
+        waiting for the load run (the engine's measure of the load).
 
         On failure the model returns to UNLOADED (FAILED if it had failed before), requests
         that were waiting for it are answered UNAVAILABLE with the reason, and
@@ -181,7 +189,7 @@ class ServedModel:
             self.batcher.reopen()
             started = time.monotonic()
             try:
-                self._start_workers(timeout_s)
+                self._start_workers(timeout_s, before_serving)
             except BaseException as err:
                 self.last_error = str(err)
                 after = ModelState.FAILED if before is ModelState.FAILED else ModelState.UNLOADED

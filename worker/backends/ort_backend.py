@@ -12,6 +12,9 @@ What it guarantees:
   executor wrote them, outputs are bound to pre-allocated arrays once their shape for a given set
   of input shapes is known (learned on the first run with those shapes, usually the warm-up);
 - every ``run`` holds the process's ``ComputeGate`` for its threads;
+- a one-off run (inputs far larger than the warm-up's: ``worker.backends.base``) gives its
+  activations back: the shared CPU arena shrinks once its batch is answered (``give_back``); a
+  session with an arena of its own shrinks it at the end of that run;
 - weights are shared (``share_weights``, on by default): the sessions that open one file with
   the same settings (the instances of a model, a replica under another name) use one
   ``InferenceSession``, made by the first and closed with the last. ONNX Runtime's ``Run`` is
@@ -45,6 +48,7 @@ from duomo.worker.backends.base import (
     WeightShare,
 )
 from duomo.worker.config_model import StrictModel
+from duomo.worker.host_memory import resident_bytes, trim_heap
 
 _ORT_TYPES = {
     "tensor(float)": np.float32,
@@ -159,8 +163,11 @@ class OrtSession(BufferedSession):
         settings: SessionSettings,
         weights: WeightShare | None = None,
         on_close: Callable[[], None] | None = None,
+        own_arena: bool = False,
     ) -> None:
+        """``own_arena``: the session has a CPU arena of its own (not the shared one)."""
         super().__init__()
+        self._own_arena = own_arena
         self.path = path
         self._session = session
         self._weights = weights
@@ -193,6 +200,7 @@ class OrtSession(BufferedSession):
         inputs: Mapping[str, np.ndarray],
         outputs: Mapping[str, np.ndarray] | None = None,
     ) -> dict[str, np.ndarray]:
+        one_off = self.note_run(inputs)
         keep_alive = []
         for spec in self.inputs:
             array = inputs.get(spec.name)
@@ -205,13 +213,13 @@ class OrtSession(BufferedSession):
         if outputs is not None:  # the caller's arrays (a slot's output area), shapes known
             for spec in self.outputs:
                 self._bind(False, spec, outputs[spec.name])
-            self._execute()
+            self._execute(one_off)
             return dict(outputs)
         key = tuple(inputs[s.name].shape for s in self.inputs)
         shapes = None if self._data_dependent else self._output_shapes.get(key)
         if shapes is not None:
             try:
-                return self._run_into_buffers(key, shapes)
+                return self._run_into_buffers(key, shapes, one_off)
             except RuntimeError as err:
                 if "computed output shape" not in str(err):
                     raise
@@ -219,7 +227,7 @@ class OrtSession(BufferedSession):
                 # once and let onnxruntime size the outputs from now on.
                 self._data_dependent = True
                 self._output_shapes.clear()
-        return self._run_and_learn_shapes(key)
+        return self._run_and_learn_shapes(key, one_off)
 
     def _bind(self, is_input: bool, spec: TensorSpec, array: np.ndarray) -> None:
         """Bind ``array`` unless the same memory at the same shape is bound already.
@@ -237,19 +245,21 @@ class OrtSession(BufferedSession):
             bind(spec.name, "cpu", 0, spec.dtype, list(array.shape), where[0])
         bound[spec.name] = (weakref.ref(array), where)
 
-    def _execute(self) -> None:
+    def _execute(self, one_off: bool = False) -> None:
+        """One run at the gate; a one-off run on an arena of its own shrinks it at its end."""
+        options = _shrink_options() if one_off and self._own_arena else None
         gate = self._gate
         if gate is None:
-            self._session.run_with_iobinding(self._binding)
+            self._session.run_with_iobinding(self._binding, options)
             return
         gate.acquire(self._threads)
         try:
-            self._session.run_with_iobinding(self._binding)
+            self._session.run_with_iobinding(self._binding, options)
         finally:
             gate.release(self._threads)
 
     def _run_into_buffers(
-        self, key: tuple[tuple[int, ...], ...], shapes: list[tuple[int, ...]]
+        self, key: tuple[tuple[int, ...], ...], shapes: list[tuple[int, ...]], one_off: bool
     ) -> dict[str, np.ndarray]:
         """Outputs written by onnxruntime straight into this session's reused arrays."""
         views: dict[str, np.ndarray] = {}
@@ -257,16 +267,22 @@ class OrtSession(BufferedSession):
             view = self._out.view(spec.name, spec.dtype, shape)
             self._bind(False, spec, view)
             views[spec.name] = view
-        self._execute()
+        self._execute(one_off)
         return views
 
-    def _run_and_learn_shapes(self, key: tuple[tuple[int, ...], ...]) -> dict[str, np.ndarray]:
+    def _run_and_learn_shapes(
+        self, key: tuple[tuple[int, ...], ...], one_off: bool
+    ) -> dict[str, np.ndarray]:
         """Outputs allocated by onnxruntime, copied into the reused arrays; shapes remembered."""
         self._bound_outputs.clear()
         for spec in self.outputs:
             self._binding.bind_output(spec.name, "cpu")
-        self._execute()
+        self._execute(one_off)
         produced = self._binding.copy_outputs_to_cpu()
+        # the outputs onnxruntime allocated are copied: let go of them now, or they stay bound
+        # until the next run and pin an activation-sized region of the shared arena that
+        # ``release_free_memory`` cannot give back
+        self._binding.clear_binding_outputs()
         if not self._data_dependent:
             self._output_shapes[key] = [tuple(a.shape) for a in produced]
             if len(self._output_shapes) > _SHAPE_MEMO_SIZE:
@@ -281,6 +297,11 @@ class OrtSession(BufferedSession):
     @property
     def weights(self) -> WeightShare | None:
         return self._weights
+
+    def give_back(self) -> None:
+        """After a one-off run's batch is answered: the shared CPU arena shrinks to what open
+        sessions use (the one-off's activations were the most of it)."""
+        shrink_shared_arena()
 
     def close(self) -> None:
         self._binding = None
@@ -322,20 +343,21 @@ class OrtBackend(Backend):
             return {key: entry.users for key, entry in self._shared.items()}
 
     def release_free_memory(self) -> None:
-        """Shrink the shared CPU arena (if there is one) to what open sessions use."""
-        global _shrinker
+        """Shrink the shared CPU arena (if there is one) to what open sessions use. Called
+        before the first load too: the arena and the environment are made then, so the first
+        model's measured load does not carry them."""
         import onnxruntime as ort
 
-        with _init_lock:
-            if not _shared_arena_registered:
-                return
-            if _shrinker is None:
-                so = ort.SessionOptions()
-                so.add_session_config_entry("session.use_env_allocators", "1")
-                _shrinker = ort.InferenceSession(_SHRINK_MODEL, so, providers=[_CPU])
-            shrink = ort.RunOptions()
-            shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
-            _shrinker.run(None, {"x": np.zeros(1, dtype=np.float32)}, shrink)
+        if self._uses_shared_arena(ort.get_available_providers()):
+            _register_shared_cpu_arena(ort)
+        shrink_shared_arena()
+
+    def _uses_shared_arena(self, available: list[str]) -> bool:
+        """Whether sessions get the shared CPU arena: on, and the first provider in use is the
+        CPU's."""
+        opts = self.options
+        first = next((p for p in opts.providers if p in available), _CPU)
+        return opts.shared_cpu_arena and opts.enable_cpu_mem_arena and first == _CPU
 
     def open(self, path: Path, settings: SessionSettings) -> OrtSession:
         import onnxruntime as ort
@@ -343,11 +365,15 @@ class OrtBackend(Backend):
         _quiet_ort_logging(ort)
         providers = self._providers(ort)
         recipe = self._recipe(path, settings, providers)
+        opts = self.options
+        own_arena = opts.enable_cpu_mem_arena and providers[0] == _CPU and not opts.shared_cpu_arena
         if not settings.share_weights:
             session, nbytes = _measured(lambda: self._make_session(ort, path, settings, providers))
             key = f"{recipe}#{next(self._unshared)}"
             share = WeightShare(key, path.name, settings.device, nbytes)
-            return OrtSession(path, session, settings.intra_op_threads, settings, share)
+            return OrtSession(
+                path, session, settings.intra_op_threads, settings, share, None, own_arena
+            )
         with self._shared_lock:
             entry = self._shared.get(recipe)
             making = entry is None
@@ -382,6 +408,7 @@ class OrtBackend(Backend):
             settings,
             entry.weights,
             on_close=functools.partial(self._release, recipe, entry),
+            own_arena=own_arena,
         )
 
     def _release(self, recipe: str, entry: _SharedSession) -> None:
@@ -436,7 +463,7 @@ class OrtBackend(Backend):
         so.enable_mem_pattern = opts.memory_pattern == "on" or (
             opts.memory_pattern == "auto" and not settings.varying_shapes
         )
-        if opts.shared_cpu_arena and opts.enable_cpu_mem_arena and providers[0] == _CPU:
+        if self._uses_shared_arena(providers):
             _register_shared_cpu_arena(ort)
             so.add_session_config_entry("session.use_env_allocators", "1")
         so.log_severity_level = 3
@@ -470,17 +497,17 @@ _making = threading.Lock()  # one session made at a time, so each one's measure 
 
 
 def _measured(make: Callable[[], Any]) -> tuple[Any, int]:
-    """What ``make`` returns and the growth of this process's resident memory across it (the
-    weights a session holds, with their optimised and pre-packed copies). Sessions are made
-    one at a time, so instances loading together do not count each other's; requests running
-    meanwhile can still add their buffers to it."""
-    import psutil
-
-    process = psutil.Process()
+    """What ``make`` returns and the growth of this process's anonymous resident memory across
+    it, once the C heap has given back what making it freed (the parsed model, the graph
+    optimiser's work): the weights a session holds, with their optimised and pre-packed copies,
+    measured as the engine measures a load. Sessions are made one at a time, so instances
+    loading together do not count each other's; requests running meanwhile can still add their
+    buffers to it."""
     with _making:
-        before = process.memory_info().rss
+        before = resident_bytes()
         made = make()
-        return made, max(0, process.memory_info().rss - before)
+        trim_heap()
+        return made, max(0, resident_bytes() - before)
 
 
 def provider_device_options(
@@ -491,6 +518,32 @@ def provider_device_options(
     if provider in DEVICE_PROVIDERS and "device_id" not in given:
         return {**given, "device_id": settings.device}
     return given
+
+
+def _shrink_options() -> Any:
+    """Run options that shrink the session's CPU arena at the run's end."""
+    import onnxruntime as ort
+
+    options = ort.RunOptions()
+    options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+    return options
+
+
+def shrink_shared_arena() -> None:
+    """Shrink the process's shared CPU arena (if one is registered) to what open sessions use:
+    a run of a one-node model with arena shrinkage on (ONNX Runtime has no other call for it).
+    Safe while other sessions run: the arena frees only the regions no allocation uses."""
+    global _shrinker
+    with _init_lock:
+        if not _shared_arena_registered:
+            return
+        if _shrinker is None:
+            import onnxruntime as ort
+
+            so = ort.SessionOptions()
+            so.add_session_config_entry("session.use_env_allocators", "1")
+            _shrinker = ort.InferenceSession(_SHRINK_MODEL, so, providers=[_CPU])
+        _shrinker.run(None, {"x": np.zeros(1, dtype=np.float32)}, _shrink_options())
 
 
 def _register_shared_cpu_arena(ort: Any) -> None:
