@@ -83,12 +83,13 @@ class Instances:
         device_room: Mapping[int, int | None],
         before_serving: Callable[[], None] | None = None,
     ) -> Executor:
-        """Start a new generation of instances and wait until all are warmed up; one of their
-        executors. ``device_room``: the device memory the budgets leave the model on each
-        device; ``before_serving``: called once all are warmed up and before any takes a
-        request (the engine measures the load then: a request waiting for the load would
-        add its buffers to the measure). Raises ``ModelLoadError`` (``DeviceMemoryError`` when
-        an instance's estimate did not fit that room) after retiring the generation."""
+        """Start a new generation of instances, one after another, each warmed up before the
+        next opens its sessions; one of their executors. ``device_room``: the device memory
+        the budgets leave the model on each device; ``before_serving``: called once all are
+        warmed up and before any takes a request (the engine measures the load then: a
+        request waiting for the load would add its buffers to the measure). Raises
+        ``ModelLoadError`` (``DeviceMemoryError`` when an instance's estimate did not fit that
+        room) after retiring the generation."""
         spec = self._spec
         generation = self._batcher.retire_workers()
         serving = threading.Event()
@@ -105,11 +106,10 @@ class Instances:
             )
             for i in range(spec.instances)
         ]
-        for worker in workers:
-            worker.start()
         deadline = time.monotonic() + timeout_s
         error: str | None = None
-        for worker in workers:
+        for worker in workers:  # one after another: each session's weights are measured while
+            worker.start()  # no other instance of the model is warming up beside it
             if not worker.wait_ready(max(0.0, deadline - time.monotonic())):
                 error = f"load timed out after {timeout_s:.0f}s"
             elif worker.load_error is not None:

@@ -500,8 +500,9 @@ def _measured(make: Callable[[], Any]) -> tuple[Any, int]:
     """What ``make`` returns and the growth of this process's anonymous resident memory across
     it, once the C heap has given back what making it freed (the parsed model, the graph
     optimiser's work): the weights a session holds, with their optimised and pre-packed copies,
-    measured as the engine measures a load. Sessions are made one at a time, so instances
-    loading together do not count each other's; requests running meanwhile can still add their
+    measured as the engine measures a load. Sessions are made one at a time, and a model's
+    instances start one after another (``Instances.start``), so no instance's warm-up is counted
+    in another's weights; requests of other models running meanwhile can still add their
     buffers to it."""
     with _making:
         before = resident_bytes()
