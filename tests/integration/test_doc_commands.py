@@ -79,6 +79,11 @@ NOT_RUN: list[tuple[str, str]] = [
         "5 minutes (with --cameras, 25–30) of a whole machine; test_bench.py runs `duomo bench`",
     ),
     (
+        r"\.venv/bin/duomo bench --sharing(-only --out \S+)?",
+        "5 minutes (with --sharing, 25–30) of a whole machine; "
+        "test_bench.py runs `duomo bench --sharing-only` on the smoke workload",
+    ),
+    (
         r"\.venv/bin/duomo bench --pipelines(-only --out \S+)?",
         "6–12 minutes (with --pipelines, 30) of a whole machine, Triton included; "
         "test_pipelines.py and test_pipeline_gateway.py run the pipeline",
