@@ -312,14 +312,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="report folder (default: bench-results/<UTC date and time>)",
     )  # fmt: skip
     # the camera benchmark (issue 34: tools.bench.cameras), after the mixed load or alone
-    cameras = parser.add_mutually_exclusive_group()
-    cameras.add_argument(
-        "--cameras", action="store_true",
-        help="then the camera benchmark: one camera latest vs fifo, N cameras per producer",
+    _part_flags(
+        parser, "cameras",
+        "then the camera benchmark: one camera latest vs fifo, N cameras per producer",
+        "only the camera benchmark (no mixed load)",
     )  # fmt: skip
-    cameras.add_argument(
-        "--cameras-only", action="store_true", help="only the camera benchmark (no mixed load)"
-    )
     parser.add_argument(
         "--camera-window", type=float, default=15.0,
         help="seconds measured in each N-camera trial (default 15)",
@@ -329,14 +326,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="comma-separated producers of the N-camera part (default source,naive,triton)",
     )  # fmt: skip
     # the pipeline benchmark (issue 35: tools.bench.pipelines), after the rest or alone
-    pipelines = parser.add_mutually_exclusive_group()
-    pipelines.add_argument(
-        "--pipelines", action="store_true",
-        help="then the pipeline benchmark: faces as a Duomo pipeline, client-driven, Triton BLS",
+    _part_flags(
+        parser, "pipelines",
+        "then the pipeline benchmark: faces as a Duomo pipeline, client-driven, Triton BLS",
+        "only the pipeline benchmark (no mixed load)",
     )  # fmt: skip
-    pipelines.add_argument(
-        "--pipelines-only", action="store_true", help="only the pipeline benchmark (no mixed load)"
-    )
     parser.add_argument(
         "--pipeline-window", type=float, default=10.0,
         help="seconds measured in each pipeline trial (default 10)",
@@ -358,14 +352,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="supervisor config of the pipeline part (default: configs/pipelines-bench.yaml)",
     )  # fmt: skip
     # the shared-weights benchmark (issue 36: tools.bench.sharing), after the rest or alone
-    sharing = parser.add_mutually_exclusive_group()
-    sharing.add_argument(
-        "--sharing", action="store_true",
-        help="then the shared-weights benchmark: instances: 2 on every model, sharing on vs off",
+    _part_flags(
+        parser, "sharing",
+        "then the shared-weights benchmark: instances: 2 on every model, sharing on vs off",
+        "only the shared-weights benchmark",
     )  # fmt: skip
-    sharing.add_argument(
-        "--sharing-only", action="store_true", help="only the shared-weights benchmark"
-    )
     parser.add_argument(
         "--sharing-window", type=float, default=20.0,
         help="seconds measured in each sharing trial (default 20)",
@@ -375,6 +366,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="rounds of the sharing part, each on and off, the order reversed every other "
         "round (default 2: on, off, off, on)",
     )  # fmt: skip
+
+
+def _part_flags(parser: argparse.ArgumentParser, part: str, then: str, only: str) -> None:
+    """``--PART`` (after the mixed load) and ``--PART-only`` (instead of it), one or the
+    other."""
+    flags = parser.add_mutually_exclusive_group()
+    flags.add_argument(f"--{part}", action="store_true", help=then)
+    flags.add_argument(f"--{part}-only", action="store_true", help=only)
 
 
 def bench(args: argparse.Namespace) -> int:
