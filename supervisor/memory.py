@@ -34,8 +34,6 @@ from duomo.ipc.errors import ResourceExhaustedError
 from duomo.supervisor.config import LoadedConfig, ResolvedModel
 from duomo.worker.backends.base import WeightShare
 from duomo.worker.host_memory import libc
-from duomo.worker.host_memory import resident_bytes as resident_bytes  # (the engine's)
-from duomo.worker.host_memory import trim_heap as trim_heap  # (the registry's)
 from duomo.worker.model_spec import SERVING
 from duomo.worker.served_model import ServedModel
 

@@ -1,9 +1,9 @@
 """The process's host memory as loads and unloads see it: its anonymous resident bytes and the C
 heap's free pages handed back to the system.
 
-Used by the memory ledger (``supervisor.memory``: a load's footprint, the trims after unloads and
-evictions) and by the ONNX Runtime backend, which measures the weights a session holds the same
-way. Anonymous memory is what loads allocate and unloads free: library code first run by a load
+Used by the engine (a load's footprint), the model registry (the trim after unloads and
+evictions), ``supervisor.memory``'s heap tuning (``libc``) and the ONNX Runtime backend, which
+measures the weights a session holds the same way. Anonymous memory is what loads allocate and unloads free: library code first run by a load
 (ONNX Runtime's kernels, OpenCV) stays mapped for the process's life and is no model's.
 """
 

@@ -348,16 +348,19 @@ class OrtBackend(Backend):
         model's measured load does not carry them."""
         import onnxruntime as ort
 
-        if self._uses_shared_arena(ort.get_available_providers()):
+        if self._cpu_arena(ort.get_available_providers()) == "shared":
             _register_shared_cpu_arena(ort)
         shrink_shared_arena()
 
-    def _uses_shared_arena(self, available: list[str]) -> bool:
-        """Whether sessions get the shared CPU arena: on, and the first provider in use is the
-        CPU's."""
+    def _cpu_arena(self, available: list[str]) -> str | None:
+        """The CPU arena sessions get where the first configured provider in ``available`` is
+        the CPU's (or none is): "shared", "own" (one per session), or None (arena off, another
+        provider first)."""
         opts = self.options
         first = next((p for p in opts.providers if p in available), _CPU)
-        return opts.shared_cpu_arena and opts.enable_cpu_mem_arena and first == _CPU
+        if not opts.enable_cpu_mem_arena or first != _CPU:
+            return None
+        return "shared" if opts.shared_cpu_arena else "own"
 
     def open(self, path: Path, settings: SessionSettings) -> OrtSession:
         import onnxruntime as ort
@@ -365,8 +368,7 @@ class OrtBackend(Backend):
         _quiet_ort_logging(ort)
         providers = self._providers(ort)
         recipe = self._recipe(path, settings, providers)
-        opts = self.options
-        own_arena = opts.enable_cpu_mem_arena and providers[0] == _CPU and not opts.shared_cpu_arena
+        own_arena = self._cpu_arena(providers) == "own"
         if not settings.share_weights:
             session, nbytes = _measured(lambda: self._make_session(ort, path, settings, providers))
             key = f"{recipe}#{next(self._unshared)}"
@@ -463,7 +465,7 @@ class OrtBackend(Backend):
         so.enable_mem_pattern = opts.memory_pattern == "on" or (
             opts.memory_pattern == "auto" and not settings.varying_shapes
         )
-        if self._uses_shared_arena(providers):
+        if self._cpu_arena(providers) == "shared":
             _register_shared_cpu_arena(ort)
             so.add_session_config_entry("session.use_env_allocators", "1")
         so.log_severity_level = 3
