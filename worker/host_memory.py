@@ -3,8 +3,9 @@ heap's free pages handed back to the system.
 
 Used by the engine (a load's footprint), the model registry (the trim after unloads and
 evictions), ``supervisor.memory``'s heap tuning (``libc``) and the ONNX Runtime backend, which
-measures the weights a session holds the same way. Anonymous memory is what loads allocate and unloads free: library code first run by a load
-(ONNX Runtime's kernels, OpenCV) stays mapped for the process's life and is no model's.
+measures the weights a session holds the same way. Anonymous memory is what loads allocate and
+unloads free: library code first run by a load (ONNX Runtime's kernels, OpenCV) stays mapped for
+the process's life and is no model's.
 """
 
 from __future__ import annotations
