@@ -32,6 +32,9 @@ from tests.integration.harness import (
 from tests.integration.video_fixtures import make_test_video
 
 DEBIAN_PYTHON = "/usr/bin/python3"
+# frames sent a second: the camera runs at 15, faster than face answers on a slow 2-core
+# machine (60-85 ms a frame), where the stream would be rightly shown ``blocked``, not running
+SENT_FPS = 5
 SERVER = Path(__file__).with_name("rtsp_server.py")
 GST_CHECK = (
     "import gi; gi.require_version('Gst', '1.0'); gi.require_version('GstRtspServer', '1.0'); "
@@ -104,7 +107,8 @@ def test_a_camera_that_goes_away_stalls_and_comes_back_running(
         source = subprocess.Popen(
             [sys.executable, "-m", "duomo.supervisor.cli", "stream",
              f"rtsp://127.0.0.1:{port}/cam", "--model", "face", "--name", "cam",
-             "--stall-after", "1.5", "--out", str(out), "--socket", str(supervisor.socket)],
+             "--max-fps", str(SENT_FPS), "--stall-after", "1.5", "--out", str(out),
+             "--socket", str(supervisor.socket)],
             cwd=ROOT, stderr=log_file,
         )  # fmt: skip
     try:
