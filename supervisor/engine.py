@@ -231,12 +231,12 @@ class Engine:
         memory = self.memory
         budget = memory.model_budget(resolved or self._resolved(name))
         devices = model.spec.devices
-        held = {d: memory.weights_held(d, without=model) for d in devices}  # by other models
+        held = {d: memory.shares_held(d, without=model) for d in devices}  # by other models
         for device in devices:
             need = memory.expected(name, device, budget, held[device])
             memory.make_room(model, device, need, exclude)
         self.registry.release_memory()
-        held = {d: memory.weights_held(d, without=model) for d in devices}  # evictions freed some
+        held = {d: memory.shares_held(d, without=model) for d in devices}  # evictions freed some
         before = resident_bytes()
         loaded: list[int] = []
 

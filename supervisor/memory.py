@@ -10,11 +10,13 @@ several devices is charged on each. The engine
 charges each model the largest footprint measured for it, so a reload that happens to reuse
 freed heap does not make it look free.
 
-Weights are charged apart from the rest: every session names the copy of weights it uses (a
-``WeightShare``, made by the first session that opened its file alike and shared by the others:
-instances, replicas under other names). A device is charged each copy once, whatever the number
-of models using it; a model alone is charged its own memory (activations, buffers) plus every
-copy it uses, and evicting it frees its own memory and the copies no other loaded model uses.
+Shared memory is charged apart from the rest: every session names the copy of weights it uses
+(a ``WeightShare``, made by the first session that opened its file alike and shared by the
+others: instances, replicas under other names), and on an ACL device that runs one model at a
+time the work buffer it shares with the device's other models. A device is charged each share
+once, at its size, whatever the number of models using it; a model alone is charged its own
+memory (activations, buffers) plus every share it uses, and evicting it frees its own memory
+and the shares no other loaded model uses.
 After an unload the C heap is trimmed (``malloc_trim``), so freed model memory goes back to the
 system instead of staying resident. ``tune_heap`` (called once by the supervisor process, and by
 the benchmark's in-process mode, before any thread starts) bounds glibc's heap so freed request
@@ -53,32 +55,33 @@ class MemoryUse:
 
 @dataclass(frozen=True)
 class Footprint:
-    """What a model took when it loaded, on all its devices: its own memory, and the copies of
-    weights its sessions use (charged once per device, whoever else uses them)."""
+    """What a model took when it loaded, on all its devices: its own memory, and the shared
+    memory its sessions use (copies of weights, ACL work buffers: charged once per device,
+    whoever else uses them)."""
 
     host_bytes: int  # its resident growth across load + warm-up, weights it made not counted
-    device_bytes: Mapping[int, int]  # accelerator memory its sessions took, shared weights not
+    device_bytes: Mapping[int, int]  # accelerator memory its sessions took, shared buffers not
     instances: Mapping[int, int]  # its instances by device
-    weights: tuple[WeightShare, ...] = ()  # the copies of weights its sessions use, each once
+    shares: tuple[WeightShare, ...] = ()  # the shared memory its sessions use, each once
 
     def charged_on(self, device: int, kind: str) -> int:
         """Its own memory on ``device``'s terms: the device memory its sessions took there on
         an accelerator; on the host, its resident growth in proportion to the instances there
-        (a model on two devices is charged on each). Weights: ``weights_on``."""
+        (a model on two devices is charged on each). Shared memory: ``shares_on``."""
         if kind not in HOST_KINDS:
             return self.device_bytes.get(device, 0)
         total = sum(self.instances.values())
         return self.host_bytes * self.instances.get(device, 0) // total if total else 0
 
-    def weights_on(self, device: int, kind: str) -> list[WeightShare]:
-        """The copies of weights it uses that count against ``device``'s budget (host memory
-        on a host device, device memory on an accelerator)."""
+    def shares_on(self, device: int, kind: str) -> list[WeightShare]:
+        """The shared memory it uses that counts against ``device``'s budget (host memory on a
+        host device, device memory on an accelerator)."""
         on_device = kind not in HOST_KINDS
-        return [w for w in self.weights if w.device == device and w.on_device == on_device]
+        return [w for w in self.shares if w.device == device and w.on_device == on_device]
 
     def largest(self, other: Footprint | None) -> Footprint:
         """The larger of the two on every count (the engine charges the largest measured);
-        the weights of the latest."""
+        the shares of the latest."""
         if other is None:
             return self
         devices = self.device_bytes.keys() | other.device_bytes.keys()
@@ -86,7 +89,7 @@ class Footprint:
             max(self.host_bytes, other.host_bytes),
             {d: max(self.device_bytes.get(d, 0), other.device_bytes.get(d, 0)) for d in devices},
             self.instances,
-            self.weights,
+            self.shares,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -94,7 +97,8 @@ class Footprint:
             "host_bytes": self.host_bytes,
             "device_bytes": sum(self.device_bytes.values()),
             "device_bytes_by_device": {str(d): b for d, b in sorted(self.device_bytes.items())},
-            "weights_bytes": sum(w.nbytes for w in self.weights),
+            "weights_bytes": sum(w.nbytes for w in self.shares if w.kind == "weights"),
+            "shared_work_bytes": sum(w.charged_alone for w in self.shares if w.kind == "work"),
         }
 
 
@@ -188,26 +192,29 @@ class MemoryLedger:
     # -- charges --------------------------------------------------------------------------
 
     def charged(self, name: str, device: int) -> int:
-        """What ``name`` is charged on ``device`` alone: its own memory and every copy of
-        weights it uses there (its largest measured load), or before it was ever measured its
-        ``memory_budget_mb``."""
+        """What ``name`` is charged on ``device`` alone: its own memory and its part of the
+        shared memory it uses there (its largest measured load), or before it was ever measured
+        its ``memory_budget_mb``."""
         return self.expected(name, device, self.model_budget(self.loaded.models.get(name)))
 
     def expected(
         self, name: str, device: int, budget: int | None, held: Collection[str] = ()
     ) -> int:
-        """What a load of ``name`` will need on ``device``: its own memory and the copies of
-        weights it uses that are not ``held`` already (by key) there, as its largest measured
+        """What a load of ``name`` will need on ``device``: its own memory and its part of
+        the shared memory it uses that is not ``held`` already (by key) there (``charged_alone``:
+        a copy of weights whole, a shared work buffer its own work), as its largest measured
         load had them; its ``budget`` before its first."""
         found = self.footprints.get(name)
         if found is None:
             return budget or 0
         kind = self._kind(device)
-        weights = sum(w.nbytes for w in found.weights_on(device, kind) if w.key not in held)
-        return found.charged_on(device, kind) + weights
+        shares = found.shares_on(device, kind)
+        return found.charged_on(device, kind) + sum(
+            w.charged_alone for w in shares if w.key not in held
+        )
 
     def own(self, name: str, device: int) -> int:
-        """``name``'s own memory on ``device``, its weights not counted (its budget before it
+        """``name``'s own memory on ``device``, shared memory not counted (its budget before it
         was ever measured)."""
         found = self.footprints.get(name)
         if found is None:
@@ -226,24 +233,29 @@ class MemoryLedger:
             if device in m.spec.devices and m is not without and m.holds_memory
         ]
 
-    def weights_held(
+    def shares_held(
         self, device: int, without: ServedModel | None = None
     ) -> dict[str, tuple[WeightShare, list[str]]]:
-        """By key, the copies of weights the models loaded on ``device`` (but ``without``) use
-        there, each once, with the names of the models using it."""
+        """By key, the shared memory (copies of weights, work buffers) the models loaded on
+        ``device`` (but ``without``) use there, each once, with the names of the models using
+        it."""
         held: dict[str, tuple[WeightShare, list[str]]] = {}
         kind = self._kind(device)
         for name in self._loaded_on(device, without):
             found = self.footprints.get(name)
-            for share in found.weights_on(device, kind) if found else ():
+            for share in found.shares_on(device, kind) if found else ():
                 held.setdefault(share.key, (share, []))[1].append(name)
         return held
 
+    def weights_held(self, device: int) -> dict[str, tuple[WeightShare, list[str]]]:
+        """``shares_held``'s copies of weights (what ``/metrics`` shows of them)."""
+        return {k: v for k, v in self.shares_held(device).items() if v[0].kind == "weights"}
+
     def used(self, device: int, without: ServedModel | None = None) -> int:
         """Bytes charged on ``device`` to the models loaded there but ``without``: each one's
-        own memory, and each copy of weights once."""
+        own memory, and each share once."""
         own = sum(self.own(n, device) for n in self._loaded_on(device, without))
-        return own + sum(w.nbytes for w, _ in self.weights_held(device, without).values())
+        return own + sum(w.nbytes for w, _ in self.shares_held(device, without).values())
 
     def rooms(self, model: ServedModel, budget: int | None) -> dict[int, int | None]:
         """On an accelerator, the device memory each of ``model``'s devices has left for it
@@ -262,24 +274,25 @@ class MemoryLedger:
 
     def record(self, model: ServedModel, host_bytes: int, held: Iterable[str] = ()) -> Footprint:
         """A load measured: ``host_bytes`` of resident growth, the device memory its sessions
-        took on each device and the copies of weights they use (``held``: the keys of those
+        took on each device and the shared memory they use (``held``: the keys of the shares
         loaded before it, which its growth does not include); the model is charged the largest
         measured from now on."""
         name = model.spec.name
         sessions = model.instances.sessions_by_device()
-        weights = {
-            s.weights.key: s.weights
+        shares = {
+            share.key: share
             for on in sessions.values()
             for s in on
-            if s.weights is not None
+            for share in (s.weights, s.shared_work)
+            if share is not None
         }
         before = set(held)
-        made = sum(w.nbytes for k, w in weights.items() if k not in before and not w.on_device)
+        made = sum(w.nbytes for k, w in shares.items() if k not in before and not w.on_device)
         footprint = Footprint(
             max(0, host_bytes - made),
             {d: sum(s.device_bytes for s in on) for d, on in sessions.items()},
             Counter(model.spec.placement(i).device for i in range(model.spec.instances)),
-            tuple(weights.values()),
+            tuple(shares.values()),
         )
         self.measured[name] = footprint
         self.footprints[name] = footprint.largest(self.footprints.get(name))
@@ -295,7 +308,7 @@ class MemoryLedger:
             return
         for _attempt in range(3):  # a candidate may turn busy between the choice and the evict
             loaded = {n: self.models[n] for n in self._loaded_on(device, without=model)}
-            held = self.weights_held(device, without=model)
+            held = self.shares_held(device, without=model)
             used = self.used(device, without=model)
             over = used + need - budget
             if over <= 0:
@@ -329,7 +342,7 @@ class MemoryLedger:
     def _frees(
         self, name: str, device: int, held: Mapping[str, tuple[WeightShare, list[str]]]
     ) -> int:
-        """What evicting ``name`` frees on ``device``: its own memory and the copies of weights
+        """What evicting ``name`` frees on ``device``: its own memory and the shared memory
         only it uses."""
         alone = sum(w.nbytes for w, users in held.values() if users == [name])
         return self.own(name, device) + alone
@@ -341,9 +354,9 @@ class MemoryLedger:
     # -- what status and /metrics show ----------------------------------------------------
 
     def model_memory(self, name: str, model: ServedModel) -> dict[int, MemoryUse]:
-        """By device: the bytes charged to ``model`` there alone (its own memory and the
-        copies of weights it uses, in full; its largest measured load, on the device's terms,
-        whether loaded now or not) against its ``memory_budget_mb``."""
+        """By device: the bytes charged to ``model`` there alone (its own memory and its part
+        of the shared memory it uses, weights in full; its largest measured load, on the
+        device's terms, whether loaded now or not) against its ``memory_budget_mb``."""
         measured = name in self.footprints
         budget = self.model_budget(self.loaded.models.get(name))
         return {
@@ -355,14 +368,17 @@ class MemoryLedger:
         """The copies of weights ``name`` uses on ``device``, in full (the part of its charge
         that is weights)."""
         found = self.footprints.get(name)
-        return sum(w.nbytes for w in found.weights_on(device, self._kind(device))) if found else 0
+        shares = found.shares_on(device, self._kind(device)) if found else ()
+        return sum(w.nbytes for w in shares if w.kind == "weights")
 
     def weights_of(self, name: str) -> list[dict[str, Any]]:
         """The copies of weights ``name`` uses, as ``status`` shows them: file, device, bytes,
         and the other loaded models that use the same copy."""
         found = self.footprints.get(name)
         shown = []
-        for share in found.weights if found else ():
+        for share in found.shares if found else ():
+            if share.kind != "weights":
+                continue
             held = self.weights_held(share.device).get(share.key)
             users = [n for n in held[1] if n != name] if held else []
             shown.append(
@@ -375,7 +391,7 @@ class MemoryLedger:
 
     def device_memory(self) -> dict[int, MemoryUse]:
         """Per configured device id: the bytes charged to its loaded models against its budget
-        (each copy of weights once)."""
+        (each share once)."""
         return {
             device.id: MemoryUse(self.used(device.id), self.device_budget(device.id))
             for device in self.loaded.config.devices

@@ -6,7 +6,8 @@ device whose gate runs one at a time share one work buffer sized to the largest.
 the contract: it refuses a weight buffer freed while a model uses it, and a run over a work
 buffer another model's unsynchronised run still uses. ``leaks() == {}`` at the end of a test
 also proves the backend never had a free refused (the buffer would still be there). The engine's
-ledger charges a device such a weight buffer once, whatever the number of models using it.
+ledger charges a device each shared weight or work buffer once, at its size, whatever the number
+of models using it: the device's charge is what the fake has allocated.
 """
 
 from __future__ import annotations
@@ -235,7 +236,13 @@ def test_models_that_run_alone_share_one_work_buffer_sized_to_the_largest(
     works = {s: fake.models[s._model_id].work[0] for s in (first, second, larger, third)}
     assert works[first] == works[second] != works[larger] == works[third]
     assert third.memory["work_buffer_bytes"] == BIG_WORK and third.memory["work_shared"] == 1
-    assert third.device_bytes == WORK_BYTES + io_bytes(third)  # its own work, not the buffer
+    assert third.device_bytes == io_bytes(third)  # the shared buffer is charged apart:
+    share, big_share = third.shared_work, larger.shared_work
+    assert share is not None and big_share is not None and share.key == big_share.key
+    assert share.nbytes == big_share.nbytes == BIG_WORK  # one share, at the buffer's size
+    assert (share.charged_alone, big_share.charged_alone) == (WORK_BYTES, BIG_WORK)
+    assert first.shared_work is not None and first.shared_work.nbytes == WORK_BYTES
+    assert first.shared_work.key != share.key
     for session in (first, second, larger, third):  # one after another, as their gate runs
         spec = session.inputs[0]
         session.run({"x": np.zeros(session.shape_at(spec, session.every_gear()[0]), spec.dtype)})
@@ -390,6 +397,65 @@ def test_a_device_budget_that_holds_the_weights_once_takes_both_models(
         assert (device["used_bytes"], device["budget_bytes"]) == (WEIGHT_BYTES + own, budget)
         assert engine.infer("replica", X, timeout_s=10)["y"][0, 0] == 3.0
         assert engine.infer("main", X, timeout_s=10)["y"][0, 0] == 3.0
+    assert fake.leaks() == {}
+
+
+def test_the_ledger_charges_a_shared_work_buffer_once_at_its_size(
+    tmp_path: Path, fake: FakeAcl
+) -> None:
+    """On a device that runs one model at a time, a big model and a small one share one work
+    buffer sized to the big one: the device is charged that buffer once, which is what the fake
+    has allocated; each model alone is charged its own work, so the small one fits a
+    ``memory_budget_mb`` the big buffer would overflow. Unloading the big model first leaves the
+    buffer, at its size, with the small one, and the device's charge says so; unloading the
+    small one frees it and the charge falls to zero."""
+    big_work, small_weights = 3 << 19, 512 << 10  # (1.5 MiB: no other buffer has its size)
+    write_model(tmp_path / "big.om", **AFFINE, work_bytes=big_work)
+    write_model(tmp_path / "small.om", **AFFINE, weight_bytes=small_weights)
+    models = [
+        raw_model("big", "big.om", max_batch=4),
+        {**raw_model("small", "small.om", max_batch=4, instances=2), "memory_budget_mb": 1},
+    ]
+    assert small_weights + WORK_BYTES < 1 << 20 < small_weights + big_work
+    gate = {"runs_at_once": 1, "overdraft": 0}
+    with Engine(load_config(ascend_config(tmp_path, models, **gate))) as engine:
+        status = engine.status()
+        assert all(status["models"][n]["memory"]["loaded"] for n in ("big", "small")), status
+        assert status["devices"][0]["used_bytes"] == fake.used[0]
+        assert len(buffers_of(fake, big_work)) == 1 and buffers_of(fake, WORK_BYTES) == []
+        for name, work in (("big", big_work), ("small", WORK_BYTES)):
+            measured = status["models"][name]["memory"]["measured"]
+            assert measured["shared_work_bytes"] == work, (name, measured)
+        engine.unload("big")
+        status = engine.status()
+        assert len(buffers_of(fake, big_work)) == 1  # the small model still uses it
+        assert status["devices"][0]["used_bytes"] == fake.used[0]
+        assert engine.infer("small", X, timeout_s=10)["y"][0, 0] == 3.0
+        engine.unload("small")
+        assert engine.status()["devices"][0]["used_bytes"] == 0 == fake.used[0]
+    assert fake.leaks() == {}
+
+
+def test_a_load_that_joins_a_shared_work_buffer_needs_no_room_for_its_work(
+    tmp_path: Path, fake: FakeAcl
+) -> None:
+    """A device budget that holds the shared work buffer once, both models' weights and their
+    I/O, but not the work twice: both models load on a device that runs one at a time
+    (counting each model's own work would refuse the second)."""
+    work = 3 << 19  # 1.5 MiB each
+    write_model(tmp_path / "a.om", **AFFINE, work_bytes=work)
+    write_model(tmp_path / "b.om", **AFFINE, work_bytes=work)
+    models = [raw_model("a", "a.om", max_batch=4), raw_model("b", "b.om", max_batch=4)]
+    gate = {"runs_at_once": 1, "overdraft": 0}
+    budget_mb = 4
+    assert work + 2 * WEIGHT_BYTES < budget_mb << 20 < 2 * work + 2 * WEIGHT_BYTES
+    config = load_config(ascend_config(tmp_path, models, memory_budget_mb=budget_mb, **gate))
+    with Engine(config) as engine:
+        status = engine.status()
+        assert all(status["models"][n]["memory"]["loaded"] for n in ("a", "b")), status
+        assert status["devices"][0]["used_bytes"] == fake.used[0] <= budget_mb << 20
+        assert len(buffers_of(fake, work)) == 1
+        assert engine.infer("b", X, timeout_s=10)["y"][0, 0] == 3.0
     assert fake.leaks() == {}
 
 

@@ -21,11 +21,11 @@ work shared with the device's other models when the device's gate runs one at a 
 (``runs_alone``); ``acl_memory`` holds the rules and frees a shared buffer with its last user,
 after that session unloaded its model.
 
-``device_bytes`` is what the session takes as its own: its input and output buffers, its work
-(a shared work buffer counts each model's own ``query_size`` work, never less than it uses),
-and its weights unless shared; shared weights are ``weights`` (a ``WeightShare``, charged once
-per device). ``memory`` keeps ``query_size``'s figures and the ``get_mem_info`` drop across
-the load, which on a card shows what the runtime takes beyond the buffers.
+``device_bytes`` is what the session takes as its own: its input and output buffers, and its
+work and weights unless shared; a shared weight buffer is ``weights``, a shared work buffer
+``shared_work`` (each a ``WeightShare``, charged once per device at the buffer's size).
+``memory`` keeps ``query_size``'s figures and the ``get_mem_info`` drop across the load, which on
+a card shows what the runtime takes beyond the buffers.
 
 Per run: host→device ``memcpy`` straight from the caller's arrays (a shared-memory slot's views or
 the session's host buffers), ``set_dynamic_batch_size`` to the smallest gear that holds the batch
@@ -256,7 +256,9 @@ class AclSession(BufferedSession):
             "work_shared": int(self._work.shared),
             "weights_shared": int(self._weights.shared),
             "io_bytes": io_bytes,
-            "own_bytes": io_bytes + work + (0 if self._weights.shared else weight),
+            "own_bytes": io_bytes
+            + (0 if self._work.shared else work)
+            + (0 if self._weights.shared else weight),
             "measured_bytes": max(0, free_before - self._free_device_bytes()),
         }
 
@@ -577,8 +579,8 @@ class AclSession(BufferedSession):
 
     @property
     def device_bytes(self) -> int:
-        """Its I/O buffers, its work (``query_size``'s, also on a shared work buffer) and its
-        weights unless shared (those are ``weights``)."""
+        """Its I/O buffers, and its work and weights unless shared (those are ``shared_work``
+        and ``weights``)."""
         return self.memory.get("own_bytes", 0)
 
     @property
@@ -591,6 +593,18 @@ class AclSession(BufferedSession):
         path, size, mtime_ns = self._identity
         key = f"acl:{self.device}:{path}:{size}:{mtime_ns}"
         return WeightShare(key, self.path.name, self.device, buffer.nbytes, on_device=True)
+
+    @property
+    def shared_work(self) -> WeightShare | None:
+        """The work buffer it shares with the other models of a device that runs one model at
+        a time (``runs_alone``), at the buffer's size (its model is charged alone its own
+        ``query_size`` work), or None when its work buffer is its own."""
+        buffer = self._work
+        if buffer is None or not buffer.shared:
+            return None
+        key = f"acl-work:{self.device}:{buffer.serial}"
+        own = self.memory["query_work_bytes"]
+        return WeightShare(key, "work buffer", self.device, buffer.nbytes, True, "work", own)
 
 
 __all__ = ["AclBackend", "AclOptions", "AclSession", "atc_sidecar"]

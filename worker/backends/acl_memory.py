@@ -18,7 +18,9 @@ which buffers a load uses:
 Invariants: a shared buffer in the registry has at least one user, and is freed only by the
 release that takes its users to zero, which the session makes after unloading its model (the
 runtime must not read freed memory). The room a load's budgets leave is checked before anything
-is allocated, counting the weights only when that file's are not on the device already.
+is allocated, counting the weights only when that file's are not on the device already, and the
+work only when it gets a buffer of its own or a new shared one. The memory ledger charges a
+device each shared buffer once, at its size (the sessions' ``weights`` and ``shared_work``).
 
 Called by ``worker.backends.acl_backend``: ``AclBackend`` owns one ``DeviceMemory`` per process
 (and asks it at close what is still held); each ``AclSession`` calls ``claim`` while loading and
@@ -28,6 +30,7 @@ is the backend's rule for teardown calls: a failure is logged, not raised.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +41,7 @@ from duomo.worker.backends.acl_runtime import ACL_MEM_MALLOC_HUGE_FIRST, ACL_SUC
 from duomo.worker.backends.base import NotEnoughDeviceMemoryError, SessionSettings
 
 log = structlog.get_logger("duomo.acl")
+_SERIALS = itertools.count(1)
 
 
 def check_release(rt: AclRuntime, ret: int, call: str) -> None:
@@ -51,12 +55,14 @@ class DeviceBuffer:
     """A device allocation and the sessions using it; freed when the last one lets go.
 
     ``shared``: others may use it (``DeviceMemory`` lists it); else a session's own. ``pointer``
-    0 with ``nbytes`` 0: the model needs none, nothing was allocated."""
+    0 with ``nbytes`` 0: the model needs none, nothing was allocated. ``serial`` tells buffers
+    apart for the memory ledger (a pointer is reused once freed)."""
 
     pointer: int
     nbytes: int
     shared: bool = False
     users: int = field(default=1)
+    serial: int = field(default_factory=lambda: next(_SERIALS))
 
 
 class DeviceMemory:
@@ -87,9 +93,10 @@ class DeviceMemory:
         are ``query_size``'s (work, weight); ``identity`` the file's (``file_identity``) when
         its weights are shared, else None.
 
-        Compares with ``settings.device_room_bytes`` what the session will be charged: its
-        ``query_size`` work, plus its weights unless that file's weights are on the device
-        already (I/O buffers are sized only after the load). Raises
+        Compares with ``settings.device_room_bytes`` what the load will add to the device's
+        charge: its ``query_size`` work unless it joins a shared work buffer already there,
+        plus its weights unless that file's weights are on the device already (I/O buffers are
+        sized only after the load). Raises
         ``NotEnoughDeviceMemoryError`` before allocating anything, ``AclError`` for a failed
         malloc (after giving back what it took)."""
         device = settings.device
@@ -101,9 +108,9 @@ class DeviceMemory:
             if shared is not None and shared.nbytes < work:
                 shared = None  # a new, larger one for it and later loads
             room = settings.device_room_bytes
-            needed = work + (0 if weights else weight)
+            needed = (0 if shared else work) + (0 if weights else weight)
             if room is not None and needed > room:
-                raise _short(path, needed, room, device, weights_resident=weights is not None)
+                raise _short(path, needed, room, device, weights, shared)
             if weights is None:
                 weights = _allocate(rt, weight, shared=weight_key is not None)
                 if weight_key is not None:
@@ -162,13 +169,22 @@ def _allocate(rt: AclRuntime, nbytes: int, shared: bool) -> DeviceBuffer:
 
 
 def _short(
-    path: Path, needed: int, room: int, device: int, weights_resident: bool
+    path: Path,
+    needed: int,
+    room: int,
+    device: int,
+    weights: DeviceBuffer | None,
+    work: DeviceBuffer | None,
 ) -> NotEnoughDeviceMemoryError:
+    """The refusal of a load that does not fit: ``weights`` and ``work`` are the shared buffers
+    already on the device that it would join (not counted in ``needed``)."""
     short = NotEnoughDeviceMemoryError(path, needed, room, device)
-    if weights_resident:  # the base message says work + weights
+    resident = [n for n, b in (("weights", weights), ("work buffer", work)) if b is not None]
+    if resident:  # the base message says work + weights
+        counted = "query_size's weights" if work is not None else "query_size's work"
         short.args = (
-            f"{path.name} needs {needed / 2**20:.2f} MB of device memory (query_size's work; "
-            f"its weights are on device {device} already), and its budgets leave "
+            f"{path.name} needs {needed / 2**20:.2f} MB of device memory ({counted}; its "
+            f"{' and '.join(resident)} are on device {device} already), and its budgets leave "
             f"{room / 2**20:.2f} MB there",
         )
     return short

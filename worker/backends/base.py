@@ -25,6 +25,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -59,14 +60,19 @@ class SessionSettings:
 
 @dataclass(frozen=True)
 class WeightShare:
-    """One copy of a model file's weights in this process, used by every session that opened
-    the file alike (instances of a model, a replica under another name, a pipeline step).
+    """Memory several sessions in this process use as one, charged once per device: one copy
+    of a model file's weights, used by every session that opened the file alike (instances of a
+    model, a replica under another name, a pipeline step); or, ``kind`` "work", the work buffer
+    the models of an ACL device that runs one model at a time share.
 
     ``key`` tells copies apart (two sessions with the same key use the same memory); ``file``
-    is the file's name as ``status`` shows it; ``nbytes`` what the copy holds, measured when it
-    was made: host memory (ONNX Runtime: the resident growth across the shared session's
-    creation) unless ``on_device`` (ACL: the weight buffer, ``query_size``'s weight size). The
-    memory ledger charges each key once per device, whatever the number of users.
+    is the file's name as ``status`` shows it (a work buffer's: its models'); ``nbytes`` what
+    the copy holds, measured when it was made: host memory (ONNX Runtime: the resident growth
+    across the shared session's creation) unless ``on_device`` (ACL: the buffer,
+    ``query_size``'s size). The memory ledger charges each key once per device, whatever the
+    number of users; ``status`` and the weights series of ``/metrics`` show the weights. A model
+    alone (its ``memory_budget_mb``, what a load of it needs) is charged ``alone_bytes`` of it:
+    a shared work buffer sized by a larger model costs it only its own work.
     """
 
     key: str
@@ -74,6 +80,13 @@ class WeightShare:
     device: int
     nbytes: int
     on_device: bool = False
+    kind: Literal["weights", "work"] = "weights"
+    alone_bytes: int | None = None  # what a model using it is charged alone; None: nbytes
+
+    @property
+    def charged_alone(self) -> int:
+        """What a model using it is charged for it, alone."""
+        return self.nbytes if self.alone_bytes is None else self.alone_bytes
 
 
 class NotEnoughDeviceMemoryError(RuntimeError):
@@ -223,6 +236,12 @@ class ModelSession(ABC):
     def weights(self) -> WeightShare | None:
         """The shared copy of weights this session uses, or None (its weights are its own and
         counted in what its load took)."""
+        return None
+
+    @property
+    def shared_work(self) -> WeightShare | None:
+        """The work buffer this session shares with other models (ACL, on a device that runs
+        one model at a time), or None (its work is its own, counted in ``device_bytes``)."""
         return None
 
     @property
