@@ -34,7 +34,7 @@ import structlog
 
 from duomo.ipc.errors import ResourceExhaustedError
 from duomo.supervisor.config import LoadedConfig, ResolvedModel
-from duomo.worker.backends.base import WeightShare
+from duomo.worker.backends.base import DeviceRoom, WeightShare
 from duomo.worker.host_memory import libc
 from duomo.worker.model_spec import SERVING
 from duomo.worker.served_model import ServedModel
@@ -257,19 +257,20 @@ class MemoryLedger:
         own = sum(self.own(n, device) for n in self._loaded_on(device, without))
         return own + sum(w.nbytes for w, _ in self.shares_held(device, without).values())
 
-    def rooms(self, model: ServedModel, budget: int | None) -> dict[int, int | None]:
-        """On an accelerator, the device memory each of ``model``'s devices has left for it
-        under the budgets (the ACL backend compares it with ``query_size`` before it allocates
-        anything); nothing on the host."""
-        rooms: dict[int, int | None] = {}
+    def rooms(self, model: ServedModel, budget: int | None) -> dict[int, DeviceRoom]:
+        """On an accelerator, what the budgets leave ``model`` on each of its devices: its own
+        ``budget``, and what the device's budget has left beside the others (the ACL backend
+        compares them with ``query_size`` before it allocates anything); nothing on the
+        host."""
+        rooms: dict[int, DeviceRoom] = {}
         for device in model.spec.devices:
             if self._kind(device) in HOST_KINDS:
                 continue
-            limits = [budget] if budget is not None else []
             device_budget = self.device_budget(device)
+            left = None
             if device_budget is not None:
-                limits.append(device_budget - self.used(device, without=model))
-            rooms[device] = max(0, min(limits)) if limits else None
+                left = max(0, device_budget - self.used(device, without=model))
+            rooms[device] = DeviceRoom(budget, left)
         return rooms
 
     def record(self, model: ServedModel, host_bytes: int, held: Iterable[str] = ()) -> Footprint:

@@ -23,6 +23,7 @@ import structlog
 from duomo.ipc.errors import UnavailableError
 from duomo.worker.backends.base import (
     Backend,
+    DeviceRoom,
     ModelSession,
     NotEnoughDeviceMemoryError,
     SessionSettings,
@@ -60,7 +61,7 @@ class Instances:
         self.workers: list[ModelWorker] = []
         self.abandoned: list[ModelWorker] = []  # hung workers let go of; they end on their own
 
-    def _open(self, index: int, device_room: Mapping[int, int | None]) -> Executor:
+    def _open(self, index: int, device_room: Mapping[int, DeviceRoom]) -> Executor:
         """Instance ``index``'s executor, opened on its own thread, on its device."""
         spec = self._spec
         place = spec.placement(index)
@@ -70,7 +71,7 @@ class Instances:
             intra_op_threads=place.intra_op_threads,
             gate=gate,
             device=place.device,
-            device_room_bytes=device_room.get(place.device),
+            room=device_room.get(place.device, DeviceRoom()),
             cores=place.cores,
             share_weights=spec.share_weights,
             runs_alone=gate is not None and gate.gate.runs_alone,
@@ -80,7 +81,7 @@ class Instances:
     def start(
         self,
         timeout_s: float,
-        device_room: Mapping[int, int | None],
+        device_room: Mapping[int, DeviceRoom],
         before_serving: Callable[[], None] | None = None,
     ) -> Executor:
         """Start a new generation of instances, one after another, each warmed up before the

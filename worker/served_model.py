@@ -36,7 +36,7 @@ import numpy as np
 import structlog
 
 from duomo.ipc.errors import DeadlineExceededError, UnavailableError
-from duomo.worker.backends.base import Backend
+from duomo.worker.backends.base import Backend, DeviceRoom
 from duomo.worker.batch_window import BatchWindow
 from duomo.worker.batcher import Batcher, IdleReader
 from duomo.worker.executors.base import SlotSpec
@@ -128,7 +128,7 @@ class ServedModel:
         self._pending = 0  # accepted and not yet answered: queued + being processed
         self._pending_lock = threading.Lock()
         # device memory its budgets leave it on each device, as of its last ``load``
-        self._device_room: dict[int, int | None] = {}
+        self._device_room: dict[int, DeviceRoom] = {}
         self._slot_spec: SlotSpec | None = None  # kept across unloads: attached clients stay
         self._payload_builder: Callable[[dict[str, np.ndarray], memoryview], Any] | None = None
 
@@ -163,7 +163,7 @@ class ServedModel:
     def load(
         self,
         timeout_s: float = 300.0,
-        device_room: Mapping[int, int | None] | None = None,
+        device_room: Mapping[int, DeviceRoom] | None = None,
         before_serving: Callable[[], None] | None = None,
     ) -> None:
         """Load and warm up every instance; a model already serving is left as it is.

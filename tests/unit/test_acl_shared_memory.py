@@ -22,11 +22,13 @@ import numpy as np
 import pytest
 import yaml
 
+from duomo.ipc.errors import ResourceExhaustedError
 from duomo.supervisor.config import load_config
 from duomo.supervisor.engine import Engine
 from duomo.worker.backends.acl_backend import AclBackend, AclSession
 from duomo.worker.backends.acl_runtime import AclError
 from duomo.worker.backends.base import (
+    DeviceRoom,
     NotEnoughDeviceMemoryError,
     SessionSettings,
     WeightShare,
@@ -178,17 +180,18 @@ def test_a_load_whose_weights_are_resident_needs_only_its_work(
     device already; refused before anything is allocated, with what it compared."""
     om = write_model(tmp_path / "affine.om", **AFFINE)
     backend = AclBackend()
-    tight = SessionSettings(1, device_room_bytes=WORK_BYTES + WEIGHT_BYTES // 2)
+    tight = SessionSettings(1, room=DeviceRoom(None, WORK_BYTES + WEIGHT_BYTES // 2))
     with pytest.raises(NotEnoughDeviceMemoryError, match="query_size: work \\+ weights"):
         backend.open(om, tight)  # the first load must bring the weights
     first = backend.open(om, SessionSettings(1))
     second = backend.open(om, tight)  # they are there: its work fits
     mallocs = fake.calls.count("rt.malloc")
     with pytest.raises(NotEnoughDeviceMemoryError, match="weights are on device 0 already") as err:
-        backend.open(om, SessionSettings(1, device_room_bytes=WORK_BYTES - 1))
+        backend.open(om, SessionSettings(1, room=DeviceRoom(None, WORK_BYTES - 1)))
     assert err.value.needed == WORK_BYTES and err.value.room == WORK_BYTES - 1
     assert fake.calls.count("rt.malloc") == mallocs  # refused before allocating
-    own = SessionSettings(1, device_room_bytes=WORK_BYTES + WEIGHT_BYTES // 2, share_weights=False)
+    room = DeviceRoom(None, WORK_BYTES + WEIGHT_BYTES // 2)
+    own = SessionSettings(1, room=room, share_weights=False)
     with pytest.raises(NotEnoughDeviceMemoryError, match="work \\+ weights"):
         backend.open(om, own)  # its own weights would not fit
     for session in (first, second):
@@ -456,6 +459,32 @@ def test_a_load_that_joins_a_shared_work_buffer_needs_no_room_for_its_work(
         assert status["devices"][0]["used_bytes"] == fake.used[0] <= budget_mb << 20
         assert len(buffers_of(fake, work)) == 1
         assert engine.infer("b", X, timeout_s=10)["y"][0, 0] == 3.0
+    assert fake.leaks() == {}
+
+
+def test_a_model_over_its_own_budget_is_refused_before_loading_though_its_weights_are_there(
+    tmp_path: Path, fake: FakeAcl
+) -> None:
+    """A replica whose ``memory_budget_mb`` cannot hold its weights and work: the weights are on
+    the device already (the main model's), so the device has room, but the replica alone is
+    charged them in full. It is refused before anything is allocated, naming its budget,
+    rather than loaded and then undone."""
+    write_model(tmp_path / "affine.om", **AFFINE)
+    models = [
+        raw_model("main", "affine.om", max_batch=4),
+        {**raw_model("replica", "affine.om", max_batch=4), "memory_budget_mb": 1,
+         "preload": False},
+    ]  # fmt: skip
+    assert WEIGHT_BYTES + WORK_BYTES > 1 << 20
+    with Engine(load_config(ascend_config(tmp_path, models))) as engine:
+        calls = len(fake.calls)
+        with pytest.raises(ResourceExhaustedError, match=r"above its memory_budget_mb of 1\.0 MB"):
+            engine.load("replica")
+        assert not [
+            c for c in fake.calls[calls:] if c in ("rt.malloc", "mdl.load_from_file_with_mem")
+        ]
+        assert engine.status()["models"]["replica"]["state"] == "UNLOADED"
+        assert engine.infer("main", X, timeout_s=10)["y"][0, 0] == 3.0
     assert fake.leaks() == {}
 
 

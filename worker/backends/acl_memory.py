@@ -93,10 +93,11 @@ class DeviceMemory:
         are ``query_size``'s (work, weight); ``identity`` the file's (``file_identity``) when
         its weights are shared, else None.
 
-        Compares with ``settings.device_room_bytes`` what the load will add to the device's
-        charge: its ``query_size`` work unless it joins a shared work buffer already there,
-        plus its weights unless that file's weights are on the device already (I/O buffers are
-        sized only after the load). Raises
+        Compares with ``settings.room`` (I/O buffers are sized only after the load): with the
+        model's budget what it is charged alone, its ``query_size`` work and weights; with the
+        device's room what the load adds to the device's charge, its work unless it joins a
+        shared work buffer already there, plus its weights unless that file's weights are on
+        the device already. Raises
         ``NotEnoughDeviceMemoryError`` before allocating anything, ``AclError`` for a failed
         malloc (after giving back what it took)."""
         device = settings.device
@@ -107,10 +108,12 @@ class DeviceMemory:
             shared = self._work.get(device) if settings.runs_alone else None
             if shared is not None and shared.nbytes < work:
                 shared = None  # a new, larger one for it and later loads
-            room = settings.device_room_bytes
-            needed = (0 if shared else work) + (0 if weights else weight)
-            if room is not None and needed > room:
-                raise _short(path, needed, room, device, weights, shared)
+            room = settings.room
+            if room.model_bytes is not None and work + weight > room.model_bytes:
+                raise NotEnoughDeviceMemoryError(path, work + weight, room.model_bytes, device)
+            added = (0 if shared else work) + (0 if weights else weight)
+            if room.device_bytes is not None and added > room.device_bytes:
+                raise _short(path, added, room.device_bytes, device, weights, shared)
             if weights is None:
                 weights = _allocate(rt, weight, shared=weight_key is not None)
                 if weight_key is not None:

@@ -42,6 +42,18 @@ class TensorSpec:
 
 
 @dataclass(frozen=True)
+class DeviceRoom:
+    """What the budgets leave a model on one accelerator device as it loads (the memory
+    ledger's ``rooms``): ``model_bytes``, its own ``memory_budget_mb``, what it may be charged
+    alone; ``device_bytes``, what the device's budget has left beside the models loaded there.
+    None: no such budget. The ACL backend checks ``query_size``'s figures against both before
+    it allocates anything."""
+
+    model_bytes: int | None = None
+    device_bytes: int | None = None
+
+
+@dataclass(frozen=True)
 class SessionSettings:
     """What a worker asks of the session it opens."""
 
@@ -49,7 +61,7 @@ class SessionSettings:
     gate: GateMember | None = None  # its model's place at the device's compute gate
     device: int = 0  # the device the instance runs on (ACL's device id; ORT's CUDA and CANN)
     cores: tuple[int, ...] = ()  # a cpu device's own cores, its threads pinned there
-    device_room_bytes: int | None = None  # device memory the model may still take (budgets)
+    room: DeviceRoom = DeviceRoom()  # device memory the model may still take (budgets)
     varying_shapes: bool = False  # its input shapes change from request to request
     # one copy of a file's weights for every session that opens it alike (``share_weights``)
     share_weights: bool = True
