@@ -15,7 +15,8 @@ Shared memory is charged apart from the rest: every session names the copy of we
 others: instances, replicas under other names), and on an ACL device that runs one model at a
 time the work buffer it shares with the device's other models. A device is charged each share
 once, at its size, whatever the number of models using it; a model alone is charged its own
-memory (activations, buffers) plus every share it uses, and evicting it frees its own memory
+memory (activations, buffers) plus its part of every share it uses (``charged_alone``: a copy
+of weights whole, of a shared work buffer its own work), and evicting it frees its own memory
 and the shares no other loaded model uses.
 After an unload the C heap is trimmed (``malloc_trim``), so freed model memory goes back to the
 system instead of staying resident. ``tune_heap`` (called once by the supervisor process, and by
