@@ -148,8 +148,8 @@ class DuomoCollector(Collector):
         )  # fmt: skip
         memory = GaugeMetricFamily(
             "duomo_model_memory_bytes",
-            "Memory charged to the loaded model on its device, its weights (and an ACL work "
-            "buffer it shares) in full even where shared (0 when unloaded).",
+            "Memory charged to the loaded model on its device: its weights in full even where "
+            "shared, of an ACL work buffer it shares its own work (0 when unloaded).",
             labels=[*m, "device"],
         )  # fmt: skip
         weights = GaugeMetricFamily(
