@@ -27,7 +27,7 @@ buffers do not stay resident.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -199,19 +199,33 @@ class MemoryLedger:
         return self.expected(name, device, self.model_budget(self.loaded.models.get(name)))
 
     def expected(
-        self, name: str, device: int, budget: int | None, held: Collection[str] = ()
+        self,
+        name: str,
+        device: int,
+        budget: int | None,
+        held: Mapping[str, tuple[WeightShare, list[str]]] | None = None,
     ) -> int:
         """What a load of ``name`` will need on ``device``: its own memory and its part of
-        the shared memory it uses that is not ``held`` already (by key) there (``charged_alone``:
-        a copy of weights whole, a shared work buffer its own work), as its largest measured
-        load had them; its ``budget`` before its first."""
+        the shared memory it uses (``charged_alone``: a copy of weights whole, a shared work
+        buffer its own work), as its largest measured load had them, but what it will find
+        ``held`` there (``shares_held``): its copy of weights, or a shared work buffer large
+        enough to join (the buffer its last load used may be gone, another in its place); its
+        ``budget`` before its first."""
         found = self.footprints.get(name)
         if found is None:
             return budget or 0
+        held = held or {}
         kind = self._kind(device)
+        work_held = max((s.nbytes for s, _ in held.values() if s.kind == "work"), default=0)
+
+        def found_there(share: WeightShare) -> bool:
+            if share.kind == "work":
+                return share.charged_alone <= work_held
+            return share.key in held
+
         shares = found.shares_on(device, kind)
         return found.charged_on(device, kind) + sum(
-            w.charged_alone for w in shares if w.key not in held
+            w.charged_alone for w in shares if not found_there(w)
         )
 
     def own(self, name: str, device: int) -> int:

@@ -462,6 +462,49 @@ def test_a_load_that_joins_a_shared_work_buffer_needs_no_room_for_its_work(
     assert fake.leaks() == {}
 
 
+def test_a_reload_joins_the_shared_work_buffer_in_place_of_the_one_it_used(
+    tmp_path: Path, fake: FakeAcl
+) -> None:
+    """A model's last load used a shared work buffer that is gone (it was its only user); a
+    larger model's buffer is there now. Loading it again needs only its weights and I/O on the
+    device, as its first load after the larger model did: it is not refused, and nothing is
+    evicted for room it does not need."""
+    mib = 1 << 20
+    write_model(tmp_path / "a.om", **AFFINE, work_bytes=2 * mib, weight_bytes=mib // 4)
+    write_model(tmp_path / "b.om", **AFFINE, work_bytes=3 * mib, weight_bytes=mib // 4)
+    models = [
+        {**raw_model("a", "a.om", max_batch=4), "preload": False},
+        {**raw_model("b", "b.om", max_batch=4), "preload": False},
+    ]
+    gate = {"runs_at_once": 1, "overdraft": 0}
+    config = load_config(ascend_config(tmp_path, models, memory_budget_mb=4, **gate))
+    with Engine(config) as engine:
+        engine.load("a")
+        engine.unload("a")  # its buffer (2 MiB) is freed with it
+        engine.load("b")
+        engine.load("a")  # joins b's 3 MiB buffer: 3.5 MiB in all, under the 4 MiB budget
+        status = engine.status()
+        assert all(status["models"][n]["memory"]["loaded"] for n in ("a", "b")), status
+        assert status["devices"][0]["used_bytes"] == fake.used[0] <= 4 * mib
+        assert len(buffers_of(fake, 3 * mib)) == 1 and buffers_of(fake, 2 * mib) == []
+        assert engine.infer("a", X, timeout_s=10)["y"][0, 0] == 3.0
+    assert fake.leaks() == {}
+
+
+def test_a_refusal_names_the_shared_buffers_it_would_join(tmp_path: Path, fake: FakeAcl) -> None:
+    backend = AclBackend()
+    alone = SessionSettings(1, runs_alone=True)
+    first = backend.open(write_model(tmp_path / "a.om", **AFFINE), alone)
+    tight = SessionSettings(1, runs_alone=True, room=DeviceRoom(None, WEIGHT_BYTES - 1))
+    with pytest.raises(NotEnoughDeviceMemoryError) as err:  # another file: its weights to bring
+        backend.open(write_model(tmp_path / "b.om", **AFFINE), tight)
+    assert "(query_size's weights; its work buffer is on device 0 already)" in str(err.value)
+    assert err.value.needed == WEIGHT_BYTES
+    first.close()
+    backend.close()
+    assert fake.leaks() == {}
+
+
 def test_a_model_over_its_own_budget_is_refused_before_loading_though_its_weights_are_there(
     tmp_path: Path, fake: FakeAcl
 ) -> None:

@@ -182,12 +182,16 @@ def _short(
     """The refusal of a load that does not fit: ``weights`` and ``work`` are the shared buffers
     already on the device that it would join (not counted in ``needed``)."""
     short = NotEnoughDeviceMemoryError(path, needed, room, device)
-    resident = [n for n, b in (("weights", weights), ("work buffer", work)) if b is not None]
+    resident = {
+        (True, False): "weights are",
+        (False, True): "work buffer is",
+        (True, True): "weights and work buffer are",
+    }.get((weights is not None, work is not None))
     if resident:  # the base message says work + weights
         counted = "query_size's weights" if work is not None else "query_size's work"
         short.args = (
             f"{path.name} needs {needed / 2**20:.2f} MB of device memory ({counted}; its "
-            f"{' and '.join(resident)} are on device {device} already), and its budgets leave "
+            f"{resident} on device {device} already), and its budgets leave "
             f"{room / 2**20:.2f} MB there",
         )
     return short
