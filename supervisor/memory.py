@@ -11,7 +11,7 @@ charges each model the largest footprint measured for it, so a reload that happe
 freed heap does not make it look free.
 
 Shared memory is charged apart from the rest: every session names the copy of weights it uses
-(a ``WeightShare``, made by the first session that opened its file alike and shared by the
+(a ``MemoryShare``, made by the first session that opened its file alike and shared by the
 others: instances, replicas under other names), and on an ACL device that runs one model at a
 time the work buffer it shares with the device's other models. A device is charged each share
 once, at its size, whatever the number of models using it; a model alone is charged its own
@@ -35,7 +35,7 @@ import structlog
 
 from duomo.ipc.errors import ResourceExhaustedError
 from duomo.supervisor.config import LoadedConfig, ResolvedModel
-from duomo.worker.backends.base import DeviceRoom, WeightShare
+from duomo.worker.backends.base import DeviceRoom, MemoryShare
 from duomo.worker.host_memory import libc
 from duomo.worker.model_spec import SERVING
 from duomo.worker.served_model import ServedModel
@@ -63,7 +63,7 @@ class Footprint:
     host_bytes: int  # its resident growth across load + warm-up, weights it made not counted
     device_bytes: Mapping[int, int]  # accelerator memory its sessions took, shared buffers not
     instances: Mapping[int, int]  # its instances by device
-    shares: tuple[WeightShare, ...] = ()  # the shared memory its sessions use, each once
+    shares: tuple[MemoryShare, ...] = ()  # the shared memory its sessions use, each once
 
     def charged_on(self, device: int, kind: str) -> int:
         """Its own memory on ``device``'s terms: the device memory its sessions took there on
@@ -74,7 +74,12 @@ class Footprint:
         total = sum(self.instances.values())
         return self.host_bytes * self.instances.get(device, 0) // total if total else 0
 
-    def shares_on(self, device: int, kind: str) -> list[WeightShare]:
+    @property
+    def weights(self) -> tuple[MemoryShare, ...]:
+        """Its shares that are copies of weights (what ``status`` lists)."""
+        return tuple(w for w in self.shares if w.kind == "weights")
+
+    def shares_on(self, device: int, kind: str) -> list[MemoryShare]:
         """The shared memory it uses that counts against ``device``'s budget (host memory on a
         host device, device memory on an accelerator)."""
         on_device = kind not in HOST_KINDS
@@ -98,7 +103,7 @@ class Footprint:
             "host_bytes": self.host_bytes,
             "device_bytes": sum(self.device_bytes.values()),
             "device_bytes_by_device": {str(d): b for d, b in sorted(self.device_bytes.items())},
-            "weights_bytes": sum(w.nbytes for w in self.shares if w.kind == "weights"),
+            "weights_bytes": sum(w.nbytes for w in self.weights),
             "shared_work_bytes": sum(w.charged_alone for w in self.shares if w.kind == "work"),
         }
 
@@ -203,7 +208,7 @@ class MemoryLedger:
         name: str,
         device: int,
         budget: int | None,
-        held: Mapping[str, tuple[WeightShare, list[str]]] | None = None,
+        held: Mapping[str, tuple[MemoryShare, list[str]]] | None = None,
     ) -> int:
         """What a load of ``name`` will need on ``device``: its own memory and its part of
         the shared memory it uses (``charged_alone``: a copy of weights whole, a shared work
@@ -218,7 +223,7 @@ class MemoryLedger:
         kind = self._kind(device)
         work_held = max((s.nbytes for s, _ in held.values() if s.kind == "work"), default=0)
 
-        def found_there(share: WeightShare) -> bool:
+        def found_there(share: MemoryShare) -> bool:
             if share.kind == "work":
                 return share.charged_alone <= work_held
             return share.key in held
@@ -250,11 +255,11 @@ class MemoryLedger:
 
     def shares_held(
         self, device: int, without: ServedModel | None = None
-    ) -> dict[str, tuple[WeightShare, list[str]]]:
+    ) -> dict[str, tuple[MemoryShare, list[str]]]:
         """By key, the shared memory (copies of weights, work buffers) the models loaded on
         ``device`` (but ``without``) use there, each once, with the names of the models using
         it."""
-        held: dict[str, tuple[WeightShare, list[str]]] = {}
+        held: dict[str, tuple[MemoryShare, list[str]]] = {}
         kind = self._kind(device)
         for name in self._loaded_on(device, without):
             found = self.footprints.get(name)
@@ -262,7 +267,7 @@ class MemoryLedger:
                 held.setdefault(share.key, (share, []))[1].append(name)
         return held
 
-    def weights_held(self, device: int) -> dict[str, tuple[WeightShare, list[str]]]:
+    def weights_held(self, device: int) -> dict[str, tuple[MemoryShare, list[str]]]:
         """``shares_held``'s copies of weights (what ``/metrics`` shows of them)."""
         return {k: v for k, v in self.shares_held(device).items() if v[0].kind == "weights"}
 
@@ -356,7 +361,7 @@ class MemoryLedger:
         )
 
     def _frees(
-        self, name: str, device: int, held: Mapping[str, tuple[WeightShare, list[str]]]
+        self, name: str, device: int, held: Mapping[str, tuple[MemoryShare, list[str]]]
     ) -> int:
         """What evicting ``name`` frees on ``device``: its own memory and the shared memory
         only it uses."""
@@ -392,9 +397,7 @@ class MemoryLedger:
         and the other loaded models that use the same copy."""
         found = self.footprints.get(name)
         shown = []
-        for share in found.shares if found else ():
-            if share.kind != "weights":
-                continue
+        for share in found.weights if found else ():
             held = self.weights_held(share.device).get(share.key)
             users = [n for n in held[1] if n != name] if held else []
             shown.append(

@@ -29,9 +29,9 @@ from duomo.worker.backends.acl_backend import AclBackend, AclSession
 from duomo.worker.backends.acl_runtime import AclError
 from duomo.worker.backends.base import (
     DeviceRoom,
+    MemoryShare,
     NotEnoughDeviceMemoryError,
     SessionSettings,
-    WeightShare,
 )
 from tests.fakes import fake_acl
 from tests.fakes.fake_acl import WEIGHT_BYTES, WORK_BYTES, FakeAcl, write_model
@@ -74,7 +74,7 @@ def test_two_sessions_of_one_om_share_one_weight_buffer_until_the_last_closes(
     assert "mdl.load_from_file" not in fake.calls
     share = first.weights
     assert share == second.weights
-    assert share == WeightShare(share.key, "affine.om", 0, WEIGHT_BYTES, on_device=True)
+    assert share == MemoryShare(share.key, "affine.om", 0, WEIGHT_BYTES, on_device=True)
     assert first.device_bytes == second.device_bytes == WORK_BYTES + io_bytes(first)
     assert fake.used[0] == WEIGHT_BYTES + 2 * (WORK_BYTES + io_bytes(first))
 

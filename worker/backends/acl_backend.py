@@ -23,7 +23,7 @@ after that session unloaded its model.
 
 ``device_bytes`` is what the session takes as its own: its input and output buffers, and its
 work and weights unless shared; a shared weight buffer is ``weights``, a shared work buffer
-``shared_work`` (each a ``WeightShare``, charged once per device at the buffer's size).
+``shared_work`` (each a ``MemoryShare``, charged once per device at the buffer's size).
 ``memory`` keeps ``query_size``'s figures and the ``get_mem_info`` drop across the load, which on
 a card shows what the runtime takes beyond the buffers.
 
@@ -75,9 +75,9 @@ from duomo.worker.backends.acl_runtime import (
 from duomo.worker.backends.base import (
     Backend,
     BufferedSession,
+    MemoryShare,
     SessionSettings,
     TensorSpec,
-    WeightShare,
 )
 from duomo.worker.config_model import StrictModel
 from duomo.worker.thread_budget import GateMember
@@ -584,7 +584,7 @@ class AclSession(BufferedSession):
         return self.memory.get("own_bytes", 0)
 
     @property
-    def weights(self) -> WeightShare | None:
+    def weights(self) -> MemoryShare | None:
         """The weight buffer it shares with every session that loaded the same file on its
         device (``share_weights``), or None when the buffer is its own."""
         buffer = self._weights
@@ -592,10 +592,10 @@ class AclSession(BufferedSession):
             return None
         path, size, mtime_ns = self._identity
         key = f"acl:{self.device}:{path}:{size}:{mtime_ns}"
-        return WeightShare(key, self.path.name, self.device, buffer.nbytes, on_device=True)
+        return MemoryShare(key, self.path.name, self.device, buffer.nbytes, on_device=True)
 
     @property
-    def shared_work(self) -> WeightShare | None:
+    def shared_work(self) -> MemoryShare | None:
         """The work buffer it shares with the other models of a device that runs one model at
         a time (``runs_alone``), at the buffer's size (its model is charged alone its own
         ``query_size`` work), or None when its work buffer is its own."""
@@ -604,7 +604,7 @@ class AclSession(BufferedSession):
             return None
         key = f"acl-work:{self.device}:{buffer.serial}"
         own = self.memory["query_work_bytes"]
-        return WeightShare(key, "work buffer", self.device, buffer.nbytes, True, "work", own)
+        return MemoryShare(key, "work buffer", self.device, buffer.nbytes, True, "work", own)
 
 
 __all__ = ["AclBackend", "AclOptions", "AclSession", "atc_sidecar"]

@@ -71,14 +71,14 @@ class SessionSettings:
 
 
 @dataclass(frozen=True)
-class WeightShare:
+class MemoryShare:
     """Memory several sessions in this process use as one, charged once per device: one copy
     of a model file's weights, used by every session that opened the file alike (instances of a
     model, a replica under another name, a pipeline step); or, ``kind`` "work", the work buffer
     the models of an ACL device that runs one model at a time share.
 
     ``key`` tells copies apart (two sessions with the same key use the same memory); ``file``
-    is the file's name as ``status`` shows it (a work buffer's: its models'); ``nbytes`` what
+    is the file's name as ``status`` shows it (a work buffer's: "work buffer"); ``nbytes`` what
     the copy holds, measured when it was made: host memory (ONNX Runtime: the resident growth
     across the shared session's creation) unless ``on_device`` (ACL: the buffer,
     ``query_size``'s size). The memory ledger charges each key once per device, whatever the
@@ -245,13 +245,13 @@ class ModelSession(ABC):
         return 0
 
     @property
-    def weights(self) -> WeightShare | None:
+    def weights(self) -> MemoryShare | None:
         """The shared copy of weights this session uses, or None (its weights are its own and
         counted in what its load took)."""
         return None
 
     @property
-    def shared_work(self) -> WeightShare | None:
+    def shared_work(self) -> MemoryShare | None:
         """The work buffer this session shares with other models (ACL, on a device that runs
         one model at a time), or None (its work is its own, counted in ``device_bytes``)."""
         return None

@@ -43,9 +43,9 @@ from pydantic import Field, model_validator
 from duomo.worker.backends.base import (
     Backend,
     BufferedSession,
+    MemoryShare,
     SessionSettings,
     TensorSpec,
-    WeightShare,
 )
 from duomo.worker.config_model import StrictModel
 from duomo.worker.host_memory import resident_bytes, trim_heap
@@ -161,7 +161,7 @@ class OrtSession(BufferedSession):
         session: Any,
         gate_threads: int,
         settings: SessionSettings,
-        weights: WeightShare | None = None,
+        weights: MemoryShare | None = None,
         on_close: Callable[[], None] | None = None,
         own_arena: bool = False,
     ) -> None:
@@ -295,7 +295,7 @@ class OrtSession(BufferedSession):
         return result
 
     @property
-    def weights(self) -> WeightShare | None:
+    def weights(self) -> MemoryShare | None:
         return self._weights
 
     def give_back(self) -> None:
@@ -320,7 +320,7 @@ class _SharedSession:
 
     ready: threading.Event = field(default_factory=threading.Event)
     session: Any = None
-    weights: WeightShare | None = None
+    weights: MemoryShare | None = None
     error: BaseException | None = None
     users: int = 0
 
@@ -372,7 +372,7 @@ class OrtBackend(Backend):
         if not settings.share_weights:
             session, nbytes = _measured(lambda: self._make_session(ort, path, settings, providers))
             key = f"{recipe}#{next(self._unshared)}"
-            share = WeightShare(key, path.name, settings.device, nbytes)
+            share = MemoryShare(key, path.name, settings.device, nbytes)
             return OrtSession(
                 path, session, settings.intra_op_threads, settings, share, None, own_arena
             )
@@ -387,7 +387,7 @@ class OrtBackend(Backend):
                 entry.session, nbytes = _measured(
                     lambda: self._make_session(ort, path, settings, providers)
                 )
-                entry.weights = WeightShare(recipe, path.name, settings.device, nbytes)
+                entry.weights = MemoryShare(recipe, path.name, settings.device, nbytes)
             except BaseException as err:
                 entry.error = err
                 raise
