@@ -360,7 +360,8 @@ class Client:
             models: The models each frame goes to.
             policy: ``latest`` (a frame waiting for a model is superseded by the next) or
                 ``fifo`` (every frame answered).
-            weight: Its share, against the other streams and clients of each model.
+            weight: Its share, against the other streams and clients of each model, in
+                [0.001, 1000].
             fps: Its nominal frame rate, if known (the status shows it; liveness uses it).
             max_fps: Drop frames at the source above this rate.
             every: Keep one frame in ``every`` at the source.

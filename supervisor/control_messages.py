@@ -39,7 +39,7 @@ unload     ``model`` str                                ``unload``: ``model``,
                                                         ``answered_unavailable`` int (later)
 stream_    ``name`` str (1..64 printable); ``models``   ``stream`` int: its id, for the slot
 open       [str] (1..16); ``policy`` latest|fifo        headers' stream block
-           (latest); ``weight`` (0, 1000] (1); ``fps``
+           (latest); ``weight`` [0.001, 1000] (1); ``fps``
            (0, 1000] (none); ``stall_after_s`` (5)
 stream_    ``stream`` int                               — (the stream is ``ended``)
 close
@@ -69,6 +69,7 @@ from typing import Any, ClassVar
 
 from duomo.ipc.errors import DuomoError, InternalError, InvalidArgumentError, echoed
 from duomo.supervisor.streams import DEFAULT_STALL_AFTER_S, StreamSettings
+from duomo.worker.batcher import MAX_WEIGHT, MIN_WEIGHT
 
 Reply = dict[str, Any]
 MAX_SLOTS = 64  # in one ring
@@ -109,15 +110,24 @@ class Fields:
         raise self._wrong(name, f"an integer{bounds}")
 
     def number(
-        self, name: str, default: float | None = None, low: float = 0.0, high: float = 1e9
+        self,
+        name: str,
+        default: float | None = None,
+        low: float = 0.0,
+        high: float = 1e9,
+        least: float | None = None,
     ) -> float | None:
-        """A positive number in (``low``, ``high``]; ``default`` when absent."""
+        """A positive number in (``low``, ``high``], or with ``least`` in [``least``,
+        ``high``]; ``default`` when absent."""
         value = self._message.get(name)
         if value is None:
             return default
-        if type(value) in (int, float) and low < value <= high:
+        if type(value) in (int, float) and (
+            least <= value <= high if least is not None else low < value <= high
+        ):
             return float(value)
-        raise self._wrong(name, f"a number in ({low:g}, {high:g}]")
+        bounds = f"[{least:g}, {high:g}]" if least is not None else f"({low:g}, {high:g}]"
+        raise self._wrong(name, f"a number in {bounds}")
 
     def names(self, name: str, most: int) -> tuple[str, ...]:
         """A non-empty list of at most ``most`` distinct strings."""
@@ -292,7 +302,7 @@ class StreamOpen(ControlMessage):
             settings=StreamSettings(
                 models=fields.names("models", most=MAX_STREAM_MODELS),
                 policy=fields.optional_text("policy") or "latest",
-                weight=fields.number("weight", 1.0, high=1000.0) or 1.0,
+                weight=fields.number("weight", 1.0, least=MIN_WEIGHT, high=MAX_WEIGHT) or 1.0,
                 fps=fields.number("fps", None, high=1000.0),
                 stall_after_s=fields.number("stall_after_s", DEFAULT_STALL_AFTER_S, high=86400.0)
                 or DEFAULT_STALL_AFTER_S,

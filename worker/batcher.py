@@ -20,6 +20,11 @@ weighted round-robin, by stride scheduling — each flow has a pass, the flow wi
 goes next (ties: the older request) and its pass grows by 1/weight; a flow that was idle joins
 at the pass last served, with no credit saved up. So a 30 fps camera cannot starve a 5 fps
 camera of the same model, and a client with many slots in flight cannot starve one with few.
+The passes stay finite and comparable whatever the load: a weight is in
+[``MIN_WEIGHT``, ``MAX_WEIGHT``] (the wire refuses others: ``stream_open``), so a stride is at
+most 1000, and a level's passes are counted from the pass last served once it passes
+``REBASE_AT`` (``Level.rebase``), so a stride of 0.001 still moves a pass however long the
+queue has stayed busy.
 When the queue is full, the flow with the most queued requests gives way: its newest is
 refused RESOURCE_EXHAUSTED to make room for a flow with fewer (a full queue refuses the
 newcomer only when its own flow holds the most). A request that ``supersedes`` (a stream of
@@ -67,6 +72,9 @@ from duomo.worker.batch_window import BatchWindow
 from duomo.worker.request import Request
 
 log = structlog.get_logger("duomo.batcher")
+MIN_WEIGHT = 0.001  # a flow's weight (``Request.weight``): the range stream_open accepts
+MAX_WEIGHT = 1000.0
+REBASE_AT = float(1 << 32)  # a level's passes are counted afresh from here (``Level.rebase``)
 
 
 class IdleReader(Protocol):
@@ -174,7 +182,20 @@ class Level:
             del flows[flow]
             if len(passes) > 2 * len(flows) + 64:  # forget idle flows no longer ahead
                 self.passes = {f: p for f, p in passes.items() if f in flows or p > self.served}
+        if self.served >= REBASE_AT:
+            self.rebase()
         return request
+
+    def rebase(self) -> None:
+        """Count every pass from the pass last served (which becomes 0): the order is the
+        same, and a pass of 2^32 + a stride of 0.001 would otherwise lose the stride's last
+        digits to rounding (a queue that never empties keeps its level, and its passes, for
+        good)."""
+        served = self.served
+        self.passes = {
+            f: p - served for f, p in self.passes.items() if f in self.flows or p > served
+        }
+        self.served = 0.0
 
     def remove_flow(self, flow: Hashable) -> list[Request]:
         """Take out every queued request of ``flow``."""

@@ -17,6 +17,7 @@ import pytest
 from duomo import Client, InvalidArgumentError, StreamAnswer
 from duomo.ipc.stream import Stream
 from duomo.ipc.wire import STREAM_AT
+from tests.conftest import poll
 from tests.integration.harness import (
     SupervisorProcess,
     faulty_model,
@@ -189,3 +190,68 @@ def test_a_stream_whose_rings_are_refused_leaves_nothing_open(
         with pytest.raises(InvalidArgumentError, match="slots"):
             client.stream("too-many-slots", models=["slow"], slots=65)  # a ring holds ≤ 64
         client.stream("too-many-slots", models=["slow"], slots=3).close()  # the name is free
+
+
+def test_no_stream_weight_a_caller_may_send_ends_fair_sharing(
+    slow_model: SupervisorProcess,
+) -> None:
+    """Issue 42, item 1: a stream of weight 5e-324 (once accepted) was served alone twice, the
+    level's last pass served became infinite, every flow that joined later tied, and a light
+    camera beside a busy one waited behind the busy one's whole backlog for as long as the
+    queue stayed busy. The weight is now bounded ([0.001, 1000]); a stream at the lightest
+    weight does the same, and the light camera's age is what it was before."""
+    with Client(slow_model.socket, timeout_s=30) as client:
+        before = light_ages_beside_a_busy_camera(client, "before")
+        refused: str | None = None
+        try:
+            lightest = client.stream("weight-5e-324", models=["slow"], **LIGHTEST, weight=5e-324)
+        except InvalidArgumentError as err:
+            refused = str(err)
+            lightest = client.stream("weight-0.001", models=["slow"], **LIGHTEST, weight=0.001)
+        for _ in range(16):  # alone in the queue: served one after another, for 800 ms
+            lightest.send(FRAME, captured=time.monotonic())
+        answered: list[StreamAnswer] = []
+
+        def two_served_alone() -> bool:
+            answered.extend(lightest.poll())
+            return len(answered) >= 2
+
+        poll(two_served_alone, timeout_s=10)
+        after = light_ages_beside_a_busy_camera(client, "after")
+        lightest.close(drain_s=0)
+    assert refused is not None and "[0.001, 1000]" in refused, refused
+    # one frame of the light camera waits behind at most one busy frame and the batch running
+    # (about 100 ms); in arrival order it waits behind 15 busy frames (about 750 ms)
+    assert median(after) <= 2 * median(before) + 50, (median(before), median(after))
+    assert median(after) < 400, after
+
+
+LIGHTEST = {"policy": "fifo", "slots": 16}
+
+
+def light_ages_beside_a_busy_camera(client: Client, name: str) -> list[float]:
+    """The answer ages (ms) of a 5 fps camera over 2.5 s beside a 30 fps one (1.5 times what
+    the model serves, 16 frames in flight), the busy one's backlog drained after."""
+    busy = client.stream(f"busy-{name}", models=["slow"], policy="fifo", slots=16)
+    feeder = threading.Thread(target=feed, args=(busy, 30.0, 3.5))
+    feeder.start()
+    try:
+        time.sleep(0.5)  # (the busy camera's backlog is built)
+        ages = light_camera_ages(client, f"light-{name}")
+    finally:
+        feeder.join()
+        busy.close(drain_s=5.0)
+    return ages
+
+
+def light_camera_ages(client: Client, name: str) -> list[float]:
+    """A 5 fps camera's answer ages (ms) over 2.5 s beside the busy one."""
+    light = client.stream(name, models=["slow"], policy="fifo", slots=3)
+    feed(light, 5.0, 2.5)
+    ages = [a.age_ms for a in closed_answers(light, drain_s=3.0) if a.ok]
+    assert len(ages) >= 8, ages
+    return ages
+
+
+def median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]

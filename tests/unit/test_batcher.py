@@ -10,7 +10,7 @@ import time
 import pytest
 
 from duomo.ipc.errors import ResourceExhaustedError, UnavailableError
-from duomo.worker.batcher import Batcher
+from duomo.worker.batcher import MAX_WEIGHT, Batcher, Level
 from duomo.worker.request import Outcome, Request
 from tests.conftest import poll
 
@@ -360,6 +360,25 @@ def test_an_idle_flow_saves_up_no_credit() -> None:
         b.put(flowed(f"b{i}", "b"))
         b.put(flowed(f"a{i + 4}", "a"))
     assert take_all(b) == ["b0", "a4", "b1", "a5", "b2", "a6"]
+
+
+def test_the_round_robin_stays_exact_at_the_extreme_weights_however_long_the_queue_is_busy() -> (
+    None
+):
+    """A level's passes after a long busy period: at 2^52 a stride of 0.001 was lost to
+    rounding and every flow tied (arrival order); the passes are counted afresh instead."""
+    level = Level()
+    level.served = 2.0**52  # (a queue that never emptied, for a very long time)
+    for i in range(2000):
+        level.append(flowed(f"heavy{i}", "heavy", weight=MAX_WEIGHT))  # a stride of 0.001
+    for i in range(4):
+        level.append(flowed(f"light{i}", "light", weight=1.0))
+    first = [level.pop().payload for _ in range(1500)]
+    # a thousand to one: after its first request, the light flow's next comes 1000 heavy
+    # ones later (without the rebase the heavy flow's pass never moved: light1 never came)
+    assert [n for n in first if n.startswith("light")] == ["light0", "light1"]
+    assert first.index("light1") in range(1000, 1004), first.index("light1")
+    assert level.served < 2.0**32
 
 
 def test_priority_comes_before_fairness() -> None:

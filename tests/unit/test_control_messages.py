@@ -62,6 +62,13 @@ def test_each_operation_becomes_its_message() -> None:
         ({"op": "load"}, "'load' message: 'model' is missing"),
         ({"op": "unload", "model": {}}, "'unload' message: 'model' must be a string"),
         ({"op": "format_disk"}, "unknown control operation 'format_disk'"),
+        *(  # (issue 42: 5e-324 was accepted, and its stride was infinite)
+            (
+                {"op": "stream_open", "name": "s", "models": ["m"], "weight": weight},
+                "'weight' must be a number in [0.001, 1000]",
+            )
+            for weight in (5e-324, 1e-300, 0.000999, 0, -1, 1000.5, float("inf"), True)
+        ),
         ({"op": ["attach"]}, "unknown control operation ['attach']"),
         ({}, "unknown control operation None"),
     ],
@@ -72,6 +79,12 @@ def test_a_bad_message_is_invalid_argument_naming_the_field(
     with pytest.raises(InvalidArgumentError) as caught:
         parse_control(message)
     assert expected in caught.value.message
+
+
+def test_a_stream_weight_at_either_bound_is_taken() -> None:
+    for weight in (0.001, 1, 1000):
+        message = {"op": "stream_open", "name": "s", "models": ["m"], "weight": weight}
+        assert parse_control(message).settings.weight == weight  # type: ignore[attr-defined]
 
 
 def test_a_long_value_is_quoted_cut() -> None:
