@@ -31,6 +31,7 @@ from duomo.ipc.errors import DuomoError, InvalidArgumentError
 
 log = structlog.get_logger("duomo.gateway.grpc")
 HEALTH_RPCS = ("ServerLive", "ServerReady")
+INT64_MAX = 2**63 - 1
 # a v2 datatype -> the InferTensorContents field that carries it
 CONTENTS = {
     "BOOL": "bool_contents",
@@ -236,10 +237,7 @@ def _infer_response(request: protocol.InferRequest, answer: Answer) -> Any:
         model_name=request.model, model_version=protocol.VERSION, id=request.id or ""
     )
     for key, value in answer.parameters.items():
-        if isinstance(value, str):
-            response.parameters[key].string_param = value
-        else:
-            response.parameters[key].int64_param = value
+        set_parameter(response.parameters[key], value)
     for tensor, asked in answer.outputs:
         output = response.outputs.add(name=tensor.name, datatype=tensor.datatype)
         output.shape.extend(tensor.shape)
@@ -252,6 +250,18 @@ def _infer_response(request: protocol.InferRequest, answer: Answer) -> Any:
         else:
             response.raw_output_contents.append(tensor.raw())
     return response
+
+
+def set_parameter(parameter: Any, value: str | int) -> None:
+    """Write ``value`` into an ``InferParameter`` in the type that holds it: a string, an
+    integer that fits int64 as ``int64_param`` (what clients read for counts and times), and a
+    larger one (a frame number up to 2^64 - 1) as ``uint64_param``."""
+    if isinstance(value, str):
+        parameter.string_param = value
+    elif value > INT64_MAX:
+        parameter.uint64_param = value
+    else:
+        parameter.int64_param = value
 
 
 class TokenInterceptor(grpc.aio.ServerInterceptor):

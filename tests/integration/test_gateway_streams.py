@@ -18,10 +18,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from duomo.gateway.link import SupervisorLink
@@ -119,6 +121,35 @@ def test_a_stream_over_http_and_grpc(gw: Gateway) -> None:
         pytest.raises(InvalidArgumentError, match="already open"),
     ):
         other.open_stream("cam-http", ["affine"])
+
+
+FRAME_NUMBERS = (0, 2**63 - 1, 2**63, 2**64 - 1)  # the documented range 0..2^64-1, its edges
+
+
+def test_every_frame_number_the_range_allows_is_echoed_over_both_protocols(gw: Gateway) -> None:
+    """Issue 42, item 2: gRPC answered INTERNAL for a frame of 2^63 or more (the response wrote
+    it as an int64) after the inference ran; HTTP answered 200. Each is echoed in the type that
+    holds it (uint64_param past int64)."""
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(gw.grpc))
+    http = httpclient.InferenceServerClient(gw.http)
+    for frame in FRAME_NUMBERS:
+        request = service_pb2.ModelInferRequest(model_name="affine")
+        tensor = request.inputs.add(name="x", datatype="FP32", shape=[1, 4])
+        tensor.contents.fp32_contents.extend([float(frame % 7)] * 4)
+        request.parameters["stream"].string_param = "cam-frames-grpc"
+        kind = "uint64_param" if frame > 2**63 - 1 else "int64_param"
+        setattr(request.parameters["frame"], kind, frame)
+        response = stub.ModelInfer(request, timeout=30)
+        said = response.parameters["duomo_frame"]
+        assert said.WhichOneof("parameter_choice") == kind
+        assert getattr(said, kind) == frame
+        y = np.frombuffer(response.raw_output_contents[0], np.float32)
+        np.testing.assert_array_equal(y, 2 * np.float32(frame % 7) + 1)
+
+        given = {"stream": "cam-frames-http", "frame": frame}
+        result = http.infer("affine", [x_input(httpclient, frame % 7)], parameters=given)
+        assert response_parameters(result)["duomo_frame"] == frame
+        np.testing.assert_array_equal(result.as_numpy("y"), 2 * rows(frame % 7) + 1)
 
 
 def test_a_plain_request_is_unchanged(gw: Gateway) -> None:
