@@ -106,6 +106,7 @@ def _write_image(tensor: InputTensor, slot: Slot, regions: Regions) -> None:
             f"input {IMAGE_INPUT!r} must be UINT8 [H, W, C] with C 1, 3 or 4 and H, W ≥ 1 "
             f"(or BYTES [1] holding a PNG or JPEG), got shape {list(shape)}"
         )
+    slot.handle.check_input("image", shape)  # (before the tensor is read or a ring grows)
     _write_array(tensor, "image", np.dtype(np.uint8), slot, regions)
 
 

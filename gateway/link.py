@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import functools
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -63,6 +64,7 @@ class SupervisorLink:
         self.views: dict[str, ModelView] = {}
         self.supervisor_pid: int | None = None
         self._handles: dict[str, ModelHandle] = {}
+        self.taken: Counter[str] = Counter()  # slots taken per model (``MemoryKeeper`` reads it)
         self._attaching: dict[str, asyncio.Future[ModelHandle]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._fd = -1  # the client's socket, watched by the loop
@@ -233,6 +235,10 @@ class SupervisorLink:
             return handle
         return await asyncio.shield(pending)
 
+    def handles(self) -> dict[str, ModelHandle]:
+        """The models attached on the current connection, and their handles."""
+        return dict(self._handles)
+
     def forget(self, name: str) -> None:
         """``name`` was unloaded through this gateway: attach it afresh when next asked for."""
         handle = self._handles.pop(name, None)
@@ -278,6 +284,7 @@ class SupervisorLink:
                 f"all {self.slots} slots of this gateway worker for {name!r} are in flight; "
                 "retry, or raise gateway.slots / gateway.workers"
             ) from None
+        self.taken[name] += 1
         wait_s = timeout_s or self.request_timeout_s
         loop = asyncio.get_running_loop()
         timer = None

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from duomo.ipc.errors import InvalidArgumentError
 from duomo.ipc.wire import ALIGN, DTYPES, HEADER_BYTES, MAX_RANK, TENSOR_RECORD, align, dtype_code
 
 RESERVE_OUTPUT_LIMIT = 8 << 20  # output areas up to this size are committed at attach
@@ -47,13 +48,27 @@ RESERVE_OUTPUT_LIMIT = 8 << 20  # output areas up to this size are committed at 
 @dataclass(frozen=True)
 class InputArea:
     """Where one input lives in every slot: its name, dtype and shape, its offset from the slot's
-    start and its capacity in bytes."""
+    start and its capacity in bytes; and, where the model bounds it, the largest each
+    dimension may be (an image task's frame: 16384 pixels a side)."""
 
     name: str
     dtype: str
     shape: tuple[int | None, ...]  # None: any size in that dimension
     offset: int  # from the start of the slot
     capacity: int  # bytes
+    bound: tuple[int, ...] | None = None  # the largest shape the model takes
+
+    def check(self, shape: tuple[int, ...]) -> None:
+        """INVALID_ARGUMENT, naming the bound, for a ``shape`` past it: a request that can never
+        be served is refused before anything (a larger ring) is reserved for it."""
+        bound = self.bound
+        if bound is not None and (
+            len(shape) != len(bound) or any(d > most for d, most in zip(shape, bound))
+        ):
+            raise InvalidArgumentError(
+                f"input {self.name!r} of shape {list(shape)} is past its bound: at most "
+                f"{list(bound)}"
+            )
 
 
 @dataclass(frozen=True)
@@ -88,16 +103,16 @@ class RingLayout:
     def build(
         cls,
         slots: int,
-        inputs: list[tuple[str, np.dtype, tuple[int | None, ...], int]],
+        inputs: list[tuple[str, np.dtype, tuple[int | None, ...], int, tuple[int, ...] | None]],
         output_capacity: int,
         result: str,
         outputs: tuple[str, ...] = (),
     ) -> RingLayout:
-        """Lay out ``inputs`` (name, dtype, shape pattern, capacity) after the header."""
+        """Lay out ``inputs`` (name, dtype, shape pattern, capacity, bound) after the header."""
         at = HEADER_BYTES
         areas = []
-        for name, dtype, shape, capacity in inputs:
-            areas.append(InputArea(name, np.dtype(dtype).name, shape, at, capacity))
+        for name, dtype, shape, capacity, bound in inputs:
+            areas.append(InputArea(name, np.dtype(dtype).name, shape, at, capacity, bound))
             at = align(at + capacity)
         return cls(slots, tuple(areas), at, output_capacity, result, outputs)
 
@@ -112,6 +127,7 @@ class RingLayout:
                     "shape": list(a.shape),
                     "offset": a.offset,
                     "capacity": a.capacity,
+                    **({"bound": list(a.bound)} if a.bound is not None else {}),
                 }
                 for a in self.inputs
             ],
@@ -124,7 +140,14 @@ class RingLayout:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RingLayout:
         inputs = tuple(
-            InputArea(a["name"], a["dtype"], tuple(a["shape"]), a["offset"], a["capacity"])
+            InputArea(
+                a["name"],
+                a["dtype"],
+                tuple(a["shape"]),
+                a["offset"],
+                a["capacity"],
+                tuple(a["bound"]) if a.get("bound") is not None else None,
+            )
             for a in d["inputs"]
         )
         return cls(
@@ -245,6 +268,22 @@ class SlotRing:
     def output(self, slot: int) -> memoryview:
         start = slot * self._slot_bytes + self.layout.output_offset
         return self._view[start : start + self.layout.output_capacity]
+
+    def discard_inputs(self, slot: int) -> int:
+        """Give the whole pages of ``slot``'s input areas back to the system (``MADV_REMOVE``: the
+        memfd's pages are freed for every process that maps it, and read as zeros until
+        written again); the bytes discarded. Only for a slot nobody holds and nothing reads: a
+        free one. The seals allow it: they forbid resizing, not freeing pages."""
+        page = mmap.PAGESIZE
+        discarded = 0
+        for area in self.layout.inputs:
+            start = slot * self._slot_bytes + area.offset
+            first = -(-start // page) * page
+            last = (start + area.capacity) // page * page
+            if last > first:
+                self._mmap.madvise(mmap.MADV_REMOVE, first, last - first)
+                discarded += last - first
+        return discarded
 
 
 @dataclass(frozen=True)

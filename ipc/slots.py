@@ -196,6 +196,19 @@ class ModelHandle:
         retiring = self._retiring.get(ring_id)
         return retiring.slots if retiring is not None else []
 
+    def check_input(self, name: str, shape: tuple[int, ...]) -> None:
+        """Whether the model can ever take input ``name`` at ``shape``, asked before anything
+        is reserved for it (a gateway checks a request so before it reads the tensor).
+
+        Raises:
+            InvalidArgumentError: The model has no input ``name``, or ``shape`` is past the
+                bound the model states (an image task's frame: 16384 pixels a side).
+        """
+        found = self._inputs.get(name)
+        if found is None:
+            raise InvalidArgumentError(f"{self.name!r} has no input {name!r}")
+        found[1].check(tuple(map(int, shape)))
+
     def slot(self, timeout_s: float | None = None) -> Slot:
         """A free slot, held until released (``with`` or ``release()``).
 
@@ -281,22 +294,50 @@ class ModelHandle:
             capacity = {a.name: a.capacity for a in self.layout.inputs}
             larger = {n: b for n, b in needs.items() if b > capacity.get(n, 0)}
             if larger:
-                grown = {**self._grown, **larger}
                 # INVALID_ARGUMENT (an area of fixed size), RESOURCE_EXHAUSTED (no room)
-                ring_id, ring = self._link.attach_ring(self.name, self.layout.slots, grown)
-                old = _Retiring(self.ring_id, self.ring, self._slots, 0)
-                with self._free_lock:
-                    old.out = len(old.slots) - len(self._free)
-                    self._retiring[old.ring_id] = old  # first: its answers still find its slots
-                    self._link.route_ring(self, ring_id)
-                    self._bind(ring_id, ring)
-                    self._grown = grown
-                    retired = self._back(old.ring_id, count=0)
-                if retired is not None:
-                    self._retire(retired)
+                ring_id = self._swap_ring({**self._grown, **larger})
                 log.info("grew the ring of %r for %s bytes (ring %d)", self.name, larger, ring_id)
         if slot.ring_id != self.ring_id:
             self._move(slot, skip=needs.keys())
+
+    def _swap_ring(self, grown: dict[str, int]) -> int:
+        """(Under ``_reattach_lock``) Attach a ring whose input areas hold ``grown`` (input ->
+        bytes; none: the model's default) and make it the current one; the old ring retires
+        once its slots in flight are back. The new ring's id."""
+        ring_id, ring = self._link.attach_ring(self.name, self.layout.slots, grown)
+        old = _Retiring(self.ring_id, self.ring, self._slots, 0)
+        with self._free_lock:
+            old.out = len(old.slots) - len(self._free)
+            self._retiring[old.ring_id] = old  # first: its answers still find its slots
+            self._link.route_ring(self, ring_id)
+            self._bind(ring_id, ring)
+            self._grown = grown
+            retired = self._back(old.ring_id, count=0)
+        if retired is not None:
+            self._retire(retired)
+        return ring_id
+
+    # -- giving memory back -------------------------------------------------------------------
+
+    def trim(self) -> int:
+        """Give back the memory a burst of large frames left behind: a ring grown for them goes
+        back to the model's default layout (one ``attach`` round trip; the supervisor's charge
+        for it goes too), and the pages the free slots' inputs hold are released, in this
+        process and the supervisor alike (one memfd). For a caller that knows the handle has
+        been quiet (a gateway worker, after a quiet spell): the next frame faults in the pages
+        it writes, and a larger one grows the ring again. A slot held or in flight is left as
+        it is. Returns the bytes of input area released (pages never touched count too).
+
+        Raises:
+            DuomoError: The ``attach`` of the default ring was refused (the handle keeps its
+                grown ring).
+        """
+        with self._reattach_lock:
+            if self._grown and not self._stale:
+                ring_id = self._swap_ring({})
+                log.info("gave back the grown ring of %r (ring %d)", self.name, ring_id)
+            with self._free_lock:
+                return sum(self.ring.discard_inputs(index) for index in self._free)
 
     def _move(self, slot: Slot, skip: Iterable[str]) -> None:
         """Move held ``slot`` to a free slot of the current ring, with the inputs written into
@@ -587,8 +628,9 @@ class Slot:
             The view, of the input's dtype, to write into.
 
         Raises:
-            InvalidArgumentError: The model has no input ``name``, or its area has a fixed
-                size that ``shape`` exceeds.
+            InvalidArgumentError: The model has no input ``name``, its area has a fixed
+                size that ``shape`` exceeds, or ``shape`` is past the bound the model states
+                (an image task's frame: 16384 pixels a side).
             ResourceExhaustedError: The supervisor's limits on ring memory leave no room to
                 grow the ring.
         """
@@ -605,6 +647,8 @@ class Slot:
         gray = len(shape) == 2 and name == "image" and len(area.shape) == 3
         if gray:  # a grayscale frame travels as H×W×1
             shape = (*shape, 1)
+        if area.bound is not None:  # (before the ring grows for a frame it can never serve)
+            area.check(shape)
         nbytes = math.prod(shape) * dtype.itemsize
         if nbytes > self._ring.layout.inputs[index].capacity:
             self.handle._grow(self, {name: nbytes})

@@ -114,8 +114,14 @@ def layout_for(spec: SlotSpec, slots: int, grow: Mapping[str, int] | None = None
                     f"input {i.name!r} of {need} bytes exceeds the slot's {capacity}, the most "
                     f"its shape {list(i.shape)} takes{rows}"
                 )
+            most = i.most_bytes
+            if most is not None and need > most:
+                raise InvalidArgumentError(
+                    f"input {i.name!r} of {need} bytes is past its bound: at most "
+                    f"{list(i.bound or ())}, {most} bytes"
+                )
             capacity = -(-need // GROWTH_STEP) * GROWTH_STEP
-        inputs.append((i.name, i.dtype, i.shape, capacity))
+        inputs.append((i.name, i.dtype, i.shape, capacity, i.bound))
     if asked:
         names = [i.name for i in spec.inputs]
         raise InvalidArgumentError(f"model has no input {echoed(next(iter(asked)))} ({names})")

@@ -45,6 +45,7 @@ from duomo.ipc.errors import (
     UnavailableError,
     echoed,
 )
+from duomo.ipc.host_memory import resident_bytes
 from duomo.supervisor.background_loads import BackgroundLoads
 from duomo.supervisor.config import LoadedConfig, ResolvedModel
 from duomo.supervisor.device_telemetry import DeviceTelemetry
@@ -54,7 +55,6 @@ from duomo.supervisor.pipelines import ServedPipeline
 from duomo.supervisor.placement import HOST, Placements
 from duomo.supervisor.registry import ModelRegistry
 from duomo.worker.executors.image_ops import limit_opencv_threads
-from duomo.worker.host_memory import resident_bytes
 from duomo.worker.model_spec import SERVING, DeviceMemoryError, ModelState
 from duomo.worker.model_status import model_status
 from duomo.worker.model_worker import Activity

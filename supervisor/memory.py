@@ -2,7 +2,7 @@
 against its budget, and which idle models to evict for room (``MemoryLedger``).
 
 Used by the engine around every load. On the CPU a model's footprint is the growth of this
-process's anonymous resident memory (``worker.host_memory``) across its load and warm-up
+process's anonymous resident memory (``ipc.host_memory``) across its load and warm-up
 (sessions, ONNX Runtime's arena, I/O buffers), measured once what the warm-up freed has gone back
 and before its instances serve: what its unload returns. On an accelerator it is the device
 memory its sessions took (ACL: the ``get_mem_info`` drop), device by device: a model spread over
@@ -34,9 +34,9 @@ from typing import Any
 import structlog
 
 from duomo.ipc.errors import ResourceExhaustedError
+from duomo.ipc.host_memory import libc
 from duomo.supervisor.config import LoadedConfig, ResolvedModel
 from duomo.worker.backends.base import DeviceRoom, MemoryShare
-from duomo.worker.host_memory import libc
 from duomo.worker.model_spec import SERVING
 from duomo.worker.served_model import ServedModel
 

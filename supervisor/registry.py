@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from duomo.ipc.errors import DuomoError, InvalidArgumentError, NotFoundError, echoed
+from duomo.ipc.host_memory import trim_heap
 from duomo.supervisor.config import LoadedConfig, ResolvedModel
 from duomo.supervisor.placement import Placements
 from duomo.worker.backends import Backend, create_backend
 from duomo.worker.batcher import IdleReader
-from duomo.worker.host_memory import trim_heap
 from duomo.worker.model_spec import SERVING, ModelSpec
 from duomo.worker.model_worker import Activity
 from duomo.worker.served_model import ServedModel

@@ -9,7 +9,9 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import math
 import os
+import re
 import select
 import socket
 import threading
@@ -28,7 +30,13 @@ from tritonclient.utils import InferenceServerException
 
 from duomo.ipc.client import Client
 from tests.integration.harness import SupervisorProcess, poll, running_supervisor
-from tests.integration.test_gateway import Gateway, gateway_config, post, still_served
+from tests.integration.test_gateway import (
+    Gateway,
+    binary_request,
+    gateway_config,
+    post,
+    still_served,
+)
 
 WORKERS = 2
 
@@ -508,3 +516,69 @@ def test_a_header_over_the_bound_is_431_and_never_holds_the_worker(one: Gateway)
         assert sent < ATTACK_BYTES  # the gateway stopped reading long before the end
     assert max(served) < 2.0, max(served)  # (a generous bound: it took 4 s before)
     assert_unharmed(one, before)
+
+
+# -- bounds before resources (issue 42, item 3) --------------------------------------------------
+
+PAST_THE_SIDE = ([100000, 100000, 3], [20000, 20000, 3])  # 30 GB, 1.2 GB
+BOUND = "at most [16384, 16384, 4]"
+
+
+def test_an_image_past_the_documented_side_is_refused_before_any_ring_grows(two: Gateway) -> None:
+    """An ``IMAGE`` of more than 16384 pixels a side was answered 429 (no room to grow the
+    ring) when read from a registered region: the gateway grew its ring before it checked the
+    bound. Every documented bound is checked first: 400 naming it, from JSON, binary and
+    shared-memory inputs alike, over HTTP and gRPC, and no ring grows."""
+    before = workers(two.sup)
+    rings_before = gateway_ring_bytes(two)
+    key = f"duomo_hostile_side_{os.getpid()}"
+    with segment(key, math.prod(PAST_THE_SIDE[0])):  # (sparse: nothing is written)
+        registration = {"key": key, "byte_size": math.prod(PAST_THE_SIDE[0])}
+        assert region_call(two, "region/huge/register", registration)[0] == 200
+        for shape in PAST_THE_SIDE:
+            tensor = {"name": "IMAGE", "shape": shape, "datatype": "UINT8"}
+            as_json = json.dumps({"inputs": [{**tensor, "data": [0, 1, 2]}]}).encode()
+            binary = binary_request(
+                [{**tensor, "parameters": {"binary_data_size": 3}}], b"\x00\x01\x02"
+            )
+            in_region = {
+                **tensor,
+                "parameters": {
+                    "shared_memory_region": "huge",
+                    "shared_memory_byte_size": math.prod(shape),
+                },
+            }
+            from_region = json.dumps({"inputs": [in_region]}).encode()
+            outcomes = [
+                post(two, "/v2/models/classify/infer", as_json, {}),
+                post(two, "/v2/models/classify/infer", *binary),
+                post(two, "/v2/models/classify/infer", from_region, {}),
+            ]
+            for status, reply in outcomes:
+                assert status == 400 and BOUND in reply.get("error", ""), (shape, status, reply)
+            grpc_client = grpcclient.InferenceServerClient(two.grpc)
+            image = grpcclient.InferInput("IMAGE", shape, "UINT8")
+            image.set_shared_memory("huge", math.prod(shape))
+            with pytest.raises(InferenceServerException, match=re.escape(BOUND)) as refused:
+                grpc_client.infer("classify", [image])
+            assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"
+        # one past the bound in one dimension, and the bound itself is no error of this kind
+        status, reply = post(two, "/v2/models/classify/infer", json.dumps(
+            {"inputs": [{"name": "IMAGE", "shape": [16385, 1, 3], "datatype": "UINT8",
+                         "data": [0] * (16385 * 3)}]}).encode(), {})  # fmt: skip
+        assert status == 400 and BOUND in reply["error"], reply
+        region_call(two, "region/huge/unregister")
+    assert gateway_ring_bytes(two) == rings_before  # no ring grew for any of them
+    assert_unharmed(two, before)
+
+
+def gateway_ring_bytes(gw: Gateway) -> int:
+    """The bytes of the rings the gateway's workers have mapped (a ring grown is mapped
+    larger)."""
+    mapped = 0
+    for pid, _, _ in workers(gw.sup):
+        for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+            if "/memfd:duomo-ring" in line:
+                start, end = line.split(maxsplit=1)[0].split("-")
+                mapped += int(end, 16) - int(start, 16)
+    return mapped

@@ -22,7 +22,7 @@ import cv2
 import numpy as np
 import pytest
 
-from duomo import Client, ResourceExhaustedError
+from duomo import Client, InvalidArgumentError, ResourceExhaustedError
 from duomo.supervisor.config import LoadedConfig
 from duomo.worker.backends.base import SessionSettings
 from duomo.worker.backends.ort_backend import OrtBackend
@@ -340,6 +340,28 @@ def test_growth_past_the_clients_shm_bound_is_refused_with_numbers(
         assert mine["shm_bytes"] < 16 << 20 and len(mine["rings"]) == 1
         # a handle with fewer slots grows within the bound
         assert client.model("classify", slots=2).infer(big_coffee)["top"][0]["label"] == "espresso"
+    poll(lambda: alone(sup))
+
+
+def test_a_frame_past_the_side_bound_is_refused_before_the_ring_grows(
+    sup: SupervisorProcess,
+) -> None:
+    """Issue 42: a frame larger than 16384 pixels a side asked the supervisor for a larger
+    ring, and was refused RESOURCE_EXHAUSTED (retry) for a request that can never succeed; the
+    handle checks the model's bound first (INVALID_ARGUMENT naming it) and reserves nothing."""
+    with Client(sup.socket, timeout_s=60) as client:
+        classify = client.model("classify", slots=2)
+        ring_id = classify.ring_id
+        for shape in ((20000, 20000, 3), (100000, 100000, 3), (16385, 1, 3), (16385, 1)):
+            with classify.slot() as slot, pytest.raises(InvalidArgumentError) as refused:
+                slot.input("image", shape)
+            assert "at most [16384, 16384, 4]" in refused.value.message
+            with pytest.raises(InvalidArgumentError, match=r"at most \[16384, 16384, 4\]"):
+                classify.check_input("image", shape if len(shape) == 3 else (*shape, 1))
+        assert classify.ring_id == ring_id  # no ring was asked for
+        assert classify.infer(fixture_image("coffee.png"))["top"][0]["label"] == "espresso"
+        [mine] = [c for c in client.status()["clients"] if c["pid"] == os.getpid()]
+        assert mine["shm_bytes"] < 16 << 20 and len(mine["rings"]) == 1
     poll(lambda: alone(sup))
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from duomo.ipc.errors import InvalidArgumentError
-from duomo.ipc.ring import SlotRing
+from duomo.ipc.ring import RingLayout, SlotRing
 from duomo.supervisor.attachment import GROWTH_STEP, layout_for, ring_charge
 from duomo.worker.executors.base import IMAGE_SLOT, SlotInput, SlotSpec
 
@@ -83,3 +83,57 @@ def test_an_area_of_fixed_size_or_an_unknown_input_is_not_grown() -> None:
         layout_for(RAW, 2, {"x": 80})
     with pytest.raises(InvalidArgumentError, match="no input 'z'"):
         layout_for(RAW, 2, {"z": 8})
+
+
+def test_an_area_is_never_grown_past_the_bound_its_model_states() -> None:
+    """An image task's frame is at most 16384 pixels a side (RGBA): a ring is never grown past
+    that (issue 42: a [20000, 20000, 3] frame was answered "no room to grow", which says retry,
+    for a request that can never succeed)."""
+    most = 16384 * 16384 * 4
+    assert layout_for(IMAGE_SLOT, 1, {"image": most}).inputs[0].capacity >= most
+    for asked in (most + 1, 20000 * 20000 * 3, 100000 * 100000 * 3):
+        with pytest.raises(
+            InvalidArgumentError, match=r"past its bound: at most \[16384, 16384, 4\]"
+        ):
+            layout_for(IMAGE_SLOT, 1, {"image": asked})
+
+
+def test_the_bound_travels_with_the_layout_and_is_checked_by_shape() -> None:
+    layout = layout_for(IMAGE_SLOT, 2)
+    seen = RingLayout.from_dict(layout.to_dict())
+    assert seen == layout and seen.inputs[0].bound == (16384, 16384, 4)
+    area = seen.inputs[0]
+    for fine in ((16384, 16384, 4), (1, 1, 1), (16384, 1, 3)):
+        area.check(fine)
+    for past in ((16385, 1, 3), (1, 16385, 3), (2, 2, 5), (100000, 100000, 3), (4, 4)):
+        with pytest.raises(InvalidArgumentError, match=r"at most \[16384, 16384, 4\]"):
+            area.check(past)
+    unbounded = layout_for(RAW, 2)  # a raw model's input states no bound: growth limits it
+    assert RingLayout.from_dict(unbounded.to_dict()).inputs[0].bound is None
+    assert "bound" not in unbounded.to_dict()["inputs"][0]
+
+
+def test_a_free_slots_input_pages_are_given_back_for_both_sides() -> None:
+    """``discard_inputs`` frees the memfd's pages under a slot's input areas (the seals forbid
+    resizing, not that): both mappings read zeros, and the slot is written again as before; the
+    other slot and the headers keep what they hold."""
+    layout = layout_for(IMAGE_SLOT, 2)
+    made = SlotRing.create(layout)
+    seen = SlotRing.attach(made.share(), layout)
+    frame = (1080, 1920, 3)
+    for slot in (0, 1):
+        seen.input_view(slot, 0, np.dtype(np.uint8), frame)[...] = 7
+    seen.header(1)[:4] = b"DUO1"
+    written = made.input_view(0, 0, np.dtype(np.uint8), frame)
+    assert int(written[-1, -1, -1]) == 7
+    discarded = seen.discard_inputs(0)
+    assert discarded >= layout.inputs[0].capacity - 2 * 4096
+    # the supervisor's side reads zeros: the pages are gone (whole pages: the area's first
+    # bytes share a page with the header)
+    assert not written.reshape(-1)[4096:].any()
+    assert (seen.input_view(1, 0, np.dtype(np.uint8), frame) == 7).all()
+    assert bytes(made.header(1)[:4]) == b"DUO1"
+    seen.input_view(0, 0, np.dtype(np.uint8), frame)[...] = 9  # written again as before
+    assert int(written[0, 0, 0]) == 9
+    del written
+    assert made.close() and seen.close()

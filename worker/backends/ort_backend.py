@@ -40,6 +40,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
+from duomo.ipc.host_memory import resident_bytes, trim_heap
 from duomo.worker.backends.base import (
     Backend,
     BufferedSession,
@@ -48,7 +49,6 @@ from duomo.worker.backends.base import (
     TensorSpec,
 )
 from duomo.worker.config_model import StrictModel
-from duomo.worker.host_memory import resident_bytes, trim_heap
 
 _ORT_TYPES = {
     "tensor(float)": np.float32,

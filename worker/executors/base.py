@@ -13,6 +13,7 @@ those two methods; register it by name in ``worker.executors`` or point a config
 
 from __future__ import annotations
 
+import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
@@ -33,12 +34,27 @@ JSON_RESULT_BYTES = 1 << 20  # a dense OCR page is ~100 KB of JSON
 
 @dataclass(frozen=True)
 class SlotInput:
-    """One input as a producer writes it into a shared-memory slot."""
+    """One input as a producer writes it into a shared-memory slot; ``bound``, where the task
+    has one, is the largest shape it takes (checked by the producer's handle and the gateway
+    before a ring grows for it, and by the supervisor before it grows one)."""
 
     name: str
     dtype: np.dtype
     shape: tuple[int | None, ...]  # None: any size in that dimension
     capacity: int  # bytes
+    bound: tuple[int, ...] | None = None
+
+    @property
+    def most_bytes(self) -> int | None:
+        """The bytes of its largest tensor (None: no bound)."""
+        return None if self.bound is None else math.prod(self.bound) * self.dtype.itemsize
+
+
+def image_input() -> SlotInput:
+    """An image task's frame: uint8 H×W×C (C 1, 3 or 4), up to ``MAX_IMAGE_SIDE`` a side; its
+    default area holds a 4K RGBA frame, and a larger frame grows the ring."""
+    bound = (MAX_IMAGE_SIDE, MAX_IMAGE_SIDE, 4)
+    return SlotInput("image", np.dtype(np.uint8), (None, None, None), IMAGE_SLOT_BYTES, bound)
 
 
 @dataclass(frozen=True)
@@ -62,7 +78,7 @@ class WrittenInPlace:
 
 
 IMAGE_SLOT = SlotSpec(
-    inputs=(SlotInput("image", np.dtype(np.uint8), (None, None, None), IMAGE_SLOT_BYTES),),
+    inputs=(image_input(),),
     result="json",
     result_capacity=JSON_RESULT_BYTES,
 )

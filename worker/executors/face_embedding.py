@@ -29,12 +29,12 @@ from duomo.ipc.errors import InvalidArgumentError
 from duomo.worker.backends.base import ModelSession
 from duomo.worker.config_model import StrictModel
 from duomo.worker.executors.base import (
-    IMAGE_SLOT_BYTES,
     JSON_RESULT_BYTES,
     Executor,
     SlotInput,
     SlotSpec,
     StageTimer,
+    image_input,
 )
 from duomo.worker.executors.face_align import (
     ARCFACE,
@@ -49,7 +49,7 @@ from duomo.worker.executors.image_ops import as_image, normalize_into, resize, r
 # what a face task's request holds in its slot: the frame and one face's five points
 FACE_SLOT = SlotSpec(
     inputs=(
-        SlotInput("image", np.dtype(np.uint8), (None, None, None), IMAGE_SLOT_BYTES),
+        image_input(),
         SlotInput("landmarks", np.dtype(np.float32), (LANDMARKS, 2), LANDMARKS * 2 * 4),
     ),
     result="json",

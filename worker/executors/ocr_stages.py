@@ -43,12 +43,12 @@ import numpy as np
 from duomo.ipc.errors import InvalidArgumentError
 from duomo.worker.backends.base import ModelSession
 from duomo.worker.executors.base import (
-    IMAGE_SLOT_BYTES,
     JSON_RESULT_BYTES,
     Executor,
     SlotInput,
     SlotSpec,
     StageTimer,
+    image_input,
 )
 from duomo.worker.executors.image_ops import as_image, check_near_image, image_points
 from duomo.worker.executors.ocr import (
@@ -66,7 +66,7 @@ QUAD = (4, 2)
 # what an ``ocr_reading`` request holds in its slot: the frame and one line's four corners
 LINE_SLOT = SlotSpec(
     inputs=(
-        SlotInput("image", np.dtype(np.uint8), (None, None, None), IMAGE_SLOT_BYTES),
+        image_input(),
         SlotInput("quad", np.dtype(np.float32), QUAD, QUAD[0] * QUAD[1] * 4),
     ),
     result="json",

@@ -1,0 +1,46 @@
+"""The process's host memory as loads, unloads and a quiet gateway see it: its anonymous resident
+bytes, and the C heap's free pages handed back to the system.
+
+Used by the engine (a load's footprint), the model registry (the trim after unloads and
+evictions), ``supervisor.memory``'s heap tuning (``libc``), the ONNX Runtime backend, which
+measures the weights a session holds the same way, and a gateway worker's ``MemoryKeeper``
+(what a burst of large requests left behind). Anonymous memory is what loads and requests
+allocate and frees give back: library code first run by a load (ONNX Runtime's kernels,
+OpenCV) stays mapped for the process's life and is no model's. Linux only, as Duomo is (its rings
+are memfds): read from ``/proc/self/statm``, with no dependency a producer would not have.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import os
+
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+
+
+def resident_bytes() -> int:
+    """This process's anonymous resident memory: its RSS less its file-backed and shared pages
+    (mapped libraries, the clients' rings)."""
+    with open("/proc/self/statm", "rb") as statm:
+        _, resident, shared = statm.read().split()[:3]
+    return (int(resident) - int(shared)) * _PAGE_BYTES
+
+
+@functools.cache
+def libc() -> ctypes.CDLL | None:
+    """The C library (None where it cannot be loaded)."""
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+
+
+def trim_heap() -> None:
+    """Return freed C-heap memory to the system (glibc ``malloc_trim``: the free pages of every
+    arena, not only the heap's top; a no-op elsewhere)."""
+    trim = getattr(libc(), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
