@@ -42,7 +42,7 @@ from duomo.ipc.status_records import (
 
 if TYPE_CHECKING:
     from duomo.ipc.client import Client, ModelHandle, Slot
-    from duomo.ipc.stream import Filler, Stream, StreamAnswer
+    from duomo.ipc.stream import Filler, FrameTime, Stream, StreamAnswer
 
 __all__ = [  # the same names as duomo.ipc's (tests/unit/test_producer_api.py pins them)
     "Client",
@@ -52,6 +52,7 @@ __all__ = [  # the same names as duomo.ipc's (tests/unit/test_producer_api.py pi
     "DuomoError",
     "ErrorCode",
     "Filler",
+    "FrameTime",
     "InternalError",
     "InvalidArgumentError",
     "ModelChangedError",

@@ -44,10 +44,10 @@ from duomo.ipc.status_records import (
 
 if TYPE_CHECKING:
     from duomo.ipc.client import Client, ModelHandle, Slot
-    from duomo.ipc.stream import Filler, Stream, StreamAnswer
+    from duomo.ipc.stream import Filler, FrameTime, Stream, StreamAnswer
 
 _FROM_CLIENT = ("Client", "ModelHandle", "Slot")
-_FROM_STREAM = ("Filler", "Stream", "StreamAnswer")
+_FROM_STREAM = ("Filler", "FrameTime", "Stream", "StreamAnswer")
 LAZY_NAMES = _FROM_CLIENT + _FROM_STREAM  # loaded on first use (``duomo`` forwards them here)
 
 __all__ = [
@@ -58,6 +58,7 @@ __all__ = [
     "DuomoError",
     "ErrorCode",
     "Filler",
+    "FrameTime",
     "InternalError",
     "InvalidArgumentError",
     "ModelChangedError",

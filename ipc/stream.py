@@ -29,6 +29,7 @@ client's socket and never writes a frame).
 from __future__ import annotations
 
 import contextlib
+import datetime
 import functools
 import itertools
 import threading
@@ -69,6 +70,37 @@ class Filler:
     fill: Callable[[np.ndarray], object]
 
 
+CLOCKS = ("camera", "arrival", "caller")
+
+
+@dataclass(frozen=True, slots=True)
+class FrameTime:
+    """When a frame was captured, on the wall clock, and where that time came from.
+
+    Attributes:
+        at: The capture time, UNIX seconds (UTC).
+        clock: ``"camera"`` (the camera's own clock: an RTSP stream's RTCP sender reports),
+            ``"arrival"`` (when the decoder, or the producer, received the frame) or
+            ``"caller"`` (what a remote caller said: the gateway's ``captured_us``).
+        pts: The frame's presentation time in its stream, seconds (None: not known).
+    """
+
+    at: float
+    clock: str = "arrival"
+    pts: float | None = None
+
+    @classmethod
+    def of_monotonic(cls, captured: float, pts: float | None = None) -> FrameTime:
+        """The wall-clock time of ``captured`` (``time.monotonic`` seconds), as received."""
+        return cls(time.time() - (time.monotonic() - captured), "arrival", pts)
+
+    @property
+    def rfc3339(self) -> str:
+        """``at`` as RFC 3339 in UTC with milliseconds: ``2026-12-06T21:40:00.123Z``."""
+        moment = datetime.datetime.fromtimestamp(self.at, datetime.timezone.utc)
+        return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 @dataclass(frozen=True, slots=True)
 class StreamAnswer:
     """One model's answer to one frame of a stream.
@@ -84,6 +116,8 @@ class StreamAnswer:
             ``{output: array}`` for raw models).
         error: The error's message, for an error outcome.
         captured: The capture time, seconds on ``time.monotonic``.
+        when: The capture time on the wall clock, its clock and the frame's pts (None:
+            derived from ``captured`` as its arrival).
     """
 
     stream: str
@@ -94,6 +128,7 @@ class StreamAnswer:
     result: Any = None
     error: str | None = None
     captured: float = 0.0
+    when: FrameTime | None = None
 
     @property
     def ok(self) -> bool:
@@ -102,12 +137,18 @@ class StreamAnswer:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON line ``duomo stream`` writes (a contract): ``stream``, ``frame``,
-        ``model``, ``age_ms``, then ``result`` or ``outcome`` (and ``error`` for an error)."""
+        ``model``, ``age_ms``, ``captured_at`` (RFC 3339, UTC, ms), ``clock`` (``camera``,
+        ``arrival`` or ``caller``), ``pts`` (seconds, or null), then ``result`` or
+        ``outcome`` (and ``error`` for an error)."""
+        when = self.when or FrameTime.of_monotonic(self.captured)
         line: dict[str, Any] = {
             "stream": self.stream,
             "frame": self.frame,
             "model": self.model,
             "age_ms": round(self.age_ms, 3),
+            "captured_at": when.rfc3339,
+            "clock": when.clock,
+            "pts": None if when.pts is None else round(when.pts, 6),
         }
         if self.outcome == "OK":
             line["result"] = self.result
@@ -123,6 +164,7 @@ class _Frame:
     data: Any
     captured: float
     number: int
+    when: FrameTime
 
 
 class _Lane:
@@ -220,6 +262,7 @@ class Stream:
         data: np.ndarray | Mapping[str, np.ndarray] | Filler,
         captured: float | None = None,
         frame: int | None = None,
+        when: FrameTime | None = None,
     ) -> bool:
         """Hand one frame to every model of the stream; returns at once.
 
@@ -228,6 +271,8 @@ class Stream:
                 ``Filler``. Kept, not copied, while it waits for a slot: do not change it.
             captured: When it was captured, seconds on ``time.monotonic`` (default: now).
             frame: Its frame number (default: counted from 0).
+            when: Its capture time on the wall clock, with the clock it came from and its
+                pts, which the answers carry (default: ``captured`` as its arrival).
 
         Returns:
             False when ``max_fps`` or ``every`` dropped it (no answer will come for it).
@@ -242,7 +287,7 @@ class Stream:
         number = next(self._numbers) if frame is None else frame
         if self._dropped_at_source(captured):
             return False
-        item = _Frame(data, captured, number)
+        item = _Frame(data, captured, number, when or FrameTime.of_monotonic(captured))
         for model, lane in self._lanes.items():
             with self._arrived:
                 if self.policy == "latest" and lane.waiting:
@@ -367,6 +412,7 @@ class Stream:
             result,
             error,
             item.captured,
+            item.when,
         )
         with self._lock:
             lane.free.append(slot)
@@ -492,4 +538,6 @@ def _local(
 ) -> StreamAnswer:
     """An answer given at the source, without the supervisor (superseded, or refused)."""
     age_ms = (time.monotonic() - item.captured) * 1e3
-    return StreamAnswer(stream, item.number, model, age_ms, outcome, None, error, item.captured)
+    return StreamAnswer(
+        stream, item.number, model, age_ms, outcome, None, error, item.captured, item.when
+    )

@@ -29,7 +29,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "producer-api.md"
-CLASSES = ("Client", "ModelHandle", "Slot", "Stream", "StreamAnswer", "Filler")
+CLASSES = ("Client", "ModelHandle", "Slot", "Stream", "StreamAnswer", "FrameTime", "Filler")
 CODE_SECTIONS = ("Example", "Examples")
 LIST_SECTIONS = ("Args", "Arguments", "Attributes", "Raises", "Returns", "Yields")
 TEXT_SECTIONS = ("Note", "Notes", "Warning", "Blocks")

@@ -33,7 +33,7 @@ from tests.integration.harness import (
 )
 from tests.integration.video_fixtures import make_test_video
 
-CONTRACT_KEYS = {"stream", "frame", "model", "age_ms"}
+CONTRACT_KEYS = {"stream", "frame", "model", "age_ms", "captured_at", "clock", "pts"}
 SECOND_ATTEMPT = re.compile(r"supervisor lost; reconnecting\s+attempt=2 ")
 
 

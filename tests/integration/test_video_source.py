@@ -7,6 +7,7 @@ The file's frames are known: the face box of frame n is ``face_box(n)`` and the 
 
 from __future__ import annotations
 
+import datetime
 import json
 import signal
 import subprocess
@@ -30,7 +31,7 @@ from tests.integration.harness import (
 )
 from tests.integration.video_fixtures import FPS, TEXT, face_box, make_test_video
 
-CONTRACT_KEYS = {"stream", "frame", "model", "age_ms"}
+CONTRACT_KEYS = {"stream", "frame", "model", "age_ms", "captured_at", "clock", "pts"}
 
 
 @pytest.fixture(scope="session")
@@ -61,6 +62,11 @@ def check_contract(lines: list[dict[str, Any]]) -> None:
         assert line.keys() >= CONTRACT_KEYS, line
         assert ("result" in line) != ("outcome" in line), line
         assert line["age_ms"] >= 0
+        captured_at = datetime.datetime.fromisoformat(line["captured_at"].replace("Z", "+00:00"))
+        assert line["captured_at"].endswith("Z") and len(line["captured_at"]) == 24, line
+        assert abs(captured_at.timestamp() - time.time()) < 3600, line
+        assert line["clock"] in ("camera", "arrival"), line
+        assert line["pts"] is None or line["pts"] >= 0, line
         if "outcome" in line:
             assert line["outcome"] == "SUPERSEDED" or "error" in line, line
 

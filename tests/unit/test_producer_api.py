@@ -19,6 +19,7 @@ PRODUCER_API = [
     "DuomoError",
     "ErrorCode",
     "Filler",
+    "FrameTime",
     "InternalError",
     "InvalidArgumentError",
     "ModelChangedError",
