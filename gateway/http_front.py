@@ -14,6 +14,8 @@ Routes (``{m}`` a model, ``{v}`` its version, optional wherever Triton makes it 
 ``POST /v2/repository/index``                   the models and their states
 ``POST /v2/repository/models/{m}/load|unload``  ``duomo load|unload``
 ``/v2/systemsharedmemory/…``                    register, status, unregister (``allow_shm``)
+``GET|POST /v1/sources``, ``GET|DELETE …/{n}``  the supervisor's managed sources
+                                                (``gateway.sources_api``)
 ==============================================  ================================================
 
 Called by uvicorn on the worker's event loop. Every error is ``{"error": message}`` with the
@@ -43,6 +45,7 @@ from duomo.gateway import protocol
 from duomo.gateway.inference import Answer, read_answer, write_inputs
 from duomo.gateway.link import SupervisorLink
 from duomo.gateway.regions import Regions
+from duomo.gateway.sources_api import MethodError, SourcesApi
 from duomo.ipc.errors import DuomoError, InvalidArgumentError, NotFoundError
 
 log = structlog.get_logger("duomo.gateway.http")
@@ -90,6 +93,7 @@ class HttpFront:
         self.link = link
         self.regions = regions
         self.options = options
+        self.sources = SourcesApi(link)
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # (lifespan is off; websockets are not served)
@@ -144,6 +148,8 @@ class HttpFront:
         self, method: str, path: str, headers: dict[bytes, bytes], body: bytes
     ) -> Reply:
         parts = [p for p in path.split("/") if p]
+        if parts[:2] == ["v1", "sources"]:
+            return await self._sources(method, parts[2:], body)
         if parts[:1] != ["v2"]:
             raise HttpError(404, f"no endpoint {path[:100]!r}")
         route = parts[1:]
@@ -256,6 +262,15 @@ class HttpFront:
                 protocol.model_statistics(v, statuses.get(v.name)) for v in views
             ]
         })  # fmt: skip
+
+    async def _sources(self, method: str, route: list[str], body: bytes) -> Reply:
+        try:
+            status, value = await self.sources.respond(method, route, _json_body(body))
+        except MethodError as err:
+            raise HttpError(405, str(err)) from None
+        except LookupError as err:
+            raise HttpError(404, f"no endpoint: {err}") from None
+        return Reply(status, orjson.dumps(value))
 
     async def _repository(self, method: str, route: list[str], body: bytes) -> Reply:
         _only(method, "POST")

@@ -4,8 +4,10 @@ Used by the supervisor (creates them) and by clients and the CLI (find and read 
 
 Default socket: ``$DUOMO_SOCKET``, else ``$XDG_RUNTIME_DIR/duomo/duomo.sock``, else
 ``/tmp/duomo-<uid>/duomo.sock``. Beside the socket: ``<socket>.key`` (the client key, mode 0600),
-``<socket>.pid`` and ``<socket>.log``. The directory is created with mode 0700 and must be owned
-by the current user, so no other user can place or read anything there.
+``<socket>.pid``, ``<socket>.log``, and each source worker's tail socket
+(``<socket>.source-worker-<index>.sock``: ``source_tail_path``). The directory is created with
+mode 0700 and must be owned by the current user, so no other user can place or read anything
+there.
 """
 
 from __future__ import annotations
@@ -33,6 +35,11 @@ def key_path(socket_path: Path) -> Path:
 
 def pid_path(socket_path: Path) -> Path:
     return socket_path.with_name(socket_path.name + ".pid")
+
+
+def source_tail_path(socket_path: Path, index: int) -> Path:
+    """Where source worker ``index`` of the supervisor at ``socket_path`` serves its tails."""
+    return socket_path.with_name(f"{socket_path.name}.source-worker-{index}.sock")
 
 
 def log_path(socket_path: Path) -> Path:

@@ -29,6 +29,7 @@ from duomo.ipc.logs import LEVELS, configure_logging
 from duomo.ipc.runtime_dir import default_socket_path
 from duomo.ipc.status_records import ModelStatus, SupervisorStatus
 from duomo.supervisor.config import ConfigError, LoadedConfig, ResolvedModel, load_config
+from duomo.supervisor.source_commands import add_parser as add_source_parser
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 DEFAULT_CONFIG = Path("configs/default.yaml")
@@ -607,9 +608,7 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     fed = stream.add_mutually_exclusive_group()
     fed.add_argument("--model", action="append", metavar="M", help="a model to feed (repeat)")
-    fed.add_argument(
-        "--pipeline", metavar="P", help="a pipeline to feed (pipelines arrive with issue 35)"
-    )
+    fed.add_argument("--pipeline", metavar="P", help="a pipeline to feed (faces, say)")
     stream.add_argument("--policy", choices=("latest", "fifo"), default="latest")
     stream.add_argument(
         "--max-fps", type=float, default=None, metavar="F", help="drop frames above this rate"
@@ -634,12 +633,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds without a frame before the supervisor shows the stream stalled",
     )  # fmt: skip
     stream.add_argument(
+        "--failed-after", type=_seconds, default=30.0, metavar="S",
+        help="a camera failing this long (or 3 times with 401/403/404 or an unknown host) is "
+        "failed; every source failed: exit 3",
+    )  # fmt: skip
+    stream.add_argument(
         "--wait-s", type=_seconds_or_zero, default=0.0, metavar="S",
         help="wait up to S seconds for the supervisor's socket at the start (0: do not wait; "
         "a supervisor lost later is always waited for and attached again)",
     )  # fmt: skip
     _socket_arg(stream)
     stream.set_defaults(func=cmd_stream)
+
+    add_source_parser(sub, _socket_arg)
 
     # ``duomo bench`` has its own parser, loaded only when it runs (``main``): the benchmark
     # lives with the tools of a source checkout, which are not installed

@@ -28,6 +28,8 @@ from duomo.supervisor.gateways import GatewayConfig
 from duomo.supervisor.limits import LimitsConfig
 from duomo.supervisor.metrics_http import MetricsConfig
 from duomo.supervisor.pipeline_config import PipelineConfig, pipeline_problems
+from duomo.supervisor.sources.definition import SourceDefinition
+from duomo.supervisor.sources.workers import SourceWorkersConfig
 from duomo.worker.backends.acl_backend import AclOptions
 from duomo.worker.backends.ort_backend import OrtOptions
 from duomo.worker.config_model import NAME_PATTERN, StrictModel
@@ -167,6 +169,9 @@ class DuomoConfig(StrictModel):
     models: list[ModelConfig] = Field(min_length=1)
     # named graphs of steps over the models, each served like a model (supervisor.pipelines)
     pipelines: list[PipelineConfig] = Field(default_factory=list)
+    # cameras the supervisor decodes itself, in its source workers (supervisor.sources)
+    sources: list[SourceDefinition] = Field(default_factory=list)
+    source_workers: SourceWorkersConfig = Field(default_factory=SourceWorkersConfig)
 
     def device(self, device_id: int) -> DeviceConfig:
         """The device with ``device_id``, or a default cpu device of that id when none is
@@ -246,7 +251,7 @@ def _labelled(loc: list[int | str], raw: object) -> list[int | str]:
     for i, part in enumerate(loc):
         if isinstance(part, int) and i and isinstance(loc[i - 1], str) and out:
             labels = _raw_labels(node)
-            if loc[i - 1] in ("models", "pipelines", "steps") and part < len(labels):
+            if loc[i - 1] in ("models", "pipelines", "steps", "sources") and part < len(labels):
                 out[-1] = f"{out[-1]}[{labels[part]}]"
                 node = node[part] if isinstance(node, list) else None
                 continue
@@ -310,11 +315,36 @@ def load_config(path: str | Path, unbuilt_om_ok: bool = False) -> LoadedConfig:
         gateway = config.gateway.resolved(path.parent)
         config = config.model_copy(update={"gateway": gateway})
         problems.extend((f"gateway.{name}", why) for name, why in gateway.missing_files())
+    problems.extend(
+        source_problems(config.sources, {*declared, *(p.name for p in config.pipelines)})
+    )
+    config = config.model_copy(
+        update={
+            "sources": [d.resolved(path.parent) for d in config.sources],
+            "source_workers": config.source_workers.resolved(path.parent),
+        }
+    )
     unbuilt = [p for p in problems if p[1].startswith(UNBUILT_OM)] if unbuilt_om_ok else []
     problems = [p for p in problems if p not in unbuilt]
     if problems:
         raise ConfigError(path, problems)
     return LoadedConfig(path=path, config=config, models=models, warnings=tuple(unbuilt))
+
+
+def source_problems(sources: Sequence[SourceDefinition], served: set[str]) -> list[tuple[str, str]]:
+    """(field, reason) for each source that repeats a name or feeds what is not served."""
+    problems: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for label, source in zip(_model_labels([s.name for s in sources]), sources):
+        where = f"sources[{label}]"
+        if source.name in seen:
+            problems.append((f"{where}.name", f"duplicate source name {source.name!r}"))
+        seen.add(source.name)
+        key = "models" if source.models is not None else "pipeline"
+        for name in source.feeds:
+            if name not in served:
+                problems.append((f"{where}.{key}", f"no model or pipeline named {name!r}"))
+    return problems
 
 
 def _resolve_models(

@@ -39,11 +39,21 @@ unload     ``model`` str                                ``unload``: ``model``,
                                                         ``answered_unavailable`` int (later)
 stream_    ``name`` str (1..64 printable); ``models``   ``stream`` int: its id, for the slot
 open       [str] (1..16); ``policy`` latest|fifo        headers' stream block
-           (latest); ``weight`` [0.001, 1000] (1); ``fps``
-           (0, 1000] (none); ``stall_after_s`` (5)
+           (latest); ``weight`` [0.001, 1000] (1);
+           ``fps`` (0, 1000] (none); ``stall_after_s``
+           (5)
 stream_    ``stream`` int                               — (the stream is ``ended``)
 close
 ping       —                                            —
+source_    ``worker`` int ≥ 0, ``pid`` int; ``sources``  ``assigned``: the definitions of the
+report     [``SourceReport``] (≤ 4096): a source        sources it should decode now
+           worker's word on its sources
+sources    —                                            ``sources``: [``SourceStatus``]
+source     ``name`` str                                 ``source``: its ``SourceStatus``
+source_    ``source`` {a ``sources:`` entry's fields}   ``source``: its ``SourceStatus`` (kept in
+add                                                     the source database before the reply)
+source_    ``name`` str                                 — (a config source: INVALID_ARGUMENT)
+remove
 =========  ===========================================  ========================================
 
 A model that is not served is NOT_FOUND, and so is a ring (or stream) this client has not
@@ -67,7 +77,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from pydantic import ValidationError
+
 from duomo.ipc.errors import DuomoError, InternalError, InvalidArgumentError, echoed
+from duomo.ipc.record_reading import StatusRecordError
+from duomo.ipc.source_records import SourceReport
+from duomo.supervisor.sources.definition import SourceDefinition
 from duomo.supervisor.streams import DEFAULT_STALL_AFTER_S, StreamSettings
 from duomo.worker.batcher import MAX_WEIGHT, MIN_WEIGHT
 
@@ -128,6 +143,23 @@ class Fields:
             return float(value)
         bounds = f"[{least:g}, {high:g}]" if least is not None else f"({low:g}, {high:g}]"
         raise self._wrong(name, f"a number in {bounds}")
+
+    def object(self, name: str) -> dict[str, Any]:
+        value = self._message.get(name)
+        if isinstance(value, dict):
+            return value
+        raise self._wrong(name, "an object")
+
+    def objects(self, name: str, most: int) -> list[dict[str, Any]]:
+        """A list of at most ``most`` objects."""
+        value = self._message.get(name)
+        if (
+            isinstance(value, list)
+            and len(value) <= most
+            and all(isinstance(v, dict) for v in value)
+        ):
+            return value
+        raise self._wrong(name, f"a list of at most {most} objects")
 
     def names(self, name: str, most: int) -> tuple[str, ...]:
         """A non-empty list of at most ``most`` distinct strings."""
@@ -329,6 +361,85 @@ class Ping(ControlMessage):
     op = "ping"
 
 
+# -- the managed sources (supervisor.sources.fleet) ---------------------------------------------
+
+MAX_REPORTED = 4096  # sources one worker may report on
+
+
+@dataclass(frozen=True)
+class SourceReports(ControlMessage):
+    """``source_report``: source worker ``worker`` (pid ``pid``) says what its sources do; the
+    reply assigns it the sources to decode now."""
+
+    op = "source_report"
+    worker: int
+    pid: int
+    sources: tuple[SourceReport, ...]
+
+    @classmethod
+    def parse(cls, fields: Fields) -> SourceReports:
+        reports = fields.objects("sources", most=MAX_REPORTED)
+        try:
+            read = tuple(SourceReport.from_dict(r) for r in reports)
+        except StatusRecordError as err:
+            raise InvalidArgumentError(
+                f"malformed 'source_report' message: {err.message}"
+            ) from None
+        return cls(fields.integer("worker", low=0), fields.integer("pid", low=1), read)
+
+
+@dataclass(frozen=True)
+class Sources(ControlMessage):
+    """``sources``: every managed source (``SourceStatus``)."""
+
+    op = "sources"
+
+
+@dataclass(frozen=True)
+class SourceShow(ControlMessage):
+    """``source``: the managed source ``name``."""
+
+    op = "source"
+    name: str
+
+    @classmethod
+    def parse(cls, fields: Fields) -> SourceShow:
+        return cls(fields.text("name"))
+
+
+@dataclass(frozen=True)
+class SourceAdd(ControlMessage):
+    """``source_add``: a source added at run time, its fields those of a ``sources:`` entry."""
+
+    op = "source_add"
+    definition: SourceDefinition
+
+    @classmethod
+    def parse(cls, fields: Fields) -> SourceAdd:
+        given = fields.object("source")
+        try:
+            return cls(SourceDefinition.model_validate(given))
+        except ValidationError as err:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'source'}: "
+                f"{e['msg'].removeprefix('Value error, ')}"
+                for e in err.errors(include_url=False)
+            )
+            raise InvalidArgumentError(f"not a source: {problems}") from None
+
+
+@dataclass(frozen=True)
+class SourceRemove(ControlMessage):
+    """``source_remove``: forget the run-time source ``name``."""
+
+    op = "source_remove"
+    name: str
+
+    @classmethod
+    def parse(cls, fields: Fields) -> SourceRemove:
+        return cls(fields.text("name"))
+
+
 MESSAGES: dict[str, type[ControlMessage]] = {
     m.op: m
     for m in (
@@ -343,6 +454,11 @@ MESSAGES: dict[str, type[ControlMessage]] = {
         StreamOpen,
         StreamClose,
         Ping,
+        SourceReports,
+        Sources,
+        SourceShow,
+        SourceAdd,
+        SourceRemove,
     )
 }
 

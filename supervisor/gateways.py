@@ -7,23 +7,15 @@ the models are READY and stops them first on ``duomo stop``) and by ``duomo gate
 same workers in the foreground). The gateway itself (``gateway/``) imports only ``ipc``; this
 module only builds its command line.
 
-Restarts: a worker that exits is started again after ``RESTART_BACKOFF_S`` (doubling, at most
-``RESTART_BACKOFF_MAX_S``); more than ``max_restarts`` restarts of one worker within
-``RESTART_WINDOW_S`` and it stays down (``status`` shows it, the log says why).
+Restarts: as ``supervisor.child_processes`` runs every worker process of the supervisor's (a
+worker that exits is started again with backoff; more than ``max_restarts`` restarts of one
+within ``RESTART_WINDOW_S`` and it stays down; ``status`` shows it, the log says why).
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import socket
-import subprocess
 import sys
-import threading
-import time
-from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,16 +24,10 @@ from pydantic import Field, field_validator, model_validator
 
 from duomo.ipc.endpoints import is_loopback, parse_endpoint
 from duomo.ipc.logs import log_args
-from duomo.ipc.readiness import read_ready_line
+from duomo.supervisor.child_processes import ChildProcesses, stop_orphans
 from duomo.worker.config_model import StrictModel
 
 log = structlog.get_logger("duomo.gateways")
-START_TIMEOUT_S = 60.0
-STOP_GRACE_S = 10.0
-WATCH_PERIOD_S = 0.2
-RESTART_BACKOFF_S = 0.5
-RESTART_BACKOFF_MAX_S = 10.0
-RESTART_WINDOW_S = 300.0
 
 
 class GatewayConfig(StrictModel):
@@ -101,33 +87,6 @@ class GatewayConfig(StrictModel):
         ]
 
 
-def stop_orphans(socket_path: Path) -> None:
-    """Stop gateway workers left serving ``socket_path`` by a supervisor that was killed (they
-    outlive it, answering 503 until one is back; its successor starts its own)."""
-    import psutil
-
-    target = str(socket_path)
-    orphans = []
-    for process in psutil.process_iter(["cmdline", "uids"]):
-        command = process.info["cmdline"] or []
-        if (
-            command[1:3] == ["-m", "duomo.gateway"]
-            and target in command
-            and command[command.index(target) - 1] == "--socket"
-            and process.info["uids"] is not None
-            and process.info["uids"].real == os.getuid()
-        ):
-            orphans.append(process)
-    for process in orphans:
-        log.warning("stopping a gateway worker left by an earlier supervisor", pid=process.pid)
-        with contextlib.suppress(psutil.Error):
-            process.terminate()
-    _, alive = psutil.wait_procs(orphans, timeout=STOP_GRACE_S)
-    for process in alive:
-        with contextlib.suppress(psutil.Error):
-            process.kill()
-
-
 def _refuse_if_taken(bound: str) -> None:
     host, port = parse_endpoint(bound)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -165,160 +124,42 @@ def gateway_command(config: GatewayConfig, socket_path: Path) -> list[str]:
     return command
 
 
-@dataclass
-class GatewayWorker:
-    """One worker process and its restart history."""
-
-    index: int
-    process: subprocess.Popen[bytes] | None = None
-    restarts: deque[float] = field(default_factory=deque)  # when it was started again
-    next_start_s: float | None = None  # a restart is due then
-    gave_up: bool = False
-    last_exit: int | None = None
-
-
 class GatewayProcesses:
-    """The gateway's worker processes: started and awaited until each is READY, one that dies
-    restarted (bounded), all stopped by ``stop``."""
+    """The gateway's worker processes (``ChildProcesses``): started once its ports are known to
+    be free, one that dies restarted (bounded), all stopped by ``stop``."""
 
     def __init__(self, config: GatewayConfig, socket_path: Path) -> None:
         self.config = config
         self.socket_path = socket_path
-        self.workers = [GatewayWorker(i) for i in range(config.workers)]
-        self._stopping = threading.Event()
-        self._watcher: threading.Thread | None = None
+        self.children = ChildProcesses(
+            "gateway worker",
+            lambda index: gateway_command(config, socket_path),
+            config.workers,
+            config.max_restarts,
+            thread="duomo-gateways",
+        )
 
     def start(self) -> None:
         """Start every worker and wait for each to report READY; RuntimeError (every worker
         stopped) with the first one's reason when one cannot start, or when a port is taken
         (the workers share theirs with SO_REUSEPORT, which would let them share another
         server's of the same user unnoticed)."""
-        stop_orphans(self.socket_path)
+        stop_orphans("duomo.gateway", self.socket_path)
         for bound in (self.config.http, self.config.grpc):
             if bound is not None:
                 _refuse_if_taken(bound)
-        try:
-            for worker in self.workers:
-                self._start(worker)
-        except RuntimeError:
-            self.stop()
-            raise
-        self._watcher = threading.Thread(target=self._watch, name="duomo-gateways", daemon=True)
-        self._watcher.start()
+        self.children.start()
         log.info(
-            "gateway started", workers=len(self.workers), http=self.config.http,
-            grpc=self.config.grpc, pids=[w.process.pid for w in self.workers if w.process],
+            "gateway started", workers=self.config.workers, http=self.config.http,
+            grpc=self.config.grpc, pids=[w.pid for w in self.children.workers],
         )  # fmt: skip
 
-    def _start(self, worker: GatewayWorker) -> int:
-        """Start ``worker`` and wait for its READY; its pid."""
-        read_fd, write_fd = os.pipe()
-        command = [*gateway_command(self.config, self.socket_path), "--ready-fd", str(write_fd)]
-        try:
-            process = worker.process = subprocess.Popen(
-                command, pass_fds=(write_fd,), stdin=subprocess.DEVNULL, start_new_session=True
-            )
-        finally:
-            os.close(write_fd)
-        try:
-            line = read_ready_line(read_fd, START_TIMEOUT_S)
-        finally:
-            os.close(read_fd)
-        if line == "READY":
-            return process.pid
-        self._kill(worker)
-        raise RuntimeError(f"gateway worker {worker.index} did not start: {line or 'no answer'}")
-
-    def _watch(self) -> None:
-        """The watcher thread: the one writer of the workers' state once ``start`` returned
-        (``status`` reads it as it is; ``stop`` waits for this thread before it touches it)."""
-        while not self._stopping.wait(WATCH_PERIOD_S):
-            now = time.monotonic()
-            for worker in self.workers:
-                if self._stopping.is_set():
-                    return
-                self._tend(worker, now)
-
-    def _tend(self, worker: GatewayWorker, now: float) -> None:
-        """Note a worker that exited; start it again when due."""
-        process = worker.process
-        if process is not None and process.poll() is not None:
-            worker.last_exit = process.returncode
-            worker.process = None
-            while worker.restarts and now - worker.restarts[0] > RESTART_WINDOW_S:
-                worker.restarts.popleft()
-            if len(worker.restarts) >= self.config.max_restarts:
-                worker.gave_up = True
-                log.error(
-                    "gateway worker keeps exiting; not restarted", worker=worker.index,
-                    exit_code=process.returncode, restarts=len(worker.restarts),
-                    window_s=RESTART_WINDOW_S,
-                )  # fmt: skip
-                return
-            delay = min(RESTART_BACKOFF_S * 2 ** len(worker.restarts), RESTART_BACKOFF_MAX_S)
-            worker.next_start_s = now + delay
-            log.warning(
-                "gateway worker exited; restarting", worker=worker.index,
-                exit_code=process.returncode, in_s=delay,
-            )  # fmt: skip
-        if (
-            worker.process is None
-            and worker.next_start_s is not None
-            and now >= worker.next_start_s
-        ):
-            worker.next_start_s = None
-            worker.restarts.append(now)
-            try:
-                pid = self._start(worker)
-            except (RuntimeError, OSError) as err:
-                log.error("gateway worker restart failed", worker=worker.index, error=str(err))
-                worker.next_start_s = now + RESTART_BACKOFF_MAX_S
-            else:
-                log.info("gateway worker restarted", worker=worker.index, pid=pid)
-
     def stop(self) -> None:
-        """SIGTERM every worker (each finishes what it serves), SIGKILL any still there after
-        ``STOP_GRACE_S``; a restart in progress finishes first."""
-        self._stopping.set()
-        if self._watcher is not None and self._watcher is not threading.current_thread():
-            self._watcher.join(START_TIMEOUT_S + 5)
-        for worker in self.workers:
-            if worker.process is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    worker.process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_S
-        for worker in self.workers:
-            if worker.process is not None:
-                try:
-                    worker.process.wait(max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    self._kill(worker)
-                worker.process = None
-
-    @staticmethod
-    def _kill(worker: GatewayWorker) -> None:
-        if worker.process is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            worker.process.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            worker.process.wait(10)
-        worker.process = None
+        """Every worker stopped (each finishes what it serves first)."""
+        self.children.stop()
 
     def status(self) -> list[dict[str, Any]]:
-        shown = []
-        for w in self.workers:
-            process = w.process  # (read once: the watcher may replace it meanwhile)
-            shown.append(
-                {
-                    "worker": w.index,
-                    "pid": process.pid if process is not None else None,
-                    "running": process is not None and process.poll() is None,
-                    "restarts": len(w.restarts),
-                    "gave_up": w.gave_up,
-                    "last_exit": w.last_exit,
-                    "http": self.config.http,
-                    "grpc": self.config.grpc,
-                }
-            )
-        return shown
+        return [
+            {**shown, "http": self.config.http, "grpc": self.config.grpc}
+            for shown in self.children.status()
+        ]

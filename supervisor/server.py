@@ -71,6 +71,11 @@ from duomo.supervisor.control_messages import (
     Ping,
     Reload,
     Reply,
+    SourceAdd,
+    SourceRemove,
+    SourceReports,
+    Sources,
+    SourceShow,
     Status,
     Stop,
     StreamClose,
@@ -87,6 +92,8 @@ from duomo.supervisor.metrics import DuomoCollector, ProcessView
 from duomo.supervisor.metrics_http import LIVE_TIMEOUT_S, MetricsServer
 from duomo.supervisor.pipelines import ServedPipeline
 from duomo.supervisor.reactor import Reactor
+from duomo.supervisor.sources.definition import SourceDefinition
+from duomo.supervisor.sources.fleet import SourceFleet
 from duomo.supervisor.streams import StreamRegistry
 from duomo.supervisor.watchdog import Watchdog
 from duomo.worker.model_spec import SERVING, ModelState
@@ -148,7 +155,16 @@ class Supervisor:
             StreamOpen.op: self._on_stream_open,
             StreamClose.op: self._on_stream_close,
             Ping.op: self._on_ping,
+            SourceReports.op: self._on_source_report,
+            Sources.op: self._on_sources,
+            SourceShow.op: self._on_source,
+            SourceAdd.op: self._on_source_add,
+            SourceRemove.op: self._on_source_remove,
         }
+        self.sources = SourceFleet(
+            loaded.config.source_workers, loaded.config.sources, socket_path,
+            self._check_feeds, lambda: self.engine.placements.total_budget,
+        )  # fmt: skip
 
     def start(self) -> None:
         path = self.socket_path
@@ -195,6 +211,7 @@ class Supervisor:
         if gateway is not None:  # once every model to preload is READY and the socket listens
             self.gateways = GatewayProcesses(gateway, path)
             self.gateways.start()
+        self.sources.start()  # (its workers connect: the socket listens)
         log.info("supervisor ready", socket=str(path), models=list(self.engine.models))
 
     def serve_forever(self) -> None:
@@ -232,6 +249,9 @@ class Supervisor:
             new = load_config(self.loaded.path)
         except ConfigError as err:
             raise InvalidArgumentError(f"config not reloaded:\n{err.render()}") from None
+        clashes = self.sources.reload_problems(new.config.sources) if model is None else []
+        if clashes:
+            raise InvalidArgumentError("config not reloaded:\n" + "\n".join(clashes))
         try:
             summary = self.engine.reload(new, only=model)
         except (RuntimeError, ValueError) as err:
@@ -240,8 +260,11 @@ class Supervisor:
             ) from None
         self.loaded = self.engine.loaded
         self._apply_limits(resolve_limits(self.loaded.config.limits))
-        log.info("config reloaded", **summary)
-        return dict(summary)
+        reply: dict[str, Any] = dict(summary)
+        if model is None:
+            reply["sources"] = self.sources.reload(self.loaded.config.sources)
+        log.info("config reloaded", **reply)
+        return reply
 
     def shutdown(self) -> int:
         """Stop accepting, finish queued work within the grace period, release the models,
@@ -249,6 +272,7 @@ class Supervisor:
         gateway's workers stop first (they finish the requests they have sent); the metrics
         port answers (not ready) until the end."""
         self._stopping = True
+        self.sources.stop()  # (their streams close first: nothing more comes from the cameras)
         if self.gateways is not None:
             self.gateways.stop()
         if self.reactor is not None:
@@ -487,6 +511,28 @@ class Supervisor:
 
     def _on_ping(self, caller: Caller, request: Ping) -> Reply:
         return {"ok": True}
+
+    def _on_source_report(self, caller: Caller, request: SourceReports) -> Reply:
+        return {"ok": True, "assigned": self.sources.report(request.worker, request.sources)}
+
+    def _on_sources(self, caller: Caller, request: Sources) -> Reply:
+        return {"ok": True, "sources": [s.to_dict() for s in self.sources.status()]}
+
+    def _on_source(self, caller: Caller, request: SourceShow) -> Reply:
+        return {"ok": True, "source": self.sources.status_of(request.name).to_dict()}
+
+    def _on_source_add(self, caller: Caller, request: SourceAdd) -> Reply:
+        definition = request.definition.resolved(self.loaded.path.parent)
+        return {"ok": True, "source": self.sources.add(definition).to_dict()}
+
+    def _on_source_remove(self, caller: Caller, request: SourceRemove) -> Reply:
+        self.sources.remove(request.name)
+        return {"ok": True}
+
+    def _check_feeds(self, definition: SourceDefinition) -> None:
+        """NOT_FOUND when a source's models (or pipeline) are not served."""
+        for name in definition.feeds:
+            self.engine.servable(name)
 
     def _model_info(self, name: str) -> ModelInfo:
         """One model (or pipeline) of the ``models`` reply; its slot layout once known."""

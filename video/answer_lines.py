@@ -1,10 +1,11 @@
 """The answers of ``duomo stream`` as JSON lines: one line per answer, a contract for scripts.
 
-Each line is ``StreamAnswer.to_json()``: ``stream``, ``frame``, ``model``, ``age_ms`` and
-either ``result`` (the model's result, as ``duomo infer --json`` prints it) or ``outcome``
-(``"SUPERSEDED"``, or an error's name with ``error``). Written to a file (``--out FILE.jsonl``)
-or standard output (``-``), flushed line by line so a reader can follow it live. Several
-answer threads write through one ``AnswerLines``; a lock keeps their lines whole.
+Each line is ``StreamAnswer.to_json()`` (``answer_line``): ``stream``, ``frame``, ``model``,
+``age_ms``, ``captured_at``, ``clock``, ``pts`` and either ``result`` (the model's result, as
+``duomo infer --json`` prints it) or ``outcome`` (``"SUPERSEDED"``, or an error's name with
+``error``). Written to a file (``--out FILE.jsonl``) or standard output (``-``), flushed line by
+line so a reader can follow it live. Several answer threads write through one ``AnswerLines``;
+a lock keeps their lines whole. ``duomo source tail`` writes the same lines.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class AnswerLines:
 
     def write(self, answer: StreamAnswer) -> None:
         """One line for ``answer``; a closed sink (a reader that went away) drops it."""
-        line = json.dumps(answer.to_json(), ensure_ascii=False, default=_json_default)
+        line = answer_line(answer)
         with self._lock:
             if self._file is None:
                 return
@@ -55,6 +56,12 @@ class AnswerLines:
             if self._file is not None and self._file is not sys.stdout:
                 self._file.close()
             self._file = None
+
+
+def answer_line(answer: StreamAnswer) -> str:
+    """``answer`` as its JSON line (without the newline): the contract of ``duomo stream --out``
+    and ``duomo source tail``."""
+    return json.dumps(answer.to_json(), ensure_ascii=False, default=_json_default)
 
 
 def _json_default(value: object) -> object:

@@ -14,8 +14,10 @@ still owed are awaited for up to ``DRAIN_S`` (not after a signal), and every str
 
 Exit codes (those of ``supervisor.cli``): 0 when the files ended, the duration passed or a
 signal came, 1 when no supervisor answered at the start (within ``--wait-s``) or a file failed
-while playing, 2 for a bad source, an unknown model or bad arguments — each with a one-line
-message on stderr.
+while playing, 2 for a bad source, an unknown model or bad arguments, 3 when every source has
+``failed`` (``video.health``: a permanent error such as 401/403/404 or a host name that does not
+resolve, or a failure lasting ``--failed-after`` seconds: a typo is not waited on forever) — each
+with a one-line message on stderr.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from duomo.video.supervisor_link import SupervisorLink
 if TYPE_CHECKING:
     from duomo.video.preview import PreviewServer
 
-EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_SOURCES_FAILED = 0, 1, 2, 3
 DRAIN_S = 30.0  # the answers still owed when the run ends, awaited for at most this long
 FIGURES_EVERY_S = 1.0  # the preview's figures refresh
 
@@ -138,6 +140,7 @@ def _start_sources(
             max_fps=entry.max_fps, every=args.every, stall_after_s=args.stall_after,
             loop=args.loop, as_fast_as_possible=args.as_fast_as_possible,
             on_frame=None if preview is None else preview.frame,
+            failed_after_s=args.failed_after,
         )  # fmt: skip
         source.start()
         stack.callback(source.close)
@@ -160,9 +163,13 @@ def _play(
         reader.start()
     deadline = None if args.duration is None else time.monotonic() + args.duration
     next_figures = 0.0
+    all_failed = False
     while not signalled.is_set() and not all(s.ended for s in sources):
         now = time.monotonic()
         if deadline is not None and now >= deadline:
+            break
+        all_failed = all(s.health.state == "failed" for s in sources)
+        if all_failed:
             break
         if preview is not None and now >= next_figures:
             _show_figures(preview, sources)
@@ -179,6 +186,11 @@ def _play(
         source.close(0.0 if signalled.is_set() else 5.0)  # the readers finish
     for reader in readers:
         reader.join(DRAIN_S)
+    if all_failed:
+        for source in sources:
+            why = source.health.last_error
+            print(f"duomo stream: {source.name}: failed: {why}", file=sys.stderr)
+        return EXIT_SOURCES_FAILED
     failed = [s for s in sources if s.error]
     for source in failed:
         print(f"duomo stream: {source.name}: {source.error}", file=sys.stderr)

@@ -6,11 +6,13 @@ lock, and read by anyone (``snapshot``). Rates count the last ``RATE_WINDOW_S`` 
 answer age percentiles the last ``AGE_SAMPLES`` answers. The supervisor keeps its own figures
 per stream (``duomo status``); these are the source's side, available without a round trip.
 
-States: ``opening``, ``playing``, ``reconnecting`` (the camera dropped: backoff), ``detached``
-(the supervisor went away: frames are decoded and dropped until the stream opens again) and
-``ended``. Counts: ``decoded`` = ``sent`` + ``dropped`` (by ``max_fps``/``every``) +
-``detached`` (no supervisor to send to); ``reconnects`` counts the camera's, ``reattached`` the
-stream's openings on a new supervisor connection.
+States: the camera's (``video.health``: ``connecting``, ``playing``, ``reconnecting``,
+``failed``, ``stopped``), and ``detached`` while the supervisor is away (frames are decoded and
+dropped until the stream opens again). ``last_error`` says why it is not playing (masked).
+Counts: ``decoded`` = ``sent`` + ``dropped`` (by ``max_fps``/``every``) + ``detached`` (no
+supervisor to send to) + ``corrupt`` (concealed by the decoder: not sent); ``decode_errors``
+counts the packets the decoder refused and the frames it concealed; ``reconnects`` counts the
+camera's, ``reattached`` the stream's openings on a new supervisor connection.
 """
 
 from __future__ import annotations
@@ -34,12 +36,13 @@ class SourceFigures:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.state = "opening"  # opening | playing | reconnecting | detached | ended
+        self.state = "connecting"  # video.health's states, or detached
+        self.last_error: str | None = None
         self.fps_nominal: float | None = None
         self.counts = dict.fromkeys(
             (
-                "decoded", "sent", "dropped", "detached", "answered", "superseded", "failed",
-                "reconnects", "reattached",
+                "decoded", "sent", "dropped", "detached", "corrupt", "decode_errors", "answered",
+                "superseded", "failed", "reconnects", "reattached",
             ),
             0,
         )  # fmt: skip
@@ -47,11 +50,21 @@ class SourceFigures:
         self._answered_at: deque[float] = deque()
         self._ages_ms: deque[float] = deque(maxlen=AGE_SAMPLES)
 
-    def set_state(self, state: str) -> None:
+    def set_state(self, state: str, last_error: str | None = None) -> None:
+        """The source is now in ``state`` (a failure counts as a reconnect, with why); playing
+        clears the last error."""
         with self._lock:
-            if state == "reconnecting":
+            if state in ("reconnecting", "failed"):
                 self.counts["reconnects"] += 1
+                self.last_error = last_error
+            elif state == "playing":
+                self.last_error = None
             self.state = state
+
+    def add_decode_errors(self, count: int) -> None:
+        """``count`` more packets refused or frames concealed by the decoder."""
+        with self._lock:
+            self.counts["decode_errors"] += count
 
     def reattached(self) -> None:
         """The stream opened again on a new connection to the supervisor: playing."""
@@ -59,14 +72,20 @@ class SourceFigures:
             self.counts["reattached"] += 1
             self.state = "playing"
 
-    def decoded(self, accepted: bool, attached: bool = True) -> None:
+    def decoded(self, accepted: bool, attached: bool = True, corrupt: bool = False) -> None:
         """A frame left the decoder; ``accepted``: sent (else dropped at the source: by
-        ``max_fps``/``every``, or, not ``attached``, for want of a supervisor)."""
+        ``max_fps``/``every``, or, not ``attached``, for want of a supervisor, or ``corrupt``:
+        concealed by the decoder)."""
         now = time.monotonic()
         with self._lock:
             self.counts["decoded"] += 1
-            kept = "sent" if accepted else "dropped"
-            self.counts[kept if attached else "detached"] += 1
+            if corrupt:
+                kept = "corrupt"
+            elif not attached:
+                kept = "detached"
+            else:
+                kept = "sent" if accepted else "dropped"
+            self.counts[kept] += 1
             _push(self._decoded_at, now)
 
     def answered(self, answer: StreamAnswer) -> None:
@@ -82,12 +101,14 @@ class SourceFigures:
                 self.counts["failed"] += 1
 
     def snapshot(self) -> dict[str, Any]:
-        """State, counts, ``input_fps``/``answered_fps`` and ``age_ms_p50``/``age_ms_p99``."""
+        """State, last error, counts, ``input_fps``/``answered_fps`` and
+        ``age_ms_p50``/``age_ms_p99``."""
         now = time.monotonic()
         with self._lock:
             ages = np.array(self._ages_ms) if self._ages_ms else None
             return {
                 "state": self.state,
+                "last_error": self.last_error,
                 "fps_nominal": self.fps_nominal,
                 **self.counts,
                 "input_fps": _rate(self._decoded_at, now),

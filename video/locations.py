@@ -12,14 +12,13 @@ nothing heavier than the standard library.
 from __future__ import annotations
 
 import enum
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-NETWORK_SCHEMES = ("rtsp", "rtsps", "rtmp", "rtmps", "http", "https", "srt", "udp", "tcp")
-DEVICE_PATTERN = re.compile(r"^/dev/video\d+$")
+from duomo.ipc.source_urls import DEVICE_PATTERN, NETWORK_SCHEMES, mask_url
+
 MAX_STREAM_NAME = 64  # the supervisor's bound on a stream name
 # a live network source that sends nothing for this long is treated as dropped
 NETWORK_READ_TIMEOUT_S = 5.0
@@ -42,7 +41,7 @@ class SourceError(ValueError):
 class SourceLocation:
     """What ``av.open`` gets for one source, and how the source treats it."""
 
-    text: str  # as the user wrote it
+    text: str  # as the user wrote it, its password masked (what messages show)
     kind: SourceKind
     url: str  # what PyAV opens (a path for files and devices)
     format: str | None = None  # a demuxer to force ("v4l2" for devices)
@@ -72,9 +71,11 @@ def parse_location(text: str) -> SourceLocation:
             return _file(text, urlsplit(text).path)
         if scheme not in NETWORK_SCHEMES:
             known = ", ".join(f"{s}://" for s in NETWORK_SCHEMES)
-            raise SourceError(f"{text}: unknown scheme {scheme}:// (known: {known}, a file)")
+            raise SourceError(
+                f"{mask_url(text)}: unknown scheme {scheme}:// (known: {known}, a file)"
+            )
         options = {"rtsp_transport": "tcp"} if scheme.startswith("rtsp") else {}
-        return SourceLocation(text, SourceKind.NETWORK, text, options=options)
+        return SourceLocation(mask_url(text), SourceKind.NETWORK, text, options=options)
     return _file(text, text)
 
 

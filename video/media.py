@@ -10,7 +10,17 @@ GIL released, so one reader per thread decodes in parallel with the others.
 
 **Captured time**: ``DecodedFrame.captured`` is ``time.monotonic()`` when the frame left the
 decoder — for a paced file, when its presentation time came and it was released — so an
-answer's ``age_ms`` counts from the moment a camera would have delivered the frame.
+answer's ``age_ms`` counts from the moment a camera would have delivered the frame. Its
+wall-clock time (``DecodedFrame.when``, an ``ipc.stream.FrameTime``) is the camera's own when the
+source says it: an RTSP camera that sends RTCP sender reports gives FFmpeg the NTP time of its
+stream's start (``start_time_realtime``, set once the first report came), and a frame was
+captured at that time plus its pts (clock ``camera``); otherwise, and before the first report,
+it is ``captured`` on the wall clock (clock ``arrival``). ``pts`` is the frame's presentation time
+in seconds (None when the container gives none).
+
+**Damage**: a packet the decoder refuses is skipped and a frame it had to conceal (FFmpeg's
+corrupt and decode-error flags: a missing slice comes out half green) is passed on marked
+``corrupt``; both count in ``decode_errors``.
 
 Owned by one ``VideoSource`` decode thread (``video.source``); a reader is used by one thread.
 """
@@ -23,6 +33,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from duomo.ipc.stream import FrameTime
+from duomo.video.health import permanent_reason
 from duomo.video.locations import SourceError, SourceKind, SourceLocation
 
 if TYPE_CHECKING:
@@ -34,15 +46,23 @@ REANCHOR_BEHIND_S = 1.0  # a paced file this far behind its schedule re-anchors 
 
 
 class SourceDroppedError(RuntimeError):
-    """A live source stopped delivering (the read failed or timed out); it may come back."""
+    """A live source failed to open or stopped delivering; ``permanent`` says why it will not
+    come back by itself (``video.health.permanent_reason``), None when it may (an outage)."""
+
+    def __init__(self, message: str, permanent: str | None = None) -> None:
+        super().__init__(message)
+        self.permanent = permanent
 
 
 @dataclass(frozen=True)
 class DecodedFrame:
-    """One decoded picture and when it left the decoder (monotonic seconds)."""
+    """One decoded picture, when it left the decoder (monotonic seconds), its wall-clock capture
+    time, and whether the decoder had to conceal damage in it."""
 
     frame: av.VideoFrame
     captured: float
+    when: FrameTime
+    corrupt: bool = False
 
 
 class MediaReader:
@@ -53,6 +73,7 @@ class MediaReader:
         self.pace = pace and location.kind is SourceKind.FILE
         self._container: InputContainer | None = None
         self._stream: VideoStream | None = None
+        self.decode_errors = 0  # packets refused and frames concealed, since it was made
 
     @property
     def fps(self) -> float | None:
@@ -75,10 +96,14 @@ class MediaReader:
             )
         except (av.FFmpegError, OSError) as err:
             if where.live:
-                raise SourceDroppedError(f"{where.text}: {_reason(err)}") from err
+                raise SourceDroppedError(
+                    f"{where.text}: {_reason(err)}", permanent_reason(err, where.url)
+                ) from err
             raise SourceError(f"{where.text}: not a video PyAV can open ({_reason(err)})") from err
         if not container.streams.video:
             container.close()
+            if where.live:
+                raise SourceDroppedError(f"{where.text}: has no video stream", "no video")
             raise SourceError(f"{where.text}: has no video stream")
         self._container = container
         self._stream = container.streams.video[0]
@@ -93,26 +118,38 @@ class MediaReader:
         if self._container is None or self._stream is None:
             raise RuntimeError("MediaReader.frames before open")
         anchor: float | None = None  # monotonic time of presentation time 0 (paced files)
+        container = self._container
         try:
-            for packet in self._container.demux(self._stream):
+            for packet in container.demux(self._stream):
                 try:
                     decoded = packet.decode()
                 except av.InvalidDataError:
-                    if self.location.live:
-                        raise
+                    self.decode_errors += 1
                     continue
                 for frame in decoded:
                     if stop.is_set():
                         return
-                    if self.pace and frame.time is not None:
-                        anchor = self._wait_until_due(frame.time, anchor, stop)
+                    pts = frame.time
+                    if self.pace and pts is not None:
+                        anchor = self._wait_until_due(pts, anchor, stop)
                         if stop.is_set():
                             return
-                    yield DecodedFrame(frame, time.monotonic())
+                    captured = time.monotonic()
+                    corrupt = frame.is_corrupt
+                    if corrupt:
+                        self.decode_errors += 1
+                    realtime_us = container.start_time_realtime if self.location.live else None
+                    if realtime_us is not None and pts is not None:
+                        when = FrameTime(realtime_us / 1e6 + pts, "camera", pts)
+                    else:
+                        when = FrameTime.of_monotonic(captured, pts)
+                    yield DecodedFrame(frame, captured, when, corrupt)
         except (av.FFmpegError, OSError) as err:
             if not self.location.live:
                 raise SourceError(f"{self.location.text}: {_reason(err)}") from err
-            raise SourceDroppedError(f"{self.location.text}: {_reason(err)}") from err
+            raise SourceDroppedError(
+                f"{self.location.text}: {_reason(err)}", permanent_reason(err, self.location.url)
+            ) from err
 
     @staticmethod
     def _wait_until_due(at_s: float, anchor: float | None, stop: threading.Event) -> float:

@@ -16,9 +16,16 @@ stall bound pass through) and starts one decode thread that reads its ``MediaRea
 paced at its own frame rate unless ``as_fast_as_possible``, and ends (or restarts, with
 ``loop``) at its end. A live source (network URL, V4L2 device) that fails to open, fails to
 read or ends is reopened after a backoff (``video.backoff``: 0.5 s doubling to 10 s), each
-attempt logged; meanwhile nothing is sent, so the supervisor shows the stream ``stalled``.
+attempt logged; meanwhile nothing is sent, so the supervisor shows the stream ``stalled``. Its
+``health`` (``video.health``) tells an outage from a typo: failing for ``failed_after_s``, or
+three times in a row with a permanent error (401/403/404, a host name that does not resolve, no
+decoder), it is ``failed`` with the reason and tried again only every ``retry_failed_s``. A frame
+the decoder had to conceal (a missing slice) is counted as a decode error and not sent; damage is
+logged at most every ``DECODE_LOG_S``. Every message shows the URL with its password masked.
 Frame numbers count on across loops and reconnects. A frame's captured time is
-``time.monotonic()`` when it left the decoder (for a paced file: when it was due; ``video.media``).
+``time.monotonic()`` when it left the decoder (for a paced file: when it was due), and its
+wall-clock time the camera's own when its RTCP reports give it (``video.media``): both travel
+with the frame, and its answers carry them.
 
 **The supervisor going away.** Given a plain ``Client``, a source stops when the connection is
 lost (``error`` says why). Given a ``SupervisorLink`` (``video.supervisor_link``, as ``duomo
@@ -49,9 +56,11 @@ import numpy as np
 import structlog
 
 from duomo.ipc.errors import DuomoError, UnavailableError
+from duomo.ipc.source_urls import mask_text
 from duomo.video.backoff import Backoff
 from duomo.video.conversion import rgb_shape, write_rgb
 from duomo.video.figures import SourceFigures
+from duomo.video.health import FAILED_AFTER_S, RETRY_FAILED_S, SourceHealth
 from duomo.video.locations import SourceError, SourceLocation, parse_location
 from duomo.video.media import DecodedFrame, MediaReader, SourceDroppedError
 from duomo.video.supervisor_link import SupervisorLink
@@ -65,6 +74,7 @@ log = structlog.get_logger("duomo.video")
 FRAME_EVERY_S = 0.2  # ``on_frame``: at most 5 pictures a second per source
 ANSWER_CHECK_S = 0.25  # answers(): how often it checks whether a file's answers are all in
 STOP_JOIN_S = 10.0  # a decode thread blocked in a network read ends by its read timeout
+DECODE_LOG_S = 10.0  # damaged frames are logged at most this often per source
 
 
 class VideoSource:
@@ -83,6 +93,9 @@ class VideoSource:
         on_frame: called with ``(stream, rgb, frame number)`` for a sent frame, at most once
             per ``frame_every_s``; ``rgb`` is the slot's view, valid during the call only
             (``PreviewServer.frame`` copies what it keeps).
+        failed_after_s, retry_failed_s: a live source failing this long (or failing with a
+            permanent error three times) is ``failed``, then tried again every
+            ``retry_failed_s`` (``video.health``).
     """
 
     def __init__(
@@ -103,6 +116,8 @@ class VideoSource:
         on_frame: Callable[[str, np.ndarray, int], None] | None = None,
         frame_every_s: float = FRAME_EVERY_S,
         backoff: Backoff | None = None,
+        failed_after_s: float = FAILED_AFTER_S,
+        retry_failed_s: float = RETRY_FAILED_S,
     ) -> None:
         self.url_or_path = url_or_path
         self.name = stream
@@ -120,6 +135,9 @@ class VideoSource:
         self.on_frame = on_frame
         self.frame_every_s = frame_every_s
         self.backoff = backoff or Backoff()
+        self.health = SourceHealth(failed_after_s, retry_failed_s, self.backoff)
+        self._unlogged_errors = 0  # decode errors since the last log line about them
+        self._next_error_log = 0.0
         self._reopen = Backoff(self.backoff.first_s, self.backoff.max_s, self.backoff.factor)
         self._reopen_at = 0.0  # a refused reopening is asked again from this monotonic time
         self._generation = 0  # the link's connection the stream was opened on
@@ -275,53 +293,88 @@ class VideoSource:
                         reader.open()
                     except SourceDroppedError as err:
                         reader = None
-                        self._wait_to_reconnect(str(err))
+                        self._wait_to_reconnect(err)
                         continue
                 if not self._play_reader(reader):
                     return
                 reader = None
         except SourceError as err:  # a file that turned out damaged beyond repair
-            self.error = str(err)
+            self.error = mask_text(str(err))
             log.error("video source failed", stream=self.name, error=self.error)
         except DuomoError as err:  # the supervisor went away (a plain client), or refused frames
             self.error = err.message
             log.error("video source stopped", stream=self.name, error=self.error)
         except Exception as err:  # a bug must not die silently on a thread
-            self.error = f"{type(err).__name__}: {err}"
+            self.error = mask_text(f"{type(err).__name__}: {err}")
             log.exception("video source failed", stream=self.name)
         finally:
             if reader is not None:
                 reader.close()
-            self.figures.set_state("ended")
+            self.health.stopped()
+            self.figures.set_state("stopped", self.error)
 
     def _play_reader(self, reader: MediaReader) -> bool:
         """Send ``reader``'s frames until it ends; whether to open the source again."""
-        self.figures.set_state("playing")
+        counted = 0  # the reader's decode errors counted so far
         try:
             for decoded in reader.frames(self._stop):
+                if self.health.state != "playing":
+                    self._playing_again()
+                if reader.decode_errors != counted:
+                    self._decode_errors(reader.decode_errors - counted)
+                    counted = reader.decode_errors
+                if decoded.corrupt:  # concealed damage (half a picture green): not sent
+                    self.figures.decoded(False, corrupt=True)
+                    continue
                 self._send(decoded)
-                if self.backoff.attempts:
-                    log.warning("video source reconnected", stream=self.name)
-                    self.backoff.reset()
         except SourceDroppedError as err:
-            self._wait_to_reconnect(str(err))
+            self._wait_to_reconnect(err)
             return True
         finally:
             reader.close()
         if self._stop.is_set():
             return False
         if self._location is not None and self._location.live:
-            self._wait_to_reconnect(f"{self.url_or_path}: the source ended")
+            self._wait_to_reconnect(SourceDroppedError(f"{self._location.text}: the source ended"))
             return True
         return self.loop
 
-    def _wait_to_reconnect(self, why: str) -> None:
-        self.figures.set_state("reconnecting")
-        delay_s = self.backoff.next_delay_s()
-        log.warning(
-            "video source lost; reconnecting",
-            stream=self.name, attempt=self.backoff.attempts, delay_s=delay_s, error=why,
-        )  # fmt: skip
+    def _playing_again(self) -> None:
+        """The first frame since it started or failed."""
+        reconnects = self.health.backoff.attempts
+        self.health.playing()
+        self.figures.set_state("playing")
+        if reconnects:
+            log.warning("video source reconnected", stream=self.name, attempts=reconnects)
+
+    def _decode_errors(self, count: int) -> None:
+        """``count`` more packets refused or frames concealed: counted, logged at most once
+        every ``DECODE_LOG_S`` (a camera with a broken encoder damages every frame)."""
+        self.figures.add_decode_errors(count)
+        self._unlogged_errors += count
+        now = time.monotonic()
+        if now >= self._next_error_log:
+            log.warning(
+                "video source: damaged frames", stream=self.name, count=self._unlogged_errors,
+                since_s=round(DECODE_LOG_S if self._next_error_log else 0.0, 1),
+            )  # fmt: skip
+            self._unlogged_errors = 0
+            self._next_error_log = now + DECODE_LOG_S
+
+    def _wait_to_reconnect(self, err: SourceDroppedError) -> None:
+        """It failed to open or dropped: its health says the state and the wait (a permanent
+        error, or a failure lasting ``failed_after_s``, is ``failed``: tried again slowly)."""
+        was = self.health.state
+        delay_s = self.health.failed(mask_text(str(err)), err.permanent)
+        state = self.health.state
+        self.figures.set_state(state, self.health.last_error)
+        fields = {"stream": self.name, "delay_s": delay_s, "error": self.health.last_error}
+        if state == "failed" and was != "failed":
+            log.error("video source failed; trying again slowly", **fields)
+        elif state == "failed":
+            log.info("video source still failing", **fields)
+        else:
+            log.warning("video source lost; reconnecting", attempt=self.backoff.attempts, **fields)
         self._stop.wait(delay_s)
 
     def _send(self, decoded: DecodedFrame) -> None:
@@ -350,7 +403,10 @@ class VideoSource:
 
         try:
             accepted = stream.send(
-                Filler(rgb_shape(frame), np.uint8, fill), captured=decoded.captured, frame=number
+                Filler(rgb_shape(frame), np.uint8, fill),
+                captured=decoded.captured,
+                frame=number,
+                when=decoded.when,
             )
         except UnavailableError as err:
             if self.link is None:

@@ -138,22 +138,29 @@ def affine_model(path: Path) -> Path:
 
 @contextlib.contextmanager
 def running_supervisor(
-    config: Path, max_fds: int | None = None, socket_path: Path | None = None
+    config: Path,
+    max_fds: int | None = None,
+    socket_path: Path | None = None,
+    log: Path | None = None,
 ) -> Iterator[SupervisorProcess]:
     """``max_fds``: the supervisor process's file-descriptor limit (soft and hard);
-    ``socket_path``: where it listens (default: in a new private folder, removed after)."""
+    ``socket_path``: where it listens (default: in a new private folder, removed after);
+    ``log``: a file its log (and its children's) is appended to (default: this process's)."""
     folder = short_socket_dir() if socket_path is None else socket_path.parent
     socket_path = socket_path or folder / "duomo.sock"
     read_fd, write_fd = os.pipe()
-    process = subprocess.Popen(
-        [
-            sys.executable, "-m", "duomo.supervisor.cli", "start", "-c", str(config),
-            "--socket", str(socket_path), "--foreground", "--ready-fd", str(write_fd),
-        ],
-        cwd=ROOT,
-        pass_fds=(write_fd,),
-        preexec_fn=None if max_fds is None else functools.partial(_limit_fds, max_fds),
-    )  # fmt: skip
+    with contextlib.ExitStack() as logging:
+        output = logging.enter_context(log.open("a")) if log is not None else None
+        process = subprocess.Popen(
+            [
+                sys.executable, "-m", "duomo.supervisor.cli", "start", "-c", str(config),
+                "--socket", str(socket_path), "--foreground", "--ready-fd", str(write_fd),
+            ],
+            cwd=ROOT,
+            pass_fds=(write_fd,),
+            preexec_fn=None if max_fds is None else functools.partial(_limit_fds, max_fds),
+            stdout=output, stderr=output,
+        )  # fmt: skip
     os.close(write_fd)
     try:
         line = read_ready_line(read_fd, READY_TIMEOUT_S)

@@ -191,6 +191,28 @@ def test_a_bad_source_or_model_is_a_message_and_exit_2(
         assert run.stderr.startswith("duomo stream: "), run.stderr
 
 
+def test_every_source_failed_permanently_is_exit_3_with_the_reasons(
+    supervisor: SupervisorProcess,
+) -> None:
+    """Issue 43: a camera URL with a typo was retried forever at warning level and the command
+    exited 0. A host name that does not resolve is a permanent error: failed after three
+    attempts (0.5 + 1 + 2 s), and with every source failed the command ends, exit 3."""
+    started = time.monotonic()
+    run = subprocess.run(
+        stream_command(
+            supervisor, "rtsp://no-such-camera.invalid/main", "rtsp://also-not.invalid/x",
+            "--model", "face", "--name", "typo", "other",
+        ),
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 3, run.stderr
+    assert time.monotonic() - started < 30  # (not --failed-after's 30 s: a permanent error)
+    for name, host in (("typo", "no-such-camera.invalid"), ("other", "also-not.invalid")):
+        assert f"duomo stream: {name}: failed: its host name {host!r} does not resolve" in (
+            run.stderr
+        ), run.stderr
+
+
 def test_without_a_supervisor_exit_1(video: Path, tmp_path: Path) -> None:
     run = subprocess.run(
         [sys.executable, "-m", "duomo.supervisor.cli", "stream", str(video), "--model", "face",

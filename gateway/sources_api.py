@@ -1,0 +1,68 @@
+"""The camera fleet over the gateway's HTTP port: the supervisor's managed sources, for callers
+that are not on its host (an operator's console, an orchestrator).
+
+==============================  ===============================================================
+``GET /v1/sources``             every source: a list of ``SourceStatus`` objects (as ``duomo
+                                source list --json``)
+``GET /v1/sources/{name}``      one (404 when there is none)
+``POST /v1/sources``            add one: a JSON object with a ``sources:`` entry's fields
+                                (``name``, ``url``, ``models`` or ``pipeline``, ``policy``,
+                                ``max_fps``, ``every``, ``weight``, ``password_file`` …); 201
+                                with its ``SourceStatus``; 400 for a bad field or a name in use,
+                                404 for a model not served
+``DELETE /v1/sources/{name}``   remove a source added at run time: 200 (400 for a config source,
+                                404 for none)
+==============================  ===============================================================
+
+The same rules as every endpoint of the gateway: the bearer token when one is configured,
+loopback unless a token or TLS protects the port, errors as ``{"error": message}``. Each call is
+one control message to the supervisor (``source``, ``sources``, ``source_add``,
+``source_remove``); the records come from it with URLs already masked. Called by
+``gateway.http_front`` for paths under ``/v1/sources``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from duomo.gateway.link import SupervisorLink
+
+SOURCES_TIMEOUT_S = 30.0
+
+
+class SourcesApi:
+    """``/v1/sources`` on one gateway worker's link."""
+
+    def __init__(self, link: SupervisorLink) -> None:
+        self.link = link
+
+    async def respond(self, method: str, route: list[str], body: dict[str, Any]) -> tuple[int, Any]:
+        """(status, JSON value) for ``method`` on ``/v1/sources/<route…>``; DuomoError and
+        LookupError (no such endpoint: 404) for the caller to map."""
+        if not route:
+            if method == "GET":
+                reply = await self.link.control("sources", timeout_s=SOURCES_TIMEOUT_S)
+                return 200, reply["sources"]
+            if method == "POST":
+                reply = await self.link.control(
+                    "source_add", timeout_s=SOURCES_TIMEOUT_S, source=body
+                )
+                return 201, reply["source"]
+            raise MethodError("GET", "POST")
+        if len(route) != 1:
+            raise LookupError("/v1/sources/{name}")
+        name = route[0]
+        if method == "GET":
+            reply = await self.link.control("source", timeout_s=SOURCES_TIMEOUT_S, name=name)
+            return 200, reply["source"]
+        if method == "DELETE":
+            await self.link.control("source_remove", timeout_s=SOURCES_TIMEOUT_S, name=name)
+            return 200, {"removed": name}
+        raise MethodError("GET", "DELETE")
+
+
+class MethodError(Exception):
+    """The endpoint takes other methods (405)."""
+
+    def __init__(self, *allowed: str) -> None:
+        super().__init__(f"this endpoint takes {' or '.join(allowed)}")
