@@ -10,6 +10,8 @@ from typing import Any
 
 from duomo.ipc.record_reading import JSON, RecordReader, read_counts
 
+SUPERSEDED = "superseded"  # the outcome key of a frame a newer one replaced (no error)
+
 # -- the models reply ---------------------------------------------------------------------------
 
 
@@ -244,6 +246,66 @@ class TimedCount:
         return cls(r.integer("count"), r.integer("ns"))
 
 
+@dataclass(frozen=True)
+class StreamShare:
+    """One stream's part of a model's load (``ModelCapacity.streams``): the frames per second
+    it offers the model, those the model serves it, and its share of all the frames the model
+    served its streams (0..1)."""
+
+    offered_fps: float
+    served_fps: float
+    share: float
+
+    def to_dict(self) -> JSON:
+        return {"offered_fps": self.offered_fps, "served_fps": self.served_fps, "share": self.share}
+
+    @classmethod
+    def from_dict(cls, data: object) -> StreamShare:
+        r = RecordReader("StreamShare", data)
+        return cls(r.number("offered_fps"), r.number("served_fps"), r.number("share"))
+
+
+@dataclass(frozen=True)
+class ModelCapacity:
+    """What a model's streams offer it against what it serves them, over the last 5 s
+    (``worker.stream_load`` has the definitions): ``state`` ``ok``, or ``over`` when the
+    streams lose more than a tenth of their frames to its load; the frames per second offered,
+    served and lost; the median time a batch takes (``service_ms``; None before any answer);
+    the age bound that follows for its ``latest`` streams (``age_bound_ms``: (⌈streams ÷
+    (instances × max_batch)⌉ + 1) service times, plus the batch window; None without streams
+    or a service time); and each stream's part, by name (the streams that offered it a frame
+    in the window)."""
+
+    state: str  # ok, over
+    offered_fps: float
+    served_fps: float
+    lost_fps: float
+    service_ms: float | None
+    age_bound_ms: float | None
+    streams: dict[str, StreamShare]
+
+    def to_dict(self) -> JSON:
+        return {
+            "state": self.state,
+            "offered_fps": self.offered_fps,
+            "served_fps": self.served_fps,
+            "lost_fps": self.lost_fps,
+            "service_ms": self.service_ms,
+            "age_bound_ms": self.age_bound_ms,
+            "streams": {name: share.to_dict() for name, share in self.streams.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, data: object) -> ModelCapacity:
+        r = RecordReader("ModelCapacity", data)
+        return cls(
+            r.text("state"), r.number("offered_fps"), r.number("served_fps"),
+            r.number("lost_fps"), r.optional_number("service_ms"),
+            r.optional_number("age_bound_ms"),
+            {name: StreamShare.from_dict(s) for name, s in r.object("streams").items()},
+        )  # fmt: skip
+
+
 TIMED_KINDS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
 
 
@@ -281,14 +343,18 @@ class Totals:
 @dataclass(frozen=True)
 class ModelStatus:
     """One model in ``status`` (and the ``load`` reply): its state and history, instances and
-    placement, queue, counts, latency, memory and compute share.
+    placement, queue, counts, latency, memory, compute share and its streams' load.
 
     **Errors, one definition** (``errors``): every request the model answered with an error —
-    those that failed after being queued (``requests - outcomes["ok"]``) *plus* those refused at
-    admission before they were queued (``refused``: a bad header, a full queue, a model not
-    serving). It is the caller's view, the same as ``/metrics``' ``failure_total``: a refused
-    request is a failed request to whoever sent it. ``duomo status`` and ``--watch`` both show
-    this figure; ``requests`` counts only the requests that were queued.
+    those that failed after being queued (``requests`` less the OK and SUPERSEDED ones) *plus*
+    those refused at admission before they were queued (``refused``: a bad header, a full
+    queue, a model not serving). SUPERSEDED (a ``latest`` stream's frame that a newer one
+    replaced) is an outcome, never an error: it is counted on its own (``superseded``). It is
+    the caller's view, the same as ``/metrics``' ``failure_total``: a refused request is a
+    failed request to whoever sent it. ``duomo status``, ``--watch`` and ``--json`` (the
+    ``errors`` key) all show this figure; ``requests`` counts only the requests that were
+    queued. ``errors`` and ``superseded`` are written to the JSON and derived again when it
+    is read (never read from it: one definition).
     """
 
     state: str
@@ -323,6 +389,7 @@ class ModelStatus:
     idle_spin: dict[str, int]  # waits, spun, caught
     preload: bool | None  # None: no longer in the config
     evictable: bool | None
+    capacity: ModelCapacity
     compute: ComputeShare | None = None  # absent in the ``load`` reply only
 
     @property
@@ -330,9 +397,15 @@ class ModelStatus:
         return self.outcomes.get("ok", 0)  # (an outcome nothing has had yet is absent)
 
     @property
+    def superseded(self) -> int:
+        """Answered SUPERSEDED: a newer frame of their stream took their place (no error)."""
+        return self.outcomes.get(SUPERSEDED, 0)
+
+    @property
     def errors(self) -> int:
-        """Failed after being queued plus refused at admission (the class docstring)."""
-        return self.requests - self.ok + sum(self.refused.values())
+        """Failed after being queued plus refused at admission, SUPERSEDED in neither (the
+        class docstring)."""
+        return self.requests - self.ok - self.superseded + sum(self.refused.values())
 
     def latency_ms(self, quantile: str, stage: str = "total") -> float | None:
         """``quantile`` ("p50", "p90", "p99") of ``stage`` in ms; None before any success."""
@@ -365,6 +438,8 @@ class ModelStatus:
             "requests": self.requests,
             "outcomes": dict(self.outcomes),
             "refused": dict(self.refused),
+            "errors": self.errors,
+            "superseded": self.superseded,
             "latency": {stage: dict(q) for stage, q in self.latency.items()},
             "batch_sizes": dict(self.batch_sizes),
             "totals": self.totals.to_dict(),
@@ -372,6 +447,7 @@ class ModelStatus:
             "idle_spin": dict(self.idle_spin),
             "preload": self.preload,
             "evictable": self.evictable,
+            "capacity": self.capacity.to_dict(),
         }
         if self.compute is not None:
             shown["compute"] = self.compute.to_dict()
@@ -414,5 +490,6 @@ class ModelStatus:
             idle_spin=read_counts(r, "idle_spin"),
             preload=r.optional_flag("preload"),
             evictable=r.optional_flag("evictable"),
+            capacity=ModelCapacity.from_dict(r._get("capacity")),
             compute=None if compute is None else ComputeShare.from_dict(compute),
         )

@@ -46,6 +46,7 @@ from duomo.ipc.framing import notice_packer
 from duomo.ipc.ring import SlotRing, TensorPlacement, read_tensors
 from duomo.ipc.wire import (
     DESCRIPTORS,
+    MAX_SOURCE_COUNT,
     MAX_TIMEOUT_US,
     SlotState,
     TensorDesc,
@@ -57,7 +58,7 @@ from duomo.ipc.wire import (
 )
 
 _DONE = int(SlotState.DONE)
-PLAIN = (0, 0, 0, 0)  # the stream block of a plain request
+PLAIN = (0, 0, 0, 0, 0, 0)  # the stream block of a plain request
 STAGES = ("queue", "preprocess", "infer", "postprocess")  # an answer's stage timings, in order
 PRIORITY_MIN, PRIORITY_MAX = -(1 << 15), (1 << 15) - 1  # the header's field (the supervisor
 # clamps to the range a config may use)
@@ -716,33 +717,48 @@ class Slot:
             self.input(name, array.shape)[...] = array
 
     def set_stream(
-        self, stream_id: int, frame: int, captured_us: int, superseded_before: int = 0
+        self,
+        stream_id: int,
+        frame: int,
+        captured_us: int,
+        superseded_before: int = 0,
+        refused_before: int = 0,
+        skipped_before: int = 0,
     ) -> None:
         """Make the next ``submit`` a frame of stream ``stream_id`` (``Client.open_stream``):
         its frame number, its capture time in µs on ``CLOCK_MONOTONIC`` (``time.monotonic``),
-        and how many frames the source superseded since its last one for this model. A slot
-        taken afresh is a plain request until this is called; ``Stream`` calls it for you.
+        and what the source did with the frames since its last one sent to this model: how
+        many it superseded, refused and skipped (the supervisor counts them in the stream's
+        figures). A slot taken afresh is a plain request until this is called; ``Stream``
+        calls it for you.
 
         Args:
             stream_id: The id ``Client.open_stream`` returned (0: a plain request).
             frame: The frame number, 0..2**64-1.
             captured_us: When the frame was captured, µs on the monotonic clock.
-            superseded_before: Frames replaced at the source since the last one sent.
+            superseded_before: Frames a newer one replaced at the source (``latest``) since
+                the last one sent, 0..2**32-1.
+            refused_before: Frames the source refused (``fifo``'s backlog full) since the last
+                one sent, 0..2**32-1.
+            skipped_before: Frames the source's caps dropped (``max_fps``, ``every``) since
+                the last one sent, 0..2**32-1.
 
         Raises:
             InvalidArgumentError: A value out of its field's range.
         """
+        counts = (superseded_before, refused_before, skipped_before)
         if not (
             0 <= stream_id <= 0xFFFFFFFF
-            and 0 <= superseded_before <= 0xFFFFFFFF
+            and all(0 <= count <= MAX_SOURCE_COUNT for count in counts)
             and 0 <= frame < 1 << 64
             and 0 <= captured_us < 1 << 64
         ):
             raise InvalidArgumentError(
                 f"stream block out of range: stream {stream_id}, frame {frame}, captured "
-                f"{captured_us} µs, superseded {superseded_before}"
+                f"{captured_us} µs, superseded {superseded_before}, refused {refused_before}, "
+                f"skipped {skipped_before}"
             )
-        self._stream_block = (stream_id, superseded_before, frame, captured_us)
+        self._stream_block = (stream_id, *counts, frame, captured_us)
 
     def submit(self, timeout_s: float | None = None, priority: int = 0) -> None:
         """Hand the slot to the supervisor ("slot ready"): writes its header and sends one

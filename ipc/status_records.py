@@ -18,7 +18,9 @@ record                  what it holds                           built by        
                         outputs (``TensorRecord``)
 ``ModelStatus``         one model in ``status``: state,         ``supervisor.       CLI table,
                         queue, counts by outcome and refusals,  server`` (from the  ``--watch``,
-                        latency, totals, memory, compute share  engine's view)      gateway stats
+                        latency, totals, memory, compute        engine's view)      gateway stats
+                        share, its streams' load
+                        (``ModelCapacity``, ``StreamShare``)
 ``DeviceStatus``        one device: memory charged and budget,  ``supervisor.       CLI, ``--watch``
                         its own telemetry                       server``
 ``ClientStatus``        one attached client and its rings       ``supervisor.       CLI, ``--watch``
@@ -52,11 +54,13 @@ from typing import Any
 
 from duomo.ipc.model_records import (
     ComputeShare,
+    ModelCapacity,
     ModelInfo,
     ModelMemory,
     ModelStatus,
     Placement,
     StateChange,
+    StreamShare,
     TensorRecord,
     TimedCount,
     Totals,
@@ -68,6 +72,7 @@ __all__ = [
     "ComputeShare",
     "DeviceStatus",
     "GatewayWorkerStatus",
+    "ModelCapacity",
     "ModelInfo",
     "ModelMemory",
     "ModelStatus",
@@ -79,6 +84,7 @@ __all__ = [
     "StateChange",
     "StatusRecordError",
     "StreamModelFigures",
+    "StreamShare",
     "StreamStatus",
     "SupervisorStatus",
     "TensorRecord",
@@ -253,14 +259,18 @@ class StreamModelFigures:
     """One stream's figures for one of its models (a frame sent to two models counts in each).
 
     ``frames_in`` counts the frames that reached the supervisor; ``superseded`` those a newer
-    frame replaced in the queue or at the source (which never reached it); ``refused`` every
-    other outcome than OK and SUPERSEDED. The rates are over the last few seconds, the answer
-    ages (answer time minus capture time) over the last answers; None before the first."""
+    frame replaced in the queue or at the source (which never reached it); ``refused`` those
+    refused at the source (``fifo``'s backlog full: never sent) and every other outcome than OK
+    and SUPERSEDED in the supervisor; ``skipped`` those the source's caps dropped (``max_fps``,
+    ``every``: never sent, by the camera's own settings). The counts go on across a reopening
+    of the stream; the rates (over the last 5 s) and the answer ages (answer time minus capture
+    time, over the last 60 s) start afresh with it; None before the first answer."""
 
     frames_in: int
     answered: int
     superseded: int
     refused: int
+    skipped: int
     input_fps: float
     answered_fps: float
     age_ms_p50: float | None
@@ -272,6 +282,7 @@ class StreamModelFigures:
             "answered": self.answered,
             "superseded": self.superseded,
             "refused": self.refused,
+            "skipped": self.skipped,
             "input_fps": self.input_fps,
             "answered_fps": self.answered_fps,
             "age_ms_p50": self.age_ms_p50,
@@ -286,6 +297,7 @@ class StreamModelFigures:
             r.integer("answered"),
             r.integer("superseded"),
             r.integer("refused"),
+            r.integer("skipped"),
             r.number("input_fps"),
             r.number("answered_fps"),
             r.optional_number("age_ms_p50"),
@@ -297,7 +309,7 @@ class StreamModelFigures:
 class StreamStatus:
     """One stream, live or ended: its liveness (``state``: starting, running, blocked, stalled
     or ended, for ``since_s`` seconds), what it was opened with, the client that opened it,
-    and its figures per model (``supervisor.streams`` has the rules)."""
+    and its figures per model it feeds now (``supervisor.streams`` has the rules)."""
 
     name: str
     state: str

@@ -11,8 +11,8 @@ which stream, which frame, when it was captured); with every slot in flight it w
 lane:
 
 - ``latest`` keeps only the newest waiting frame: the one it replaces is answered SUPERSEDED
-  here, and the next frame sent tells the supervisor how many were (it counts them); in the
-  supervisor a queued, not yet started frame is superseded by the stream's next one as well.
+  here; in the supervisor a queued, not yet started frame is superseded by the stream's next
+  one as well.
   With at least three slots a new frame always finds one free (one runs, one waits in the
   queue, the third takes the newest and supersedes the one waiting), so an answer's age is
   bounded by the time to finish the batch running, one batch window, its own service time
@@ -24,6 +24,11 @@ lane:
 answer comes for them). Slots freed by an answer are refilled from the lane by the thread that
 sends, or, when nobody sends, by the stream's own refill thread (the answer's thread reads the
 client's socket and never writes a frame).
+
+Each lane counts what happened here to the frames it did not send — superseded, refused
+(``backlog full``), skipped by a cap — and the next frame it sends carries those counts in its
+slot header's stream block (``Slot.set_stream``), so that the supervisor's figures of the
+stream include every frame it was handed, sent or not.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from duomo.ipc.errors import (
     SupersededError,
     UnavailableError,
 )
+from duomo.ipc.wire import MAX_SOURCE_COUNT
 
 if TYPE_CHECKING:
     from duomo.ipc.client import Client
@@ -167,6 +173,36 @@ class _Frame:
     when: FrameTime
 
 
+@dataclass(slots=True)
+class _SourceCounts:
+    """What a lane did with the frames it did not send, since the last one it sent: the
+    counts the next frame carries (``Slot.set_stream``)."""
+
+    superseded: int
+    refused: int
+    skipped: int
+
+    @classmethod
+    def take(cls, lane: _Lane) -> _SourceCounts:
+        """(Under the lock) the lane's counts, as much as a header's field holds (the rest
+        rides on a later frame), taken out of it."""
+        taken = cls(
+            min(lane.superseded, MAX_SOURCE_COUNT),
+            min(lane.refused, MAX_SOURCE_COUNT),
+            min(lane.skipped, MAX_SOURCE_COUNT),
+        )
+        lane.superseded -= taken.superseded
+        lane.refused -= taken.refused
+        lane.skipped -= taken.skipped
+        return taken
+
+    def give_back(self, lane: _Lane) -> None:
+        """(Under the lock) counts that were not sent, for the next frame."""
+        lane.superseded += self.superseded
+        lane.refused += self.refused
+        lane.skipped += self.skipped
+
+
 class _Lane:
     """One model's slots of the stream and the frames waiting for them (under the stream's
     lock)."""
@@ -176,7 +212,11 @@ class _Lane:
         self.size = slots
         self.free: list[Slot] = [handle.slot() for _ in range(slots)]
         self.waiting: deque[_Frame] = deque()
-        self.superseded = 0  # replaced here since the last frame sent
+        # since the last frame sent: replaced here (latest), refused here (fifo's backlog
+        # full), dropped by a cap (max_fps, every); the next frame sent carries them
+        self.superseded = 0
+        self.refused = 0
+        self.skipped = 0
         self.pumping = False  # a thread is writing waiting frames into free slots
         self.stale = False  # answered MODEL_CHANGED: take the slots anew once all are back
 
@@ -286,6 +326,9 @@ class Stream:
         captured = now if captured is None else captured
         number = next(self._numbers) if frame is None else frame
         if self._dropped_at_source(captured):
+            with self._lock:
+                for lane in self._lanes.values():
+                    lane.skipped += 1
             return False
         item = _Frame(data, captured, number, when or FrameTime.of_monotonic(captured))
         for model, lane in self._lanes.items():
@@ -295,6 +338,7 @@ class Stream:
                     lane.superseded += 1
                     self._answer_held(_local(self.name, model, old, "SUPERSEDED"))
                 if len(lane.waiting) >= self._backlog:
+                    lane.refused += 1
                     self._answer_held(
                         _local(self.name, model, item, "RESOURCE_EXHAUSTED", "backlog full")
                     )
@@ -332,11 +376,11 @@ class Stream:
                     if not renew:
                         item = lane.waiting.popleft()
                         slot = lane.free.pop()
-                        superseded, lane.superseded = lane.superseded, 0
+                        counts = _SourceCounts.take(lane)
                 if renew:
                     self._take_slots_anew(lane)
                 else:
-                    self._submit(model, lane, slot, item, superseded)
+                    self._submit(model, lane, slot, item, counts)
         except BaseException:
             with self._lock:
                 lane.pumping = False
@@ -352,9 +396,12 @@ class Stream:
         with self._lock:
             lane.free, lane.stale = fresh, False
 
-    def _submit(self, model: str, lane: _Lane, slot: Slot, item: _Frame, superseded: int) -> None:
-        """Write ``item`` into ``slot`` and submit it; a failure is the frame's answer (once:
-        a connection lost during the submit may have answered it already, through the slot)."""
+    def _submit(
+        self, model: str, lane: _Lane, slot: Slot, item: _Frame, counts: _SourceCounts
+    ) -> None:
+        """Write ``item`` into ``slot`` and submit it, carrying ``counts``; a failure is the
+        frame's answer (once: a connection lost during the submit may have answered it
+        already, through the slot), and ``counts`` ride on the next frame instead."""
         link = lane.handle._link
         try:
             data = item.data
@@ -363,9 +410,16 @@ class Stream:
                 data.fill(slot.input(name, tuple(data.shape)))
             else:
                 slot.write(data)
-            slot.set_stream(self.stream_id, item.number, int(item.captured * 1e6), superseded)
+            slot.set_stream(
+                self.stream_id,
+                item.number,
+                int(item.captured * 1e6),
+                counts.superseded,
+                counts.refused,
+                counts.skipped,
+            )
         except DuomoError as err:
-            self._failed(model, lane, slot, item, err)
+            self._failed(model, lane, slot, item, err, counts)
             return
         slot.on_done = functools.partial(self._on_answer, model, lane, item)
         link.async_started()
@@ -379,12 +433,22 @@ class Stream:
             link.async_finished()
             if not isinstance(err, DuomoError):
                 raise
-            self._failed(model, lane, slot, item, err)
+            self._failed(model, lane, slot, item, err, counts)
 
-    def _failed(self, model: str, lane: _Lane, slot: Slot, item: _Frame, err: DuomoError) -> None:
-        """``item`` could not be sent: answered with ``err``, its slot free again."""
+    def _failed(
+        self,
+        model: str,
+        lane: _Lane,
+        slot: Slot,
+        item: _Frame,
+        err: DuomoError,
+        counts: _SourceCounts,
+    ) -> None:
+        """``item`` could not be sent: answered with ``err``, its slot free again, and the
+        counts it was to carry left for the next frame sent."""
         with self._lock:
             lane.free.append(slot)
+            counts.give_back(lane)
         self._answer(_local(self.name, model, item, err.code.name, err.message))
         if isinstance(err, UnavailableError):
             raise err

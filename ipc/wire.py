@@ -37,11 +37,13 @@ the limits leave no room for the ring.
 Slot header (``SlotHeader.FORMAT``, 256 bytes, little-endian) at the start of every slot:
 magic/version, sequence number, state, status code, priority, input count, relative timeout,
 result length, four stage timings, per input its dtype code, rank and dims, and at
-``STREAM_AT`` the stream block: the stream's id (0: a plain request), the frames the source
-superseded since its last one for this model, the frame number and the capture time (µs on the
-host's ``CLOCK_MONOTONIC``, the clock of ``time.monotonic``: producers run on the supervisor's
-host). Version 2 added the stream block; the supervisor answers a version-1 header
-INVALID_ARGUMENT, saying which version it speaks.
+``STREAM_AT`` the stream block: the stream's id (0: a plain request); what the source did with
+the frames since its last one sent to this model — how many it superseded (``latest``), refused
+(``fifo``'s backlog full) and skipped (its ``max_fps`` and ``every`` caps); the frame number;
+and the capture time (µs on the host's ``CLOCK_MONOTONIC``, the clock of ``time.monotonic``:
+producers run on the supervisor's host). Version 2 added the stream block, version 3 its refused
+and skipped counts; the supervisor answers a header of another version INVALID_ARGUMENT, saying
+which version it speaks.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ import numpy as np
 
 from duomo.ipc.errors import InvalidArgumentError
 
-PROTOCOL_VERSION = 2  # 2: the stream block
+PROTOCOL_VERSION = 3  # 2: the stream block; 3: its refused and skipped counts
 MAGIC = b"DUO1"
 FRAME = struct.Struct("<IB")
 NOTICE = struct.Struct("<HHI")
@@ -114,13 +116,14 @@ _TENSOR = struct.Struct("<BB2x" + "I" * MAX_RANK)
 _HEADER_USED = _FIXED.size + MAX_INPUTS * _TENSOR.size
 DESCRIPTORS = slice(_FIXED.size, _HEADER_USED)  # the per-input descriptor block of a header
 _ZERO_DIMS = (0,) * MAX_RANK
-# The stream block: stream id, frames superseded at the source before this one, frame number,
-# capture time in µs (CLOCK_MONOTONIC)
-_STREAM = struct.Struct("<IIQQ")
+# The stream block: stream id; frames superseded, refused and skipped at the source since the
+# last one sent to this model; frame number; capture time in µs (CLOCK_MONOTONIC)
+_STREAM = struct.Struct("<IIIIQQ")
 STREAM_AT = ALIGN * ((_HEADER_USED + ALIGN - 1) // ALIGN)
 HEADER_BYTES = 256
 assert STREAM_AT + _STREAM.size <= HEADER_BYTES
 MAX_STREAM_ID = 0xFFFFFFFF
+MAX_SOURCE_COUNT = 0xFFFFFFFF  # a count of the stream block (superseded, refused, skipped)
 
 
 def pack_descriptors(inputs: Iterable[TensorDesc]) -> tuple[int, bytes]:
@@ -164,15 +167,15 @@ def request_packer(buffer: memoryview) -> Callable[[int, int, int, int], None]:
 unpack_request = _REQUEST.unpack_from
 
 
-def stream_packer(buffer: memoryview) -> Callable[[int, int, int, int], None]:
+def stream_packer(buffer: memoryview) -> Callable[[int, int, int, int, int, int], None]:
     """The stream block's write for the slot header ``buffer``, as a call that runs no Python:
-    ``(stream id, superseded at the source, frame number, captured µs)``; ``(0, 0, 0, 0)`` for
-    a plain request."""
+    ``(stream id, superseded, refused, skipped at the source, frame number, captured µs)``;
+    all zero for a plain request."""
     return functools.partial(_STREAM.pack_into, buffer, STREAM_AT)
 
 
-# (stream id, superseded at the source, frame, captured µs) of a request header copy; a call
-# that runs no Python, as ``unpack_request`` (every request's path)
+# (stream id, superseded, refused, skipped at the source, frame, captured µs) of a request
+# header copy; a call that runs no Python, as ``unpack_request`` (every request's path)
 unpack_stream = functools.partial(_STREAM.unpack_from, offset=STREAM_AT)
 
 
@@ -231,6 +234,8 @@ class SlotHeader:
     inputs: list[TensorDesc] = field(default_factory=list)
     stream: int = 0
     superseded_before: int = 0
+    refused_before: int = 0
+    skipped_before: int = 0
     frame: int = 0
     captured_us: int = 0
     magic: bytes = MAGIC
@@ -262,6 +267,8 @@ class SlotHeader:
             offset + STREAM_AT,
             self.stream,
             self.superseded_before,
+            self.refused_before,
+            self.skipped_before,
             self.frame,
             self.captured_us,
         )
@@ -295,7 +302,7 @@ class SlotHeader:
                 raise ValueError(f"header declares rank {rank} (at most {MAX_RANK})")
             inputs.append(TensorDesc(dtype, tuple(dims[:rank])))
             at += _TENSOR.size
-        stream, superseded_before, frame_number, captured_us = _STREAM.unpack_from(
+        stream, superseded, refused, skipped, frame_number, captured_us = _STREAM.unpack_from(
             buffer, offset + STREAM_AT
         )
         return cls(
@@ -311,7 +318,9 @@ class SlotHeader:
             postprocess_us=postprocess_us,
             inputs=inputs,
             stream=stream,
-            superseded_before=superseded_before,
+            superseded_before=superseded,
+            refused_before=refused,
+            skipped_before=skipped,
             frame=frame_number,
             captured_us=captured_us,
             magic=magic,

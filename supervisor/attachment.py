@@ -248,9 +248,9 @@ class Attachment:
             request = Request(
                 payload, self._answers[slot], priority, deadline_s, now, flow=self._flow
             )
-            stream_id, superseded, _frame, captured_us = unpack_stream(header)
-            if stream_id:
-                self._streamed(request, slot, stream_id, superseded, captured_us, now)
+            stream_block = unpack_stream(header)
+            if stream_block[0]:
+                self._streamed(request, model, slot, stream_block, now)
             self._in_flight[slot] = request  # cancellable by ``close`` from now on
             model.enqueue(request)
         except DuomoError as err:
@@ -266,14 +266,16 @@ class Attachment:
     def _streamed(
         self,
         request: Request,
+        model: Servable,
         slot: int,
-        stream_id: int,
-        superseded: int,
-        captured_us: int,
+        stream_block: tuple[int, int, int, int, int, int],
         now: float,
     ) -> None:
         """Make ``request`` its stream's: its flow and weight, superseding under ``latest``,
-        and counted as arrived (its answer is counted in ``_complete``)."""
+        and counted as arrived with what the source did with the frames before it (the
+        header's ``stream_block``: ``ipc.wire.unpack_stream``), feeding ``model``'s load; its
+        answer is counted in ``_complete``."""
+        stream_id, superseded, refused, skipped, _frame, captured_us = stream_block
         stream = self._streams.get(stream_id)
         if stream is None:
             raise InvalidArgumentError(f"stream {stream_id} is not open on this connection")
@@ -287,7 +289,7 @@ class Attachment:
         request.supersedes = settings.supersedes
         captured_s = captured_us / 1e6 if 0 < captured_us / 1e6 <= now else now
         self._stream_of[slot] = (stream, captured_s)
-        stream.received(self.model_name, superseded, now)
+        stream.received(self.model_name, now, model.stats.streams, superseded, refused, skipped)
 
     def _refuse(self, slot: int, error: DuomoError) -> None:
         """Answer a request that was not queued, and count it against its model."""

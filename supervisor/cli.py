@@ -236,8 +236,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 STATUS_COLUMNS = (
     ("model", "<", 12), ("state", "<", 14), ("dev", "<", 5), ("inst", ">", 4),
     ("queue", ">", 5), ("busy", ">", 4), ("ok", ">", 7), ("errors", ">", 6),
-    ("p50 ms", ">", 8), ("p99 ms", ">", 8), ("MiB", ">", 6), ("rst", ">", 3),
-    ("share", ">", 11), ("batches", "<", 0),
+    ("superseded", ">", 10), ("p50 ms", ">", 8), ("p99 ms", ">", 8), ("MiB", ">", 6),
+    ("rst", ">", 3), ("share", ">", 11), ("batches", "<", 0),
 )  # fmt: skip
 
 
@@ -280,9 +280,9 @@ def _shared_weights(status: SupervisorStatus) -> list[str]:
 
 def render_status(status: SupervisorStatus) -> str:
     """``duomo status``'s text: the process, each device, the model table (its columns:
-    docs/operations.md), the streams table when there are streams (``stream_table``), the
-    pipelines table when there are pipelines (``pipeline_table``), limits, gateway workers and
-    clients."""
+    docs/operations.md), the streams table and the models' capacity when there are streams
+    (``stream_table``), the pipelines table when there are pipelines (``pipeline_table``),
+    limits, gateway workers and clients."""
     from duomo.supervisor import pipeline_table, stream_table  # (beside the models)
 
     rss_mb = status.rss_bytes / 2**20
@@ -313,7 +313,7 @@ def render_status(status: SupervisorStatus) -> str:
         devices = ",".join(str(d) for d in m.devices or [0])
         cells = [
             name, m.state, devices, str(m.instances), str(m.queue_depth),
-            str(m.in_flight), str(m.ok), str(m.errors),
+            str(m.in_flight), str(m.ok), str(m.errors), str(m.superseded),
             f"{m.latency_ms('p50') or 0:.1f}", f"{m.latency_ms('p99') or 0:.1f}", size,
             str(m.restarts_in_window), share, batches,
         ]  # fmt: skip
@@ -322,6 +322,8 @@ def render_status(status: SupervisorStatus) -> str:
     lines += _aligned(STATUS_COLUMNS, rows)
     streams = stream_table.render(status.streams)
     lines += ["", *streams] if streams else []
+    capacity = stream_table.render_capacity(status.models)
+    lines += ["", *capacity] if capacity else []
     pipelines = pipeline_table.render(status.pipelines)
     lines += ["", *pipelines] if pipelines else []
     limits = status.limits

@@ -8,13 +8,19 @@ the moment the supervisor starts, at zero, with every known label value (each er
 failure ``reason``, each state, each restart ``cause``), so ``rate()`` and alerts work before
 the first failure. A scrape takes no lock a worker waits for: ``ModelStats.counters`` and
 ``Buckets.read`` copy without one. A model rebuilt by a reload starts its counters again from
-zero, which Prometheus reads as a counter reset.
+zero, which Prometheus reads as a counter reset. SUPERSEDED (a ``latest`` stream's frame that a
+newer one replaced) is an outcome, never a failure: it has its own counter
+(``duomo_inference_request_superseded_total``) and is no ``reason`` of the failures, so an error
+ratio over the failures and successes counts only errors. Each model's capacity against its
+streams (``worker.stream_load``, read through ``worker.model_status.stream_capacity``) is a set
+of gauges: over or not, the frames per second offered and served, and the age bound.
 
 Streams (``duomo_stream_*``, from ``supervisor.streams``' registry) have their series from the
-moment they open, per ``stream`` and ``model``; an ended stream keeps them (its state
-``ended``) until the registry forgets it to open another past ``limits.max_streams``, which
-bounds the ``stream`` label's values. A stream opened again under its name carries its counts
-on. Its answer-age quantiles appear with its first answer.
+moment they open, per ``stream`` and the ``model``s it feeds; an ended stream keeps them (its
+state ``ended``) until the registry forgets it to open another past ``limits.max_streams``,
+which bounds the ``stream`` label's values. A stream opened again under its name carries its
+counts on and drops the series of a model it no longer feeds. Its answer-age quantiles appear
+with its first answer in the last 60 s.
 
 Pipelines (``duomo_pipeline_*``, from ``engine.pipelines``) have their series from the start,
 at zero, like the models: a request counter by ``code`` (every ``ErrorCode`` name, ``OK``
@@ -25,6 +31,7 @@ sub-results and failed sub-results. Read without a lock, as the models' are.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -42,9 +49,14 @@ from duomo.ipc.status_records import StreamStatus
 from duomo.supervisor.engine import Engine
 from duomo.supervisor.streams import STATES, StreamRegistry
 from duomo.worker.model_spec import ModelState
+from duomo.worker.model_status import stream_capacity
 from duomo.worker.stats import TOTALS, HistogramState
 
-FAILURE_REASONS = tuple(code.name for code in ErrorCode if code is not ErrorCode.OK)
+# every error code but OK and SUPERSEDED, which are outcomes, not failures
+FAILURE_REASONS = tuple(
+    code.name for code in ErrorCode if code not in (ErrorCode.OK, ErrorCode.SUPERSEDED)
+)
+SUPERSEDED = ErrorCode.SUPERSEDED.name.lower()  # its outcome key in ``ModelStats``
 CODES = tuple(code.name for code in ErrorCode)  # a pipeline's requests by outcome, OK included
 # Triton's cumulative stage durations: (metric suffix, ``ModelStats`` total kind)
 STAGE_DURATIONS = (
@@ -115,8 +127,34 @@ class DuomoCollector(Collector):
         success = counter("inference_request_success", "Requests answered successfully.")
         failure = counter(
             "inference_request_failure",
-            "Requests answered with an error or refused before they were queued, by its code.",
+            "Requests answered with an error or refused before they were queued, by its code "
+            "(SUPERSEDED is no failure: duomo_inference_request_superseded_total).",
             [*m, "reason"],
+        )  # fmt: skip
+        superseded = counter(
+            "inference_request_superseded",
+            "Frames of latest streams that a newer frame replaced in the queue (an outcome, "
+            "not an error).",
+        )  # fmt: skip
+        over = GaugeMetricFamily(
+            "duomo_model_capacity_over",
+            "1 while the model's streams offer more frames than it serves (more than a tenth "
+            "of them lost to its load over the last 5 s), else 0.", labels=m,
+        )  # fmt: skip
+        offered = GaugeMetricFamily(
+            "duomo_model_offered_fps",
+            "Frames per second the model's streams offer it (after their caps), last 5 s.",
+            labels=m,
+        )  # fmt: skip
+        served = GaugeMetricFamily(
+            "duomo_model_served_fps",
+            "Frames per second of its streams the model answers OK, last 5 s.", labels=m,
+        )  # fmt: skip
+        bound = GaugeMetricFamily(
+            "duomo_model_age_bound_ms",
+            "The answer age bound that follows for the model's latest streams, in ms: "
+            "(ceil(streams / (instances x max_batch)) + 1) service times plus the batch window "
+            "(absent without streams).", labels=m,
         )  # fmt: skip
         items = counter("inference_count", "Items inferred (a batch of n counts n).")
         executions = counter("inference_exec_count", "Batches run.")
@@ -180,6 +218,7 @@ class DuomoCollector(Collector):
             "model_predictions_wasted", "Predicted loads unloaded again before any request."
         )
 
+        now = time.monotonic()
         for name, model in list(self.engine.models.items()):
             numbers = model.stats.counters()
             success.add_metric([name], numbers.totals["success"][0])
@@ -187,6 +226,13 @@ class DuomoCollector(Collector):
                 key = reason.lower()
                 count = numbers.outcomes.get(key, 0) + numbers.refused.get(key, 0)
                 failure.add_metric([name, reason], count)
+            superseded.add_metric([name], numbers.outcomes.get(SUPERSEDED, 0))
+            capacity = stream_capacity(model, now)
+            over.add_metric([name], 1.0 if capacity["state"] == "over" else 0.0)
+            offered.add_metric([name], capacity["offered_fps"])
+            served.add_metric([name], capacity["served_fps"])
+            if capacity["age_bound_ms"] is not None:
+                bound.add_metric([name], capacity["age_bound_ms"])
             items.add_metric([name], numbers.items)
             executions.add_metric([name], numbers.executions)
             for stage, kind in STAGE_DURATIONS:
@@ -215,7 +261,10 @@ class DuomoCollector(Collector):
             predicted.add_metric([name], model.predictions.loads)
             hits.add_metric([name], model.predictions.hits)
             wasted.add_metric([name], model.predictions.wasted)
-        yield from (success, failure, items, executions, *durations.values(), latency, batch)
+        yield from (success, failure, superseded, items, executions, *durations.values())
+        yield from (latency, batch, over, offered, served)
+        if bound.samples:
+            yield bound
         yield from (pending, state, memory, weights, budget, loads, load_time, evictions)
         yield restarts
         yield from (predicted, hits, wasted)
@@ -302,8 +351,12 @@ class DuomoCollector(Collector):
             "them (latest): in its queue, or at the source before they were sent.",
         )  # fmt: skip
         refused = counter(
-            "refused", "Frames of the stream answered with an error (any outcome but OK and "
-            "SUPERSEDED).",
+            "refused", "Frames of the stream refused at the source (fifo's backlog full: never "
+            "sent) or answered with an error (any outcome but OK and SUPERSEDED).",
+        )  # fmt: skip
+        skipped = counter(
+            "skipped", "Frames of the stream its source's caps dropped (max_fps, every): never "
+            "sent, by the stream's own settings.",
         )  # fmt: skip
         state = gauge(
             "state", "1 for the stream's current state (starting, running, blocked, stalled, "
@@ -312,8 +365,8 @@ class DuomoCollector(Collector):
         input_fps = gauge("input_fps", "Frames of the stream arriving per second, recently.")
         answered_fps = gauge("answered_fps", "Frames of the stream answered per second, recently.")
         age = gauge(
-            "age_ms", "Answer age (answer time minus capture time) of the stream's recent "
-            "answers, in ms, at the quantile.", [*sm, "quantile"],
+            "age_ms", "Answer age (answer time minus capture time) of the stream's answers in "
+            "the last 60 s, in ms, at the quantile.", [*sm, "quantile"],
         )  # fmt: skip
         for record in self.streams.snapshot():
             stream = StreamStatus.from_dict(record)
@@ -325,12 +378,14 @@ class DuomoCollector(Collector):
                 answered.add_metric(key, f.answered)
                 superseded.add_metric(key, f.superseded)
                 refused.add_metric(key, f.refused)
+                skipped.add_metric(key, f.skipped)
                 input_fps.add_metric(key, f.input_fps)
                 answered_fps.add_metric(key, f.answered_fps)
                 for quantile, ms in (("0.5", f.age_ms_p50), ("0.99", f.age_ms_p99)):
                     if ms is not None:
                         age.add_metric([*key, quantile], ms)
-        yield from (frames, answered, superseded, refused, state, input_fps, answered_fps, age)
+        yield from (frames, answered, superseded, refused, skipped, state)
+        yield from (input_fps, answered_fps, age)
 
     def _pipelines(self) -> Iterator[Metric]:
         p, ps = ["pipeline"], ["pipeline", "step"]

@@ -14,8 +14,9 @@ by ``supervisor/cli.py``'s ``cmd_status``.
 - ``q``, Ctrl-C and SIGTERM all end with exit 0, and every exit path restores the terminal.
 
 Under the models, the streams table when there are streams (``supervisor.stream_table``'s
-cells, each stream's state in colour), then the pipelines table when there are pipelines
-(``supervisor.pipeline_table``'s cells, each pipeline's state coloured as a model's).
+cells, each stream's state in colour) and the capacity of the models they feed (its state in
+colour), then the pipelines table when there are pipelines (``supervisor.pipeline_table``'s
+cells, each pipeline's state coloured as a model's).
 """
 
 from __future__ import annotations
@@ -176,6 +177,8 @@ def render(frame: Frame, plain: bool = False) -> RenderableType:
             lines.append(Text(line, style=style, no_wrap=True, overflow="ellipsis"))
     if s.streams:
         lines += [Text(), _streams_table(s.streams, plain)]
+    if stream_table.capacity_rows(s.models):
+        lines += [Text(), _capacity_table(s.models, plain)]
     if s.pipelines:
         lines += [Text(), _pipelines_table(s.pipelines, plain)]
     lines += [Text(), _devices_table(s.devices, plain), Text()]
@@ -206,6 +209,7 @@ def plain_frame(frame: Frame, at: datetime.datetime) -> str:
         tables = [
             _models_table(frame.status.models, frame.rates, plain=True),
             _streams_table(frame.status.streams, plain=True),
+            _capacity_table(frame.status.models, plain=True),
             _pipelines_table(frame.status.pipelines, plain=True),
         ]
         measuring = Console(file=io.StringIO(), width=UNLIMITED_WIDTH)
@@ -278,6 +282,14 @@ def _streams_table(streams: tuple[StreamStatus, ...], plain: bool) -> Table:
     styles = stream_table.STATE_STYLES
     cells = stream_table.rows(streams)
     return _named_rows(stream_table.COLUMNS, cells, stream_table.STATE_COLUMN, styles, plain)
+
+
+def _capacity_table(models: dict[str, ModelStatus], plain: bool) -> Table:
+    cells = stream_table.capacity_rows(models)
+    return _named_rows(
+        stream_table.CAPACITY_COLUMNS, cells, stream_table.CAPACITY_STATE_COLUMN,
+        stream_table.CAPACITY_STYLES, plain,
+    )  # fmt: skip
 
 
 def _pipelines_table(pipelines: dict[str, PipelineStatus], plain: bool) -> Table:

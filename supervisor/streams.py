@@ -10,10 +10,18 @@ moment a producer has its answer counts it). The batcher sees a stream only as a
 ``flow`` and ``weight``, and a ``latest`` stream's requests as superseding.
 
 Figures are per stream and model (a frame sent to two models is two requests): frames in,
-answered, superseded (in the queue, and at the source: the header says how many frames the
-source replaced since its last one), refused (any other outcome than OK and SUPERSEDED), the
-input and answered rates over the last ``RATE_WINDOW_S``, and the answer age (answer time
-minus capture time) percentiles over the last ``AGE_WINDOW`` answers.
+answered, superseded (in the queue, and at the source), refused (at the source: ``fifo``'s
+backlog full; and any other outcome than OK and SUPERSEDED here), skipped (by the source's caps,
+``max_fps`` and ``every``), the input and answered rates over the last ``RATE_WINDOW_S``, and
+the answer age (answer time minus capture time) percentiles over the last ``AGE_WINDOW_S``. What
+happened at the source to the frames it did not send, the next frame it sends says (its header's
+stream block). A stream opened again under its name carries its counts on (they are Prometheus
+counters) but starts its rates and ages afresh, and shows only the models it feeds now (a model
+it no longer feeds keeps its counts, hidden, for when it feeds it again).
+
+Each frame and answer also feeds its model's load (``worker.stream_load``: what the streams
+offer a model against what it serves them), and ``tick`` checks each model's load, which logs
+one line per change of its capacity state.
 
 Liveness, per stream, from those timestamps (``StreamState.state``)::
 
@@ -25,7 +33,8 @@ Liveness, per stream, from those timestamps (``StreamState.state``)::
     ended     closed, or its producer went away (kept for the status until its slot in
               ``limits.max_streams`` is needed)
 
-The reactor's housekeeping calls ``tick``, which logs one line per change of state.
+The reactor's housekeeping calls ``tick``, which logs one line per change of state (a stream's
+liveness, a model's capacity).
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ from typing import Any
 import structlog
 
 from duomo.ipc.errors import ErrorCode, InvalidArgumentError, ResourceExhaustedError, echoed
+from duomo.worker.stream_load import StreamLoad
 
 log = structlog.get_logger("duomo.streams")
 
@@ -48,8 +58,13 @@ POLICIES = ("latest", "fifo")
 STATES = ("starting", "running", "blocked", "stalled", "ended")
 MAX_NAME = 64
 RATE_WINDOW_S = 5.0
-AGE_WINDOW = 1024
+AGE_WINDOW_S = 60.0
+AGE_SAMPLES = 1 << 16  # the most answers the age window keeps (a bound on memory at any rate)
 BLOCKED_FOR_S = 1.0
+# the outcomes of a frame lost to its model's load (``worker.stream_load``'s "lost")
+LOST_TO_LOAD = frozenset(
+    {ErrorCode.SUPERSEDED, ErrorCode.RESOURCE_EXHAUSTED, ErrorCode.DEADLINE_EXCEEDED}
+)
 DEFAULT_STALL_AFTER_S = 5.0
 
 
@@ -70,9 +85,17 @@ class ModelFigures:
     answered: int = 0
     superseded: int = 0
     refused: int = 0
+    skipped: int = 0
     arrivals: deque[float] = field(default_factory=deque)  # within RATE_WINDOW_S
     answers: deque[float] = field(default_factory=deque)  # OK answers, within RATE_WINDOW_S
-    ages_s: deque[float] = field(default_factory=lambda: deque(maxlen=AGE_WINDOW))
+    # (answer time, age) of OK answers within AGE_WINDOW_S
+    ages_s: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=AGE_SAMPLES))
+
+    def start_afresh(self) -> None:
+        """Forget the rates' and ages' samples (a reopened stream); the counts go on."""
+        self.arrivals.clear()
+        self.answers.clear()
+        self.ages_s.clear()
 
 
 @dataclass(frozen=True)
@@ -102,16 +125,26 @@ class StreamState:
     identity: it is its requests' ``flow`` in the batcher."""
 
     def __init__(
-        self, stream_id: int, name: str, settings: StreamSettings, client: str, now: float
+        self,
+        stream_id: int,
+        name: str,
+        settings: StreamSettings,
+        client: str,
+        now: float,
+        loads: dict[str, StreamLoad] | None = None,
     ) -> None:
+        """``loads``: the registry's table of each model's load, as last fed (``tick`` checks
+        them)."""
         self.id = stream_id
         self.name = name
         self._lock = threading.Lock()
         self._figures: dict[str, ModelFigures] = {}
+        self._loads = loads if loads is not None else {}
         self.reopen(settings, client, now)
 
     def reopen(self, settings: StreamSettings, client: str, now: float) -> None:
-        """(Re)start it with these settings; an ended stream's counts carry on."""
+        """(Re)start it with these settings: an ended stream's counts carry on, its rates and
+        ages start afresh, and only the models it feeds now are shown."""
         with self._lock:
             self.settings = settings
             self.client = client
@@ -120,33 +153,53 @@ class StreamState:
             self.last_trouble_s = -1e18
             self.any_answer = False
             self.ended = False
+            for figures in self._figures.values():
+                figures.start_afresh()
             for model in settings.models:
                 self._figures.setdefault(model, ModelFigures())
         self.logged_state = "starting"
         self.state_since_s = now
 
-    def received(self, model: str, superseded_before: int, now: float) -> None:
-        """A frame of this stream for ``model`` arrived; the source superseded
-        ``superseded_before`` frames since its last one."""
+    def received(
+        self,
+        model: str,
+        now: float,
+        load: StreamLoad | None = None,
+        superseded: int = 0,
+        refused: int = 0,
+        skipped: int = 0,
+    ) -> None:
+        """A frame of this stream for ``model`` arrived (its ``load``: the model's, which it
+        feeds); since its last one the source superseded ``superseded`` frames, refused
+        ``refused`` and its caps skipped ``skipped`` (the header's stream block)."""
         with self._lock:
             figures = self._figures[model]
             figures.frames_in += 1
             figures.arrivals.append(now)
             _trim(figures.arrivals, now)
             self.last_frame_s = now
-            if superseded_before:
-                figures.superseded += superseded_before
+            figures.skipped += skipped
+            if superseded or refused:
+                figures.superseded += superseded
+                figures.refused += refused
                 self.last_trouble_s = now
+        if load is not None:
+            self._loads[model] = load
+            load.offered(self.name, superseded + refused, now)
 
     def answered(self, model: str, code: ErrorCode, age_s: float, now: float) -> None:
         """A frame of this stream was answered by ``model``, ``age_s`` after its capture."""
+        load = self._loads.get(model)
+        if load is not None:
+            load.answered(self.name, code is ErrorCode.OK, code in LOST_TO_LOAD, now)
         with self._lock:
             figures = self._figures[model]
             if code is ErrorCode.OK:
                 figures.answered += 1
                 figures.answers.append(now)
                 _trim(figures.answers, now)
-                figures.ages_s.append(age_s)
+                figures.ages_s.append((now, age_s))
+                _trim_ages(figures.ages_s, now)
                 self.any_answer = True
                 return
             if code is ErrorCode.SUPERSEDED:
@@ -176,15 +229,18 @@ class StreamState:
         span = max(min(RATE_WINDOW_S, now - self.opened_s), 1e-3)
         with self._lock:
             per_model = {}
-            for model, f in self._figures.items():
+            for model in self.settings.models:  # (a model it no longer feeds: not shown)
+                f = self._figures[model]
                 _trim(f.arrivals, now)
                 _trim(f.answers, now)
-                ages = sorted(f.ages_s)
+                _trim_ages(f.ages_s, now)
+                ages = sorted(age for _, age in f.ages_s)
                 per_model[model] = {
                     "frames_in": f.frames_in,
                     "answered": f.answered,
                     "superseded": f.superseded,
                     "refused": f.refused,
+                    "skipped": f.skipped,
                     "input_fps": round(len(f.arrivals) / span, 3),
                     "answered_fps": round(len(f.answers) / span, 3),
                     "age_ms_p50": _percentile_ms(ages, 0.50),
@@ -209,6 +265,12 @@ def _trim(times: deque[float], now: float) -> None:
         times.popleft()
 
 
+def _trim_ages(ages: deque[tuple[float, float]], now: float) -> None:
+    horizon = now - AGE_WINDOW_S
+    while ages and ages[0][0] < horizon:
+        ages.popleft()
+
+
 def _percentile_ms(ordered: list[float], q: float) -> float | None:
     if not ordered:
         return None
@@ -225,6 +287,8 @@ class StreamRegistry:
         self._by_name: dict[str, StreamState] = {}
         self._ended_s: dict[str, float] = {}  # name -> when it ended
         self._ids = itertools.count(1)
+        # model -> its load as last fed by a stream (a model rebuilt by a reload: its new one)
+        self._loads: dict[str, StreamLoad] = {}
 
     def open(
         self, name: str, settings: StreamSettings, client: str = "", now: float | None = None
@@ -247,7 +311,7 @@ class StreamRegistry:
             if stream is None:
                 if len(self._by_name) >= self.max_streams:
                     self._forget_oldest_ended(name)
-                stream = StreamState(next(self._ids), name, settings, client, now)
+                stream = StreamState(next(self._ids), name, settings, client, now, self._loads)
                 self._by_name[name] = stream
             else:
                 self._ended_s.pop(name, None)
@@ -283,14 +347,16 @@ class StreamRegistry:
             self._log_state(stream, "ended", now, why=why)
 
     def tick(self, now: float) -> None:
-        """Log each stream whose liveness changed since the last tick (the reactor's
-        housekeeping)."""
+        """Log each stream whose liveness changed since the last tick, and check each model's
+        load, which logs a change of its capacity state (the reactor's housekeeping)."""
         with self._lock:
             streams = list(self._by_name.values())
         for stream in streams:
             state = stream.state(now)
             if state != stream.logged_state:
                 self._log_state(stream, state, now)
+        for model, load in list(self._loads.items()):
+            load.check(model, now)
 
     @staticmethod
     def _log_state(stream: StreamState, state: str, now: float, **extra: Any) -> None:

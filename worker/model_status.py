@@ -1,17 +1,49 @@
-"""What ``status`` shows of one served model: its state, instances, queue, counters and recent
-history, as the plain dict the control protocol sends (its shape is the wire's: keep it).
+"""What ``status`` shows of one served model: its state, instances, queue, counters, recent
+history and its streams' load, as the plain dict the control protocol sends (its shape is the
+wire's: keep it).
 
 A read-only view over a ``ServedModel`` (``worker.served_model``), taken on the caller's thread
 without the model's locks: each field is read whole, and a count read mid-change is at most one
-behind. Called by the engine (``Engine.status`` adds memory, compute share and config flags).
+behind. Called by the engine (``Engine.status`` adds memory, compute share and config flags);
+``stream_capacity`` also by the metrics scrape (``supervisor.metrics``).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
 from duomo.worker.served_model import ServedModel
+
+
+def stream_capacity(model: ServedModel, now: float) -> dict[str, Any]:
+    """What its streams offer it against what it serves them (``worker.stream_load``'s
+    reading, in the state last checked), the median time a batch takes, and the age bound that
+    follows for a ``latest`` stream: a frame waits for the streams ahead of it in the
+    round-robin, ⌈streams ÷ (instances × max_batch)⌉ batches (the one running among them),
+    then its own batch, and at most one batch window: (⌈N ÷ lanes⌉ + 1) service times plus
+    the window (``ipc.model_records.ModelCapacity``'s fields)."""
+    reading = model.stats.streams.read(now)
+    service_s = model.stats.recent_service_s()
+    bound_ms = None
+    if reading.streams and service_s is not None:
+        lanes = model.spec.instances * model.spec.max_batch
+        window_s = model.window.window_s if model.window is not None else model.spec.max_delay_s
+        turns = math.ceil(len(reading.streams) / lanes) + 1
+        bound_ms = round((turns * service_s + window_s) * 1e3, 3)
+    return {
+        "state": reading.state,
+        "offered_fps": reading.offered_fps,
+        "served_fps": reading.served_fps,
+        "lost_fps": reading.lost_fps,
+        "service_ms": None if service_s is None else round(service_s * 1e3, 3),
+        "age_bound_ms": bound_ms,
+        "streams": {
+            name: {"offered_fps": s.offered_fps, "served_fps": s.served_fps, "share": s.share}
+            for name, s in reading.streams.items()
+        },
+    }
 
 
 def instance_placements(model: ServedModel) -> list[dict[str, Any]]:
@@ -59,4 +91,5 @@ def model_status(model: ServedModel) -> dict[str, Any]:
         "idle_s": round(now - model.last_used_s, 1) if model.last_used_s else None,
         "history": list(model.history),
         **model.stats.snapshot(),
+        "capacity": stream_capacity(model, now),
     }

@@ -1,5 +1,6 @@
-"""Per-model statistics: outcomes by code, stage latency percentiles, batch-size histogram, and
-cumulative counts and times since the model was built.
+"""Per-model statistics: outcomes by code, stage latency percentiles, batch-size histogram,
+cumulative counts and times since the model was built, and the load its streams put on it
+(``streams``: ``worker.stream_load``).
 
 Written by the model's workers (and the batcher's expiry path), read by ``status``, the
 benchmark and, through ``status``, the gateway's statistics endpoints; ``counters`` is the
@@ -7,6 +8,9 @@ metrics scrape's view (``supervisor.metrics``). Latencies are kept in a bounded 
 requests, so percentiles describe current behaviour and memory stays flat however long the
 server runs; the cumulative ``totals`` (Triton's statistics: counts and nanoseconds per stage)
 and the ``Buckets`` of request durations and batch sizes only ever grow.
+
+A SUPERSEDED answer (a ``latest`` stream's frame replaced by a newer one) is an outcome, never a
+failure: it is counted by outcome (``superseded``) and in no failure total.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import numpy as np
 
 from duomo.ipc.errors import ErrorCode
 from duomo.worker.request import Outcome
+from duomo.worker.stream_load import StreamLoad
 
 STAGES = ("queue", "preprocess", "infer", "postprocess", "total")
 # the cumulative kinds, as Triton's statistics name them: answered requests, successful and
@@ -96,6 +101,7 @@ class ModelStats:
         self._last_ms = 0
         self.request_seconds = Buckets(REQUEST_BOUNDS_S)  # successful requests, end to end
         self.batch_size = Buckets(BATCH_BOUNDS)
+        self.streams = StreamLoad()  # what its streams offer it and what it serves them
 
     def record(self, outcome: Outcome, total_s: float) -> None:
         t = outcome.timings
@@ -154,6 +160,15 @@ class ModelStats:
             start = max(0, len(self._samples) - last)
             totals = [sample[4] for sample in itertools.islice(self._samples, start, None)]
         return float(np.percentile(totals, 99)) * 1e3 if totals else None
+
+    def recent_service_s(self, last: int = 256) -> float | None:
+        """The median time a batch took to serve the last ``last`` successful requests, their
+        queueing left out (end to end minus queue: preprocess, run, postprocess and answer);
+        None before any. The unit of a stream's age bound (``worker.model_status``)."""
+        with self._lock:
+            start = max(0, len(self._samples) - last)
+            served = [s[4] - s[0] for s in itertools.islice(self._samples, start, None)]
+        return float(np.median(served)) if served else None
 
     def recent_p99_s(self) -> float | None:
         """``recent_p99_ms`` in seconds (what ``max_delay_ms: auto`` holds to the SLO)."""

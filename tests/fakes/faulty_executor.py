@@ -13,13 +13,17 @@ this instance's ``first_call``-th batch on, for ``fault_calls`` batches (0: for 
 ``control_file``, when it exists, overrides ``fault`` on every batch with its content ("none",
 "raise", "hang", "garbage"), so a test can switch a running model's behaviour. A hang lasts
 while the control file still says "hang" (or ``hang_s``). ``work_ms`` is time spent per batch
-and ``item_ms`` per item of it,
+and ``item_ms`` per item of it (``work_ms`` alone: a batch costs the same whatever its size, as
+on a device that batches well),
 ``ballast_mb`` memory each loaded instance holds (touched, so it is resident), ``load_s`` how
 long each instance takes to load. ``fault_device``: faults (and the control file) apply only to
 the instances on that device (``models[].device`` with several), so a test can hold one
 device's instance busy while the others serve. ``slot_dtype``: the dtype its slot declares for
 ``x``; one the wire cannot carry (``complex64``) is an executor bug that makes attaching it
-fail with an exception no one expected.
+fail with an exception no one expected. ``batch_log``: a file each batch appends one JSON line
+to — when it began (``at``, ``time.monotonic``) and the first row's first two values of each
+item, in the batch's order (``items``) — so a test that writes which camera and which frame
+into those values can tell which frames ran together.
 
 ``FaultyImageExecutor`` is the same on cue for pipelines' ``for_each`` steps: it takes an image
 (an object's crop) or ``{"image", "landmarks"}``, answers what it was handed, and raises on cue.
@@ -28,6 +32,7 @@ fail with an exception no one expected.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -77,6 +82,7 @@ class FaultyParams(AffineParams):
     item_ms: float = Field(default=0.0, ge=0)
     fault_device: int | None = None
     slot_dtype: str = "float32"
+    batch_log: Path | None = None
 
 
 class FaultyExecutor(AffineExecutor):
@@ -111,6 +117,8 @@ class FaultyExecutor(AffineExecutor):
 
     def execute(self, items: Sequence[Any], timer: StageTimer) -> list[Any]:
         self.calls += 1
+        if self.p.batch_log is not None:
+            self._log_batch(self.p.batch_log, items)
         fault = self._fault_now()
         if fault == "raise":
             raise RuntimeError(f"injected fault on call {self.calls}")
@@ -123,6 +131,14 @@ class FaultyExecutor(AffineExecutor):
         if fault == "garbage":  # one result too many: the batch cannot be split back
             return [None] * (len(items) + 1)
         return self.answer(items, timer)
+
+    @staticmethod
+    def _log_batch(path: Path, items: Sequence[Any]) -> None:
+        """One line per batch: when it began, and each item's first row's first two values."""
+        shown = [[float(x[0, 0]), float(x[0, 1])] for x in items]
+        line = json.dumps({"at": time.monotonic(), "items": shown})
+        with path.open("a") as log:
+            log.write(line + "\n")
 
     def close(self) -> None:
         self._ballast = None

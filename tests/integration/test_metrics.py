@@ -74,10 +74,16 @@ def test_every_series_exists_at_zero_and_counts_exactly_the_requests_sent(
     with running_supervisor(config) as sup, Client(sup.socket) as client:
         before = scrape(port)
         for code in ErrorCode:
-            if code is not ErrorCode.OK:
+            if code not in (ErrorCode.OK, ErrorCode.SUPERSEDED):  # (an outcome, no failure)
                 reason = code.name
                 assert value(before, "duomo_inference_request_failure_total", model="a",
                              reason=reason) == 0  # fmt: skip
+        failures = {labels for name, labels in before if name.endswith("_failure_total")}
+        assert not any(("reason", "SUPERSEDED") in labels for labels in failures)
+        assert value(before, "duomo_inference_request_superseded_total", model="a") == 0
+        assert value(before, "duomo_model_capacity_over", model="a") == 0
+        assert value(before, "duomo_model_offered_fps", model="a") == 0
+        assert value(before, "duomo_model_served_fps", model="a") == 0
         for cause in ("hung", "failing"):
             assert value(before, "duomo_model_restarts_total", model="a", cause=cause) == 0
         assert value(before, "duomo_model_state", model="a", state="READY") == 1

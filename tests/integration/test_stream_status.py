@@ -229,3 +229,106 @@ def test_a_stream_goes_through_each_state_once_seen_in_status_and_logged(
         assert logged_states(socket_path, "gate-3") == seen[1:] == [
             "running", "blocked", "running", "stalled", "ended",
         ]  # fmt: skip
+
+
+def test_frames_the_source_refuses_or_skips_reach_the_supervisors_figures(tmp_path: Path) -> None:
+    """Issue 43: the supervisor showed a fifo camera ``running``, ``refused 0``, while 63 % of
+    its frames were refused ``backlog full`` at the source. Now the source's refusals count as
+    ``refused`` (the stream ``blocked`` meanwhile) and a cap's drops as ``skipped`` (a choice,
+    not trouble: the capped stream stays ``running``), in ``status`` and ``/metrics``."""
+    port = free_port()
+    roomy = {**PACED, "queue_size": 8}  # (the model's queue never refuses: the source does)
+    config = write_config(tmp_path, [], extra=[roomy], metrics={"http": f"127.0.0.1:{port}"})
+    with running_supervisor(config) as sup, Client(sup.socket, timeout_s=30) as client:
+        # 100 frames/s into a model that answers 20: two in flight, eight waiting, the rest
+        # refused at the source
+        fifo = client.stream("fifo-cam", models=["paced"], policy="fifo", slots=2, backlog=8)
+        capped = client.stream("capped-cam", models=["paced"], max_fps=2.0)
+        refused_seen: list[StreamStatus] = []
+        skipped_before_last_sent = kept = 0
+        start = time.monotonic()
+        for i in range(300):  # 3 s
+            time.sleep(max(0.0, start + i / 100 - time.monotonic()))
+            fifo.send(FRAME)
+            sent = capped.send(FRAME)
+            kept += sent
+            skipped_before_last_sent = 0 if sent else skipped_before_last_sent + 1
+            if i % 25 == 24:
+                shown = stream_of(client, "fifo-cam")
+                if shown.models["paced"].refused:
+                    refused_seen.append(shown)
+                    assert shown.state == "blocked"  # never running while it loses frames
+            if i == 250:
+                assert stream_of(client, "capped-cam").state == "running"
+        fifo_outcomes = answers_of(fifo)
+        capped_outcomes = answers_of(capped)
+        status = SupervisorStatus.from_dict(client.status())
+        samples = scrape(port)
+
+    shown = {s.name: s.models["paced"] for s in status.streams}
+    at_source = fifo_outcomes["RESOURCE_EXHAUSTED"]  # backlog full (the queue has room)
+    assert at_source >= 100 and refused_seen, fifo_outcomes
+    # every frame it was handed is counted: answered, or refused at the source
+    assert fifo_outcomes["OK"] + at_source == 300
+    fifo_figures = shown["fifo-cam"]
+    assert (fifo_figures.answered, fifo_figures.refused) == (fifo_outcomes["OK"], at_source)
+    assert (fifo_figures.frames_in, fifo_figures.skipped) == (fifo_outcomes["OK"], 0)
+    refused_total = value(samples, "duomo_stream_refused_total", stream="fifo-cam", model="paced")
+    assert refused_total == at_source
+
+    # the cap kept about 2 frames a second; the frames it dropped before the last one sent
+    # are in the figures (those after it have no frame to ride on)
+    assert 5 <= kept <= 8 and capped_outcomes == {"OK": kept}
+    skipped = 300 - kept - skipped_before_last_sent
+    assert (shown["capped-cam"].skipped, shown["capped-cam"].refused) == (skipped, 0)
+    assert (
+        value(samples, "duomo_stream_skipped_total", stream="capped-cam", model="paced") == skipped
+    )
+
+
+OTHER = faulty_model("other", max_batch=1, params={"work_ms": 10})
+
+
+def test_a_reopened_stream_starts_afresh_and_leaves_a_model_it_no_longer_feeds(
+    tmp_path: Path,
+) -> None:
+    """Issue 43: a reopened stream name showed the last run's p99 (71 s) for minutes, and rows
+    of models no longer fed stayed. Now a reopened stream's rates and ages start afresh (its
+    counters go on, as Prometheus needs), and only the models it feeds now have rows."""
+    port = free_port()
+    config = write_config(tmp_path, [], extra=[PACED, OTHER], metrics={"http": f"127.0.0.1:{port}"})
+    with running_supervisor(config) as sup, Client(sup.socket, timeout_s=30) as client:
+        backlog = client.stream("dock", models=["paced"], policy="fifo", slots=2, backlog=64)
+        for _ in range(40):  # a burst: the last answer waits 40 × 50 ms
+            backlog.send(FRAME)
+        first = answers_of(backlog)
+        assert first == {"OK": 40}
+        old = stream_of(client, "dock").models["paced"]
+        assert old.age_ms_p99 is not None and old.age_ms_p99 >= 1500 and old.input_fps > 5
+
+        elsewhere = client.stream("dock", models=["other"], fps=5.0)  # reopened: other models
+        for _ in range(5):
+            elsewhere.send(FRAME)
+            time.sleep(0.2)
+        assert answers_of(elsewhere) == {"OK": 5}
+        moved = stream_of(client, "dock")
+        samples = scrape(port)
+        assert list(moved.models) == ["other"]  # paced is no longer fed: no row
+        assert (
+            "duomo_stream_frames_total",
+            frozenset({("stream", "dock"), ("model", "paced")}),
+        ) not in samples
+        assert value(samples, "duomo_stream_frames_total", stream="dock", model="other") == 5
+
+        again = client.stream("dock", models=["paced"], fps=5.0)  # back: fresh, counts go on
+        for _ in range(3):
+            again.send(FRAME)
+            time.sleep(0.2)
+        assert answers_of(again) == {"OK": 3}
+        back = stream_of(client, "dock").models["paced"]
+        samples = scrape(port)
+
+    assert (back.frames_in, back.answered) == (43, 43)
+    assert value(samples, "duomo_stream_frames_total", stream="dock", model="paced") == 43
+    assert back.age_ms_p99 is not None and back.age_ms_p99 < 400, back  # not the backlog's
+    assert back.input_fps < 8 and back.answered_fps < 8, back  # 3 frames at 5/s, not 43

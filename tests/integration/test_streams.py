@@ -136,13 +136,13 @@ def test_an_old_clients_header_is_refused_naming_both_versions(
         slot.write(FRAME)
         real_pack = slot._pack_request
 
-        def version_one(*fields: int) -> None:
+        def version_two(*fields: int) -> None:
             real_pack(*fields)
-            struct.pack_into("<H", slot._header, 4, 1)  # an old client's version
+            struct.pack_into("<H", slot._header, 4, 2)  # the last release's client
 
-        slot._pack_request = version_one
+        slot._pack_request = version_two
         slot.submit()
-        with pytest.raises(InvalidArgumentError, match=r"protocol version 1.*version 2"):
+        with pytest.raises(InvalidArgumentError, match=r"protocol version 2.*version 3"):
             slot.wait(timeout_s=10)
         slot.release()
         handle.close()

@@ -258,7 +258,7 @@ def valid_header(seq: int, shape: tuple[int, ...], dtype: str = "float32") -> Sl
         ("shape_larger_than_slot", "exceeds the slot"),
         ("wrong_dtype", "must be float32"),
         ("bad_magic", "magic"),
-        ("bad_version", "protocol version 99; this supervisor speaks version 2"),
+        ("bad_version", "protocol version 99; this supervisor speaks version 3"),
         ("sequence_mismatch", "sequence number"),
         ("rank_mismatch", "expected rank 2"),
     ],

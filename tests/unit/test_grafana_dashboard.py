@@ -39,6 +39,7 @@ COUNTERS = {
     "duomo_model_restarts": True,
     "duomo_device_cpu_seconds": False,
     "duomo_stream_answered": True,
+    "duomo_inference_request_superseded": True,
     "duomo_pipeline_requests": False,
     "duomo_pipeline_step_runs": False,
     "duomo_pipeline_step_skipped": False,
@@ -67,6 +68,9 @@ GAUGES = {
     "duomo_gateway_workers_running": False,
     "duomo_process_resident_bytes": False,
     "duomo_stream_age_ms": True,
+    "duomo_model_offered_fps": True,
+    "duomo_model_served_fps": True,
+    "duomo_model_capacity_over": True,
 }
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 

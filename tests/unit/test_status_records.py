@@ -133,6 +133,23 @@ def test_errors_are_failed_after_queueing_plus_refused_at_admission() -> None:
     assert (shown.ok, shown.errors) == (7, 3 + 5)
 
 
+def test_superseded_frames_are_no_errors_and_the_json_says_both() -> None:
+    """Issue 43: four healthy cameras read "ok 94, errors 1205": the frames a newer one
+    replaced were counted as errors. They are an outcome of their own; ``--json`` writes both
+    figures, derived again when read."""
+    entry = model_entry(
+        requests=1300,
+        outcomes={"ok": 94, "superseded": 1205, "internal": 1},
+        refused={"resource_exhausted": 2},
+    )
+    shown = ModelStatus.from_dict(entry)
+    assert (shown.ok, shown.superseded, shown.errors) == (94, 1205, 1 + 2)
+    written = shown.to_dict()
+    assert (written["errors"], written["superseded"]) == (3, 1205)
+    lying = {**written, "errors": 1205}  # never read: one definition
+    assert ModelStatus.from_dict(lying).errors == 3
+
+
 def test_the_table_and_the_watch_show_the_same_errors_for_a_model_with_both_kinds() -> None:
     entry = model_entry(
         requests=400,

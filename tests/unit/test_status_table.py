@@ -62,12 +62,12 @@ def table(text: str) -> tuple[str, dict[str, str]]:
 def test_the_model_table_is_as_it_was_for_short_names() -> None:
     title, rows = table(render_status(status(ocr=model())))
     assert title == (
-        "model        state          dev   inst queue busy      ok errors   p50 ms   p99 ms    "
-        "MiB rst       share  batches"
+        "model        state          dev   inst queue busy      ok errors superseded   p50 ms   "
+        "p99 ms    MiB rst       share  batches"
     )
     assert rows["ocr"] == (
-        "ocr          READY          0        1     0    0       7      0     19.5     29.6     "
-        "34   0    3% (w 1)  1:7"
+        "ocr          READY          0        1     0    0       7      0          0     19.5   "
+        "  29.6     34   0    3% (w 1)  1:7"
     )
 
 

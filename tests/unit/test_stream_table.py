@@ -28,6 +28,7 @@ def figures(**fields: Any) -> dict[str, Any]:
         "answered": 310,
         "superseded": 589,
         "refused": 1,
+        "skipped": 0,
         "input_fps": 30.012,
         "answered_fps": 10.4,
         "age_ms_p50": 61.3,
@@ -98,32 +99,34 @@ def test_duomo_status_shows_a_row_per_stream_and_model_after_the_models() -> Non
             stream("gate-3", face=figures(), ocr=figures(answered_fps=2.0, refused=0)),
             stream(
                 "loading-dock-camera-17", "starting",
-                face=figures(frames_in=0, answered=0, superseded=0, refused=0, input_fps=0.0,
-                             answered_fps=0.0, age_ms_p50=None, age_ms_p99=None),
+                face=figures(frames_in=0, answered=0, superseded=0, refused=0, skipped=30,
+                             input_fps=0.0, answered_fps=0.0, age_ms_p50=None, age_ms_p99=None),
             ),
         )
     )  # fmt: skip
     lines = text.splitlines()
     title = lines.index(
         "stream                  state     model  policy  in fps  answered fps  age p50 ms  "
-        "age p99 ms   in  answered  superseded  refused"
+        "age p99 ms   in  answered  superseded  refused  skipped"
     )
     assert lines[title - 1] == ""
     assert lines[title - 2].startswith("classify ")  # the models table's last row
     assert lines[title + 1 : title + 4] == [
         "gate-3                  running   face   latest    30.0          10.4        61.3  "
-        "     140.0  900       310         589        1",
+        "     140.0  900       310         589        1        0",
         "gate-3                  running   ocr    latest    30.0           2.0        61.3  "
-        "     140.0  900       310         589        0",
+        "     140.0  900       310         589        0        0",
         "loading-dock-camera-17  starting  face   latest     0.0           0.0           -  "
-        "         -    0         0           0        0",
+        "         -    0         0           0        0       30",
     ]
     assert lines[title + 4].startswith("clients ")
 
 
 def test_no_streams_no_table() -> None:
     assert stream_table.render(()) == []
-    assert "superseded" not in render_status(status())
+    assert stream_table.render_capacity(status().models) == []
+    shown = render_status(status())
+    assert "answered fps" not in shown and "offered fps" not in shown
 
 
 def test_the_watch_view_shows_the_same_cells() -> None:
@@ -133,7 +136,7 @@ def test_the_watch_view_shows_the_same_cells() -> None:
     assert row.split() == stream_table.rows(shown.streams)[0]
     assert row.split() == [
         "gate-3", "stalled", "face", "latest", "30.0", "10.4", "61.3", "140.0", "900", "310",
-        "589", "1",
+        "589", "1", "0",
     ]  # fmt: skip
     titles = [line for line in text.splitlines() if line.lstrip().startswith("stream ")]
     assert titles and "age p99 ms" in titles[0]

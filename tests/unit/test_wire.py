@@ -12,6 +12,8 @@ from duomo.ipc.wire import (
     FRAME,
     HEADER_BYTES,
     MAX_JSON_BYTES,
+    PROTOCOL_VERSION,
+    STREAM_AT,
     FrameKind,
     SlotHeader,
     SlotState,
@@ -20,7 +22,9 @@ from duomo.ipc.wire import (
     frame,
     pack_descriptors,
     request_packer,
+    stream_packer,
     unpack_done,
+    unpack_stream,
 )
 
 
@@ -61,6 +65,30 @@ def test_the_packers_write_what_the_header_layout_says() -> None:
     assert unpack_done(memoryview(answered)) == (SlotState.DONE, 9, 3, 40, 1, 2, 3, 4)
     assert answered[DESCRIPTORS] == reference[DESCRIPTORS]  # the inputs' block stays
     assert notice_packer(3, 4)(5) == notice_frame(3, 4, 5)
+
+
+def test_the_stream_block_carries_what_the_source_did_with_the_frames_it_did_not_send() -> None:
+    """Version 3: the block says how many frames the source superseded, refused and skipped
+    since its last one sent, beside the stream, the frame and its capture time; the producer's
+    packer writes what ``SlotHeader`` lays out, and the block fits the header after the
+    descriptors, at a 64-byte boundary."""
+    assert PROTOCOL_VERSION == 3
+    block = (7, 3, 2, 11, 2**64 - 1, 1_234_567)  # stream, superseded, refused, skipped, ...
+    written = bytearray(HEADER_BYTES)
+    stream_packer(memoryview(written))(*block)
+    assert unpack_stream(bytes(written)) == block
+    reference = bytearray(HEADER_BYTES)
+    SlotHeader(
+        stream=7, superseded_before=3, refused_before=2, skipped_before=11, frame=2**64 - 1,
+        captured_us=1_234_567,
+    ).pack_into(memoryview(reference))  # fmt: skip
+    stream_block = slice(STREAM_AT, STREAM_AT + 32)
+    assert written[stream_block] == reference[stream_block]
+    back = SlotHeader.unpack(memoryview(reference))
+    assert (back.superseded_before, back.refused_before, back.skipped_before) == (3, 2, 11)
+    assert (back.stream, back.frame, back.captured_us) == (7, 2**64 - 1, 1_234_567)
+    assert DESCRIPTORS.stop <= STREAM_AT and STREAM_AT % 64 == 0
+    assert STREAM_AT + 32 <= HEADER_BYTES
 
 
 def test_header_that_lies_about_counts_is_rejected() -> None:
