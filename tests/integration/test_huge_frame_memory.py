@@ -168,6 +168,8 @@ def check_answers(huge: dict[str, Any], reference: dict[str, Any]) -> None:
     assert reference["classify"]["top"][0]["label"] == "espresso"
     (face,) = huge["face"]["faces"]
     assert face["score"] > 0.8
+    # the answer says how small the detector saw the frame (issue 43): 640 of its 10 000 pixels
+    assert huge["face"]["scale"] == round(640 / SIDE, 6) and reference["face"]["scale"] == 1.25
     ours = np.asarray(huge["face_embedding"]["embedding"])
     theirs = np.asarray(reference["face_embedding"]["embedding"])
     assert float(ours @ theirs) > 0.9, float(ours @ theirs)

@@ -139,7 +139,8 @@ def test_a_failing_sub_step_is_its_sub_result_through_the_gateway(gw: Gateway) -
 def test_a_frame_without_a_face_and_a_bad_image(gw: Gateway) -> None:
     blank = np.zeros((120, 160, 3), np.uint8)
     for mod, client in clients(gw):
-        assert result_of(client.infer("faces", [image_input(mod, blank)])) == {"faces": []}
+        expected = {"faces": [], "scale": 4.0}  # (640 over its 160 pixels)
+        assert result_of(client.infer("faces", [image_input(mod, blank)])) == expected
         with pytest.raises(InferenceServerException) as info:
             client.infer("faces", [image_input(mod, b"not an image at all")])
         assert "image" in str(info.value).lower()

@@ -182,7 +182,8 @@ def test_the_astronaut_one_face_its_mirror_image_and_another_person(engine: Engi
 def test_a_frame_without_a_face_runs_no_second_step_and_is_counted(engine: Engine) -> None:
     before = engine.status()["pipelines"]["faces"]
     embedded = engine.status()["models"]["face_embedding"]["requests"]
-    assert engine.infer("faces", BLANK, timeout_s=60) == {"faces": []}
+    # (the detector's scale says how large a face it could have found: 640 / 320)
+    assert engine.infer("faces", BLANK, timeout_s=60) == {"faces": [], "scale": 2.0}
     after = engine.status()["pipelines"]["faces"]
     for name in ("embedding", "attributes"):
         was = step_counts({"pipelines": {"faces": before}}, "faces")[name]
@@ -294,7 +295,7 @@ def test_served_like_a_model(sup: SupervisorProcess, engine: Engine) -> None:
     assert answer["faces"][0]["box"] == local["faces"][0]["box"]
     assert float(vector(answer["faces"][0]) @ vector(local["faces"][0])) > 0.9999
     assert answer["faces"][0]["attributes"]["gender"] == "female"
-    assert blank == {"faces": []}
+    assert blank == {"faces": [], "scale": 2.0}
     assert len(faulty["faces"]) == 3
     for face in faulty["faces"]:  # through a slot: the failure is still that sub-result alone
         assert face["broken"]["error"]["code"] == "INTERNAL"
@@ -369,7 +370,7 @@ def test_status_counts_per_pipeline_and_step(sup: SupervisorProcess) -> None:
         with client.stream("cam-status", models=["faces_reuse"], policy="fifo") as stream:
             for _ in range(5):
                 assert one_answer(stream, ASTRONAUT).ok
-            assert one_answer(stream, BLANK).result == {"faces": []}
+            assert one_answer(stream, BLANK).result == {"faces": [], "scale": 2.0}
         after = client.status()
     shown, was = after["pipelines"]["faces_reuse"], before["pipelines"]["faces_reuse"]
     assert shown["state"] == "READY" and shown["requests"] - was["requests"] == 6

