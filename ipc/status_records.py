@@ -7,7 +7,7 @@ that is missing, or holds a value of the wrong type, raises ``StatusRecordError`
 and the key — never a default, so a renamed key fails loudly instead of showing 0 or "UNKNOWN".
 A field that may be ``null`` on the wire is ``X | None`` here; ``null`` and a missing key are not
 the same thing (only ``ModelInfo``'s loaded-only keys, ``ModelStatus.compute``,
-``SupervisorStatus.streams`` and ``SupervisorStatus.pipelines`` may be absent).
+``SupervisorStatus.streams``, ``.pipelines`` and ``.sources`` may be absent).
 
 ======================  ======================================  ==================  ===============
 record                  what it holds                           built by            read by
@@ -35,6 +35,9 @@ record                  what it holds                           built by        
                         latency, objects per frame              pipelines`` (the
                         (``PipelineObjects``) and per step its  engine's view)
                         counts (``PipelineStepStatus``)
+``SourceStatus``        one managed source: its masked URL,     ``supervisor.       CLI, gateway,
+                        state, worker, figures, last error      sources.fleet``     ``--watch``
+                        (``ipc.source_records``)
 ``SupervisorStatus``    the whole ``status`` reply: the         ``Supervisor.       CLI, ``--watch``
                         process, its limits, and the records    status``
                         above
@@ -66,6 +69,7 @@ from duomo.ipc.model_records import (
     Totals,
 )
 from duomo.ipc.record_reading import JSON, RecordReader, StatusRecordError
+from duomo.ipc.source_records import SourceStatus
 
 __all__ = [
     "ClientStatus",
@@ -479,8 +483,9 @@ class PipelineStatus:
 class SupervisorStatus:
     """The ``status`` reply: the process (pid, socket, config, uptime, memory, threads, fds),
     its rings and refusals, its ``limits``, and a record per gateway worker, device, model,
-    client, stream and pipeline. ``streams`` and ``pipelines`` are left out of the JSON when
-    there is none (a supervisor older than them never sends them): both read back as none."""
+    client, stream, pipeline and managed source. ``streams``, ``pipelines`` and ``sources`` are
+    left out of the JSON when there is none (a supervisor older than them never sends them):
+    they read back as none."""
 
     pid: int
     socket: str
@@ -502,6 +507,7 @@ class SupervisorStatus:
     clients: tuple[ClientStatus, ...]
     streams: tuple[StreamStatus, ...] = ()
     pipelines: dict[str, PipelineStatus] = field(default_factory=dict)
+    sources: tuple[SourceStatus, ...] = ()  # the managed sources (``ipc.source_records``)
 
     def to_dict(self) -> JSON:
         shown: JSON = {
@@ -528,6 +534,8 @@ class SupervisorStatus:
             shown["streams"] = [s.to_dict() for s in self.streams]
         if self.pipelines:
             shown["pipelines"] = {name: p.to_dict() for name, p in self.pipelines.items()}
+        if self.sources:
+            shown["sources"] = [s.to_dict() for s in self.sources]
         return shown
 
     @classmethod
@@ -558,4 +566,5 @@ class SupervisorStatus:
                 if "pipelines" in r.data
                 else {}
             ),
+            sources=r.records("sources", SourceStatus.from_dict) if "sources" in r.data else (),
         )

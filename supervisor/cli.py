@@ -281,9 +281,10 @@ def _shared_weights(status: SupervisorStatus) -> list[str]:
 def render_status(status: SupervisorStatus) -> str:
     """``duomo status``'s text: the process, each device, the model table (its columns:
     docs/operations.md), the streams table and the models' capacity when there are streams
-    (``stream_table``), the pipelines table when there are pipelines (``pipeline_table``),
-    limits, gateway workers and clients."""
-    from duomo.supervisor import pipeline_table, stream_table  # (beside the models)
+    (``stream_table``), the pipelines table when there are pipelines (``pipeline_table``), the
+    managed sources when there are some (``source_table``), limits, gateway workers and
+    clients."""
+    from duomo.supervisor import pipeline_table, source_table, stream_table  # (beside the models)
 
     rss_mb = status.rss_bytes / 2**20
     lines = [
@@ -326,6 +327,8 @@ def render_status(status: SupervisorStatus) -> str:
     lines += ["", *capacity] if capacity else []
     pipelines = pipeline_table.render(status.pipelines)
     lines += ["", *pipelines] if pipelines else []
+    sources = source_table.render(status.sources)
+    lines += ["", *sources] if sources else []
     limits = status.limits
     lines.append(
         f"clients {len(status.clients)} of {limits['max_connections']}, "

@@ -22,6 +22,8 @@ which bounds the ``stream`` label's values. A stream opened again under its name
 counts on and drops the series of a model it no longer feeds. Its answer-age quantiles appear
 with its first answer in the last 60 s.
 
+Managed sources have ``duomo_source_*`` (``supervisor.source_metrics``).
+
 Pipelines (``duomo_pipeline_*``, from ``engine.pipelines``) have their series from the start,
 at zero, like the models: a request counter by ``code`` (every ``ErrorCode`` name, ``OK``
 among them), the latency of its successful requests and its objects per frame as histograms,
@@ -45,8 +47,10 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from duomo.ipc.errors import ErrorCode
+from duomo.ipc.source_records import SourceStatus
 from duomo.ipc.status_records import StreamStatus
 from duomo.supervisor.engine import Engine
+from duomo.supervisor.source_metrics import source_families
 from duomo.supervisor.streams import STATES, StreamRegistry
 from duomo.worker.model_spec import ModelState
 from duomo.worker.model_status import stream_capacity
@@ -93,17 +97,23 @@ class DuomoCollector(Collector):
     """Builds every ``duomo_*`` family on each scrape (``collect``)."""
 
     def __init__(
-        self, engine: Engine, process: Callable[[], ProcessView], streams: StreamRegistry
+        self,
+        engine: Engine,
+        process: Callable[[], ProcessView],
+        streams: StreamRegistry,
+        sources: Callable[[], Sequence[SourceStatus]] = tuple,
     ) -> None:
         self.engine = engine
         self.process = process
         self.streams = streams
+        self.sources = sources
 
     def collect(self) -> Iterator[Metric]:
         yield from self._models()
         yield from self._devices()
         yield from self._streams()
         yield from self._pipelines()
+        yield from source_families(self.sources())
         view = self.process()
         yield GaugeMetricFamily(
             "duomo_clients_attached", "Authenticated client connections (producers, gateway "

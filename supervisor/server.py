@@ -174,7 +174,9 @@ class Supervisor:
         self._own(key_path(path))
         metrics = self.loaded.config.metrics
         if metrics is not None:  # first: the probes answer (not ready) while the models load
-            collector = DuomoCollector(self.engine, self._process_view, self.streams)
+            collector = DuomoCollector(
+                self.engine, self._process_view, self.streams, self.sources.status
+            )
             self.metrics = MetricsServer(metrics, collector, self._live, self._not_ready)
             self.metrics.start()
         try:
@@ -625,6 +627,7 @@ class Supervisor:
             pipelines={n: PipelineStatus.from_dict(p) for n, p in engine["pipelines"].items()},
             clients=tuple(clients),
             streams=tuple(StreamStatus.from_dict(s) for s in self.streams.snapshot()),
+            sources=self.sources.status(),
         )
 
 

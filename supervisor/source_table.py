@@ -19,6 +19,7 @@ COLUMNS = (
     Column("age p99 ms", True), Column("decoded", True), Column("decode errors", True),
     Column("reconnects", True), Column("answered", True), Column("url"),
 )  # fmt: skip
+STATE_COLUMN = 1
 STATE_STYLES = {
     "connecting": "cyan",
     "playing": "green",

@@ -16,7 +16,9 @@ by ``supervisor/cli.py``'s ``cmd_status``.
 Under the models, the streams table when there are streams (``supervisor.stream_table``'s
 cells, each stream's state in colour) and the capacity of the models they feed (its state in
 colour), then the pipelines table when there are pipelines (``supervisor.pipeline_table``'s
-cells, each pipeline's state coloured as a model's).
+cells, each pipeline's state coloured as a model's), then the managed sources
+(``supervisor.source_table``'s cells, each state coloured, and each last error on a line of its
+own).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from rich.text import Text
 
 from duomo.ipc.client import Client
 from duomo.ipc.errors import DuomoError
+from duomo.ipc.source_records import SourceStatus
 from duomo.ipc.status_records import (
     DeviceStatus,
     ModelStatus,
@@ -52,7 +55,7 @@ from duomo.ipc.status_records import (
     StreamStatus,
     SupervisorStatus,
 )
-from duomo.supervisor import pipeline_table, stream_table
+from duomo.supervisor import pipeline_table, source_table, stream_table
 from duomo.supervisor.text_table import Column
 
 STATUS_TIMEOUT_S = 5.0  # the longest one poll waits for the supervisor's reply
@@ -181,6 +184,13 @@ def render(frame: Frame, plain: bool = False) -> RenderableType:
         lines += [Text(), _capacity_table(s.models, plain)]
     if s.pipelines:
         lines += [Text(), _pipelines_table(s.pipelines, plain)]
+    if s.sources:
+        lines += [Text(), _sources_table(s.sources, plain)]
+        for source in s.sources:
+            if source.last_error:
+                line = f"{source.name} {source.state}: {source.last_error}"
+                style = "red" if source.state == "failed" else "yellow"
+                lines.append(Text(line, style=style, no_wrap=True, overflow="ellipsis"))
     lines += [Text(), _devices_table(s.devices, plain), Text()]
     for g in s.gateways:
         lines.append(
@@ -296,6 +306,13 @@ def _pipelines_table(pipelines: dict[str, PipelineStatus], plain: bool) -> Table
     cells = pipeline_table.rows(pipelines)
     return _named_rows(
         pipeline_table.COLUMNS, cells, pipeline_table.STATE_COLUMN, STATE_STYLES, plain
+    )
+
+
+def _sources_table(sources: tuple[SourceStatus, ...], plain: bool) -> Table:
+    cells = source_table.rows(sources)
+    return _named_rows(
+        source_table.COLUMNS, cells, source_table.STATE_COLUMN, source_table.STATE_STYLES, plain
     )
 
 

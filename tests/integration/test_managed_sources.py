@@ -16,6 +16,7 @@ import signal
 import socket
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -55,10 +56,17 @@ def camera(name: str, video: Path, **fields: object) -> dict[str, Any]:
 
 
 class Fleet:
-    """The supervisor under test, its log, and its gateway's HTTP address."""
+    """The supervisor under test, its log, its gateway's HTTP address and its metrics port."""
 
-    def __init__(self, sup: SupervisorProcess, log: Path, http: str, config: Path) -> None:
+    def __init__(
+        self, sup: SupervisorProcess, log: Path, http: str, config: Path, metrics: str
+    ) -> None:
         self.sup, self.log, self.http, self.config = sup, log, http, config
+        self.metrics = metrics
+
+    def scrape(self) -> str:
+        with urllib.request.urlopen(f"http://{self.metrics}/metrics", timeout=30) as reply:
+            return str(reply.read().decode())
 
     def cli(self, *args: str) -> tuple[int, str, str]:
         done = duomo(self.sup.socket, "source", *args)
@@ -85,7 +93,7 @@ class Fleet:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory, video: Path) -> Iterator[Fleet]:
     folder = tmp_path_factory.mktemp("fleet")
-    http_at = f"127.0.0.1:{free_port()}"
+    http_at, metrics_at = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     secret_url = f"rtsp://admin:${{{SECRET_VAR}}}@127.0.0.1:{free_port()}/cam"
     config = write_config(
         folder, ["classify"],
@@ -94,13 +102,13 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, video: Path) -> Iterator[Fle
             camera("lobby", video),
             {"name": "locked", "url": secret_url, "models": ["classify"], "failed_after_s": 2},
         ],
-        source_workers={"count": 2},
+        source_workers={"count": 2}, metrics={"http": metrics_at},
     )  # fmt: skip
     log = folder / "supervisor.log"
     os.environ[SECRET_VAR] = SECRET  # (the supervisor and its workers inherit it)
     try:
         with running_supervisor(config, log=log) as sup:
-            yield Fleet(sup, log, http_at, config)
+            yield Fleet(sup, log, http_at, config, metrics_at)
     finally:
         del os.environ[SECRET_VAR]
 
@@ -223,13 +231,28 @@ def test_secrets_are_never_shown(fleet: Fleet) -> None:
     assert locked["url"].startswith("rtsp://admin:***@") and "Connection refused" in (
         locked["last_error"] or ""
     )
+    status = duomo(fleet.sup.socket, "status").stdout
+    assert "locked: failed: rtsp://admin:***@127.0.0.1" in status, status  # (its table and error)
     shown = [
         fleet.cli("list")[1], fleet.cli("list", "--json")[1], fleet.cli("show", "locked")[1],
-        json.dumps(fleet.call("GET", "/v1/sources")[1]), fleet.log.read_text(),
-        duomo(fleet.sup.socket, "status", "--json").stdout,
+        json.dumps(fleet.call("GET", "/v1/sources")[1]), fleet.log.read_text(), status,
+        duomo(fleet.sup.socket, "status", "--json").stdout, fleet.scrape(),
     ]  # fmt: skip
     for text in shown:
         assert SECRET not in text
+
+
+def test_the_sources_health_is_in_the_metrics(fleet: Fleet) -> None:
+    poll(lambda: answered(fleet, "lobby", 2), timeout_s=60)
+    poll(lambda: fleet.sources()["locked"]["state"] == "failed", timeout_s=60)
+    text = fleet.scrape()
+    assert 'duomo_source_state{source="locked",state="failed"} 1.0' in text
+    assert 'duomo_source_state{source="locked",state="playing"} 0.0' in text
+    assert 'duomo_source_state{source="lobby",state="playing"} 1.0' in text
+    decoded = [line for line in text.splitlines() if line.startswith("duomo_source_decoded_total")]
+    assert any('source="lobby"' in line and float(line.split()[-1]) > 0 for line in decoded)
+    reconnects = [line for line in text.splitlines() if "duomo_source_reconnects_total" in line]
+    assert any('source="locked"' in line and float(line.split()[-1]) >= 1 for line in reconnects)
 
 
 def test_sources_added_at_run_time_outlive_the_supervisor(video: Path) -> None:
