@@ -367,9 +367,14 @@ class Attachment:
                 got = DTYPES[desc.dtype].name if desc.dtype < len(DTYPES) else f"code {desc.dtype}"
                 raise InvalidArgumentError(f"input {area.name!r} must be {area.dtype}, got {got}")
             shape = desc.shape
-            if len(shape) != len(area.shape) or min(shape, default=1) < 1:
+            if len(shape) != len(area.shape):
                 raise InvalidArgumentError(
                     f"input {area.name!r} has shape {list(shape)}, expected rank {len(area.shape)}"
+                )
+            if min(shape, default=1) < 1:
+                raise InvalidArgumentError(
+                    f"input {area.name!r} has shape {list(shape)}: every dimension must be at "
+                    "least 1"
                 )
             if self.spec.max_rows is not None and shape[0] > self.spec.max_rows:
                 raise InvalidArgumentError(

@@ -261,6 +261,8 @@ def valid_header(seq: int, shape: tuple[int, ...], dtype: str = "float32") -> Sl
         ("bad_version", "protocol version 99; this supervisor speaks version 3"),
         ("sequence_mismatch", "sequence number"),
         ("rank_mismatch", "expected rank 2"),
+        # (issue 43: a 0×0 frame of rank 3 was told "expected rank 3")
+        ("empty_dimension", "has shape [0, 4]: every dimension must be at least 1"),
     ],
 )
 def test_bad_slot_headers_are_answered_with_errors(
@@ -284,6 +286,8 @@ def test_bad_slot_headers_are_answered_with_errors(
             header.version = 99
         elif case == "rank_mismatch":
             header = valid_header(7, (1, 4, 1))
+        elif case == "empty_dimension":
+            header = valid_header(7, (0, 4))
         # for "sequence_mismatch" the notice names another request than the header holds
         submit_raw(slot, header, notice_seq=8 if case == "sequence_mismatch" else None)
         with pytest.raises(InvalidArgumentError, match=expected):
