@@ -262,7 +262,7 @@ def valid_header(seq: int, shape: tuple[int, ...], dtype: str = "float32") -> Sl
         ("sequence_mismatch", "sequence number"),
         ("rank_mismatch", "expected rank 2"),
         # (issue 43: a 0×0 frame of rank 3 was told "expected rank 3")
-        ("empty_dimension", "has shape [0, 4]: every dimension must be at least 1"),
+        ("empty_dimension", r"has shape \[0, 4\]: every dimension must be at least 1"),
     ],
 )
 def test_bad_slot_headers_are_answered_with_errors(
