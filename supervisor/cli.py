@@ -30,6 +30,7 @@ from duomo.ipc.runtime_dir import default_socket_path
 from duomo.ipc.status_records import ModelStatus, SupervisorStatus
 from duomo.supervisor.config import ConfigError, LoadedConfig, ResolvedModel, load_config
 from duomo.supervisor.source_commands import add_parser as add_source_parser
+from duomo.video import camera_sim
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 DEFAULT_CONFIG = Path("configs/default.yaml")
@@ -649,6 +650,33 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     _socket_arg(stream)
     stream.set_defaults(func=cmd_stream)
+
+    camera = sub.add_parser(
+        "camera-sim", help="serve video files as looping RTSP cameras (and broken ones), to try "
+        "streams without a camera",
+        description="Serve each FILE at rtsp://HOST:PORT/<its stem>, looping in real time, and "
+        "at /<its stem>/corrupt with damaged slices; print a line per URL, then READY and the "
+        "URLs; serve until Ctrl-C or SIGTERM.",
+    )  # fmt: skip
+    camera.add_argument("files", nargs="+", type=Path, metavar="FILE", help="a video file")
+    camera.add_argument("--host", default=camera_sim.DEFAULT_HOST, help="default 127.0.0.1")
+    camera.add_argument(
+        "--port", type=camera_sim.port_number, default=camera_sim.DEFAULT_PORT,
+        help="default 8554; 0: any free port (the READY line says which)",
+    )  # fmt: skip
+    camera.add_argument(
+        "--fps", type=camera_sim.frame_rate, default=None, metavar="F",
+        help="play every frame at F frames a second (default: the file's rate)",
+    )  # fmt: skip
+    camera.add_argument(
+        "--clock-offset-s", type=camera_sim.clock_offset, default=0.0, metavar="S",
+        help="the RTCP sender reports' clock is the host's wall clock plus S seconds",
+    )  # fmt: skip
+    camera.add_argument(
+        "--no-sender-reports", action="store_true",
+        help="send no RTCP at all (a client gets no camera time)",
+    )  # fmt: skip
+    camera.set_defaults(func=camera_sim.run)
 
     add_source_parser(sub, _socket_arg)
 
