@@ -106,6 +106,10 @@ NOT_RUN: list[tuple[str, str]] = [
     (r"\.venv/bin/python deploy/stream/demo_clip\.py \S+ /tmp/\S+\.mp4", STREAMS_RUN_BELOW),
     (r"\.venv/bin/duomo stream /tmp/\S+\.mp4 .*", STREAMS_RUN_BELOW),
     (r"\.venv/bin/duomo stream (rtsp://|/dev/video|--sources )\S* .*", CAMERA),
+    (
+        r"\.venv/bin/duomo camera-sim \S+\.mp4( \S+\.mp4)*",
+        "serves until stopped, from the reader's own files; test_camera_sim.py runs it",
+    ),
     *(
         (pattern, CURL_RUN_BELOW)
         for pattern in (
