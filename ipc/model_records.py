@@ -272,9 +272,10 @@ class ModelCapacity:
     streams lose more than a tenth of their frames to its load; the frames per second offered,
     served and lost; the median time a batch takes (``service_ms``; None before any answer);
     the age bound that follows for its ``latest`` streams (``age_bound_ms``: (⌈streams ÷
-    (instances × max_batch)⌉ + 1) service times, plus the batch window; None without streams
-    or a service time); and each stream's part, by name (the streams that offered it a frame
-    in the window)."""
+    (instances × max_batch)⌉ + 1) service times, plus the batch window — the worst over the
+    cameras' frame rates; a camera faster than the model gets at most a service time and a
+    frame period; None without streams or a service time); and each stream's part, by name
+    (the streams that offered it a frame in the window)."""
 
     state: str  # ok, over
     offered_fps: float

@@ -19,11 +19,14 @@ from duomo.worker.served_model import ServedModel
 
 def stream_capacity(model: ServedModel, now: float) -> dict[str, Any]:
     """What its streams offer it against what it serves them (``worker.stream_load``'s
-    reading, in the state last checked), the median time a batch takes, and the age bound that
-    follows for a ``latest`` stream: a frame waits for the streams ahead of it in the
-    round-robin, ⌈streams ÷ (instances × max_batch)⌉ batches (the one running among them),
-    then its own batch, and at most one batch window: (⌈N ÷ lanes⌉ + 1) service times plus
-    the window (``ipc.model_records.ModelCapacity``'s fields)."""
+    reading, in the state last checked), the median time a batch takes (S), and the age bound
+    that follows for a ``latest`` stream's answers: the frame the model takes at the stream's
+    turn is its newest, so it waited at most one frame period P, or, for a camera slower than
+    the turns come round, the streams ahead of it in the round-robin: ⌈N ÷ (instances ×
+    max_batch)⌉ batches, the one running among them; then its own batch and at most one batch
+    window. That is S + min(P, ⌈N ÷ lanes⌉ × S) + window; shown at its worst over the frame
+    rates, (⌈N ÷ lanes⌉ + 1) × S + window (``ipc.model_records.ModelCapacity``'s fields;
+    docs/streams.md has the measured ages)."""
     reading = model.stats.streams.read(now)
     service_s = model.stats.recent_service_s()
     bound_ms = None

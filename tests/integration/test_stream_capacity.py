@@ -204,9 +204,11 @@ def test_batching_serves_the_cameras_together_and_keeps_the_answers_two_services
     tmp_path: Path,
 ) -> None:
     """Issue 43, item 2: with ``max_batch`` ≥ the cameras and a batch that costs the same
-    whatever its size, the frames of the cameras waiting for the model run in one batch, so a
-    ``latest`` camera's answer waits for the batch running and its own: about two service
-    times, not the five that four cameras one at a time would take."""
+    whatever its size, the frames of the cameras waiting for the model run in one batch: the
+    model serves each camera as if it were alone (four times what it serves one at a time),
+    and a ``latest`` camera's answer waits at most for the batch running and its own — two
+    service times, whatever the cameras' rates (one at a time, four cameras just over the
+    model's capacity wait up to five: docs/streams.md has the figures)."""
     batches = tmp_path / "batches.jsonl"
     batches.touch()  # (a config's paths must exist)
     batched = faulty_model(
@@ -228,9 +230,9 @@ def test_batching_serves_the_cameras_together_and_keeps_the_answers_two_services
     ]  # fmt: skip
     assert len(steady) >= 0.8 * (stopped_s - steady_from_s) * 10 * CAMERAS  # 4 per 100 ms
     ages = sorted(a.age_ms for a in steady)
-    # the batch running, its own batch (100 ms each), a frame period, and a margin for this
-    # shared machine; one camera after another (max_batch 1) would be up to 500 ms
-    assert ages[int(0.99 * len(ages))] <= 2 * 100 + 1e3 / FPS + 60, ages[-5:]
+    # the batch running and its own (100 ms each; the newest frame of a camera faster than
+    # the model waited less than one of them), and a margin for this shared machine
+    assert ages[int(0.99 * len(ages))] <= 2 * 100 + 60, ages[-5:]
 
     taken = [json.loads(line) for line in batches.read_text().splitlines()]
     runs = [b for b in taken if steady_from_s <= b["at"] <= stopped_s - 0.2]
@@ -242,7 +244,7 @@ def test_batching_serves_the_cameras_together_and_keeps_the_answers_two_services
     assert capacity.state == "over" and sorted(capacity.streams) == [
         f"cam-{c}" for c in range(CAMERAS)
     ]
-    assert capacity.served_fps >= 30  # 4 frames a batch, 10 batches a second
+    assert capacity.served_fps >= 30  # 4 frames a batch, 10 batches a second (one at a time: 10)
     assert capacity.service_ms is not None and 95 <= capacity.service_ms <= 150
     # ⌈4 cameras / (1 instance × max_batch 4)⌉ + 1 = 2 service times
     assert capacity.age_bound_ms == pytest.approx(2 * capacity.service_ms, abs=0.01)
