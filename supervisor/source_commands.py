@@ -4,6 +4,7 @@
 
     duomo source add NAME URL (--model M … | --pipeline P) [--policy latest|fifo]
                      [--max-fps F] [--every N] [--weight W] [--password-file FILE]
+                     [--failed-after S]
     duomo source remove NAME
     duomo source list [--json]          # a list of SourceStatus objects with --json
     duomo source show NAME [--json]
@@ -57,6 +58,10 @@ def add_parser(
     add.add_argument(
         "--password-file", default=None, metavar="FILE", help="the URL's password, read there"
     )
+    add.add_argument(
+        "--failed-after", type=float, default=None, metavar="S",
+        help="failing this long (or 3 times with 401/403/404 or an unknown host): failed (30)",
+    )  # fmt: skip
     add.set_defaults(func=cmd_add)
 
     remove = verbs.add_parser("remove", help="remove a camera added at run time")
@@ -98,6 +103,7 @@ def cmd_add(args: argparse.Namespace) -> int:
         "name": args.name, "url": args.url, "models": args.model, "pipeline": args.pipeline,
         "policy": args.policy, "max_fps": args.max_fps, "every": args.every,
         "weight": args.weight, "password_file": args.password_file,
+        "failed_after_s": args.failed_after,
     }  # fmt: skip
     reply = _request(args, "source_add", source={k: v for k, v in given.items() if v is not None})
     if isinstance(reply, int):

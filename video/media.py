@@ -109,6 +109,10 @@ class MediaReader:
         self._stream = container.streams.video[0]
         if not where.live:
             self._stream.thread_type = "AUTO"  # frame threads: throughput, files only (latency)
+        else:  # one thread: FFmpeg's slice threads turn error concealment off, so a damaged
+            # slice of a multi-slice camera would pass unflagged (0 of 60 flagged, against 60 of
+            # 60 with one thread); a fleet decodes in parallel across its cameras instead
+            self._stream.thread_type = "NONE"
 
     def frames(self, stop: threading.Event) -> Iterator[DecodedFrame]:
         """Decoded frames until the source ends or ``stop`` is set; ``SourceDroppedError`` when

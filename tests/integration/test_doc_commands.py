@@ -66,6 +66,10 @@ CAMERA = (
     "needs a camera (an RTSP server, a V4L2 device, the cameras of a sources file): "
     "test_video_source.py plays a real RTSP server and a sources file through duomo stream"
 )
+MANAGED = (
+    "needs a camera on the documented address: test_managed_sources.py adds, lists, shows, "
+    "tails and removes sources through duomo source and /v1/sources, with a supervisor's own"
+)
 # (a regular expression the whole command matches, why it is not run here)
 NOT_RUN: list[tuple[str, str]] = [
     (r"make test", "it is what CI runs (.ci/run), this test among its tests"),
@@ -106,6 +110,8 @@ NOT_RUN: list[tuple[str, str]] = [
     (r"\.venv/bin/python deploy/stream/demo_clip\.py \S+ /tmp/\S+\.mp4", STREAMS_RUN_BELOW),
     (r"\.venv/bin/duomo stream /tmp/\S+\.mp4 .*", STREAMS_RUN_BELOW),
     (r"\.venv/bin/duomo stream (rtsp://|/dev/video|--sources )\S* .*", CAMERA),
+    (r"\.venv/bin/duomo source (add|list|show|tail|remove)( .*)?", MANAGED),
+    (r"curl -s( -X DELETE)? 127\.0\.0\.1:8000/v1/sources.*", MANAGED),
     (
         r"\.venv/bin/duomo camera-sim \S+\.mp4( \S+\.mp4)*",
         "serves until stopped, from the reader's own files; test_camera_sim.py runs it",
