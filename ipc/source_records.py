@@ -98,6 +98,7 @@ class SourceStatus(FlatRecord):
     url: str  # masked
     feeds: str  # the models (comma-separated) or the pipeline its frames go to
     policy: str
+    slots: int  # frames in flight per model (as given, or what auto chose)
     origin: str  # config | runtime
     worker: int | None  # the decoding process's pid
     worker_index: int | None  # which of the supervisor's source workers (its tail socket)

@@ -164,6 +164,7 @@ class Supervisor:
         self.sources = SourceFleet(
             loaded.config.source_workers, loaded.config.sources, socket_path,
             self._check_feeds, lambda: self.engine.placements.total_budget,
+            lambda name: self.engine.servable(name).spec.max_batch,
         )  # fmt: skip
 
     def start(self) -> None:

@@ -3,8 +3,8 @@
 ::
 
     duomo source add NAME URL (--model M … | --pipeline P) [--policy latest|fifo]
-                     [--max-fps F] [--every N] [--weight W] [--password-file FILE]
-                     [--failed-after S]
+                     [--max-fps F] [--every N] [--weight W] [--slots N]
+                     [--password-file FILE] [--failed-after S]
     duomo source remove NAME
     duomo source list [--json]          # a list of SourceStatus objects with --json
     duomo source show NAME [--json]
@@ -56,6 +56,10 @@ def add_parser(
     add.add_argument("--every", type=int, default=None, metavar="N", help="keep 1 frame in N")
     add.add_argument("--weight", type=float, default=None, metavar="W", help="[0.001, 1000]")
     add.add_argument(
+        "--slots", type=int, default=None, metavar="N",
+        help="frames in flight per model (3; 1: none sent is ever superseded)",
+    )  # fmt: skip
+    add.add_argument(
         "--password-file", default=None, metavar="FILE", help="the URL's password, read there"
     )
     add.add_argument(
@@ -103,7 +107,7 @@ def cmd_add(args: argparse.Namespace) -> int:
         "name": args.name, "url": args.url, "models": args.model, "pipeline": args.pipeline,
         "policy": args.policy, "max_fps": args.max_fps, "every": args.every,
         "weight": args.weight, "password_file": args.password_file,
-        "failed_after_s": args.failed_after,
+        "failed_after_s": args.failed_after, "slots": args.slots,
     }  # fmt: skip
     reply = _request(args, "source_add", source={k: v for k, v in given.items() if v is not None})
     if isinstance(reply, int):

@@ -164,6 +164,7 @@ class SourceWorker:
             policy=d.get("policy", "latest"), weight=d.get("weight", 1.0),
             max_fps=d.get("max_fps"), every=d.get("every"),
             stall_after_s=d.get("stall_after_s", 5.0), loop=d.get("loop", True),
+            slots=d["slots"],
             failed_after_s=d.get("failed_after_s", 30.0),
             retry_failed_s=d.get("retry_failed_s", 60.0),
         )  # fmt: skip

@@ -12,6 +12,7 @@ and of ``POST /v1/sources`` — the same fields, checked by the same model.
         max_fps: 10                        # optional: frames above this rate are skipped
         every: 1                           # optional: keep one frame in N
         weight: 1.0                        # its share of each model, [0.001, 1000]
+        slots: 3                           # frames in flight per model (default: auto)
         failed_after_s: 30                 # failing this long (or a permanent error 3 times):
                                            #   failed, then tried again every retry_failed_s
         retry_failed_s: 60
@@ -51,6 +52,7 @@ class SourceDefinition(StrictModel):
     max_fps: float | None = Field(default=None, gt=0, le=1000)
     every: int | None = Field(default=None, ge=1, le=10_000)
     weight: float = Field(default=1.0, ge=MIN_WEIGHT, le=MAX_WEIGHT)
+    slots: int | None = Field(default=None, ge=1, le=64)  # None: auto (``SourceFleet``)
     stall_after_s: float = Field(default=5.0, gt=0, le=86400)
     failed_after_s: float = Field(default=30.0, gt=0, le=86400)
     retry_failed_s: float = Field(default=60.0, gt=0, le=86400)

@@ -37,7 +37,7 @@ from typing import Any
 
 import structlog
 
-from duomo.ipc.errors import InvalidArgumentError, NotFoundError, echoed
+from duomo.ipc.errors import DuomoError, InvalidArgumentError, NotFoundError, echoed
 from duomo.ipc.source_records import NO_REPORT, SourceReport, SourceStatus
 from duomo.ipc.source_urls import mask_text
 from duomo.supervisor.child_processes import ChildProcesses, stop_orphans
@@ -53,6 +53,8 @@ from duomo.supervisor.sources.workers import (
 
 log = structlog.get_logger("duomo.sources")
 CONFIG, RUNTIME = "config", "runtime"
+FRESH_SLOTS = 3  # slots: auto, for a model that runs one frame at a time
+BATCHED_SLOTS = 1  # slots: auto, when every model fed batches
 
 
 @dataclass
@@ -78,13 +80,16 @@ class SourceFleet:
         socket_path: Path,
         check_feeds: Callable[[SourceDefinition], None],
         models_threads: Callable[[], int],
+        max_batch: Callable[[str], int],
     ) -> None:
         """``check_feeds`` raises NotFoundError for a source whose models (or pipeline) are not
-        served; ``models_threads`` is the models' thread budget (for the default count)."""
+        served; ``models_threads`` is the models' thread budget (for the default count);
+        ``max_batch`` a served model's (or pipeline's) ``max_batch`` (for ``slots: auto``)."""
         self.config = config
         self.socket_path = socket_path
         self.check_feeds = check_feeds
         self.models_threads = models_threads
+        self.max_batch = max_batch
         self._declared = list(declared)
         self._sources: dict[str, Placed] = {}
         self._lock = threading.Lock()
@@ -202,7 +207,24 @@ class SourceFleet:
                 if report.state != placed.state:
                     self._log_state(placed, report, now)
             self._place_waiting()
-            return [p.definition.wire() for p in self._sources.values() if p.worker == worker]
+            return [
+                {**p.definition.wire(), "slots": self.slots(p.definition)}
+                for p in self._sources.values()
+                if p.worker == worker
+            ]
+
+    def slots(self, definition: SourceDefinition) -> int:
+        """Its frames in flight per model: as given, or (``auto``) ``BATCHED_SLOTS`` when every
+        model it feeds batches (``max_batch`` > 1: its cameras' frames go into one batch, and
+        holding the next frame at the source, unconverted, until the one sent is answered costs
+        no freshness), else ``FRESH_SLOTS`` (the model's next frame is always the newest)."""
+        if definition.slots is not None:
+            return definition.slots
+        try:
+            batched = all(self.max_batch(name) > 1 for name in definition.feeds)
+        except DuomoError:  # (a model not served: its source is failed anyway)
+            batched = False
+        return BATCHED_SLOTS if batched else FRESH_SLOTS
 
     @staticmethod
     def _log_state(placed: Placed, report: SourceReport, now: float) -> None:
@@ -319,7 +341,8 @@ class SourceFleet:
         r = placed.report if placed.report is not None and pid is not None else NO_REPORT
         return SourceStatus(
             name=definition.name, url=definition.shown_url, feeds=",".join(definition.feeds),
-            policy=definition.policy, origin=placed.origin, worker=pid,
+            policy=definition.policy, slots=self.slots(definition), origin=placed.origin,
+            worker=pid,
             worker_index=placed.worker, state=r.state,
             since_s=round(now - placed.state_since, 3),
             last_error=None if r.last_error is None else mask_text(r.last_error),

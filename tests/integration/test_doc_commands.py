@@ -88,6 +88,12 @@ NOT_RUN: list[tuple[str, str]] = [
         "test_bench.py runs `duomo bench --sharing-only` on the smoke workload",
     ),
     (
+        r"\.venv/bin/duomo bench --fleet-only( --fleet-cameras \S+ --fleet-max-batch \d+)? "
+        r"--out \S+",
+        "5 minutes of a whole machine, RTSP cameras included; test_managed_sources.py and "
+        "test_source_health.py run the managed sources it measures",
+    ),
+    (
         r"\.venv/bin/duomo bench --pipelines(-only --out \S+)?",
         "6–12 minutes (with --pipelines, 30) of a whole machine, Triton included; "
         "test_pipelines.py and test_pipeline_gateway.py run the pipeline",

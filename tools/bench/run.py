@@ -23,6 +23,9 @@
    the workload's config with ``instances: 2`` on every model, weight sharing on and off in
    turn, under the mixed load: resident memory after load and at its peak, and the work; its
    section joins the report (``tools.bench.sharing_report``).
+7. **fleet** (``--fleet``, or ``--fleet-only`` without 1–3) — ``tools.bench.fleet``: N
+   managed sources (RTSP from ``duomo camera-sim``) into ``face``, ``slots`` 3 against 1:
+   decoded/s per core, answered/s, the source workers' CPU per answer, ages and fairness.
 
 Called by ``duomo bench`` (``supervisor.cli``) and as ``python -m tools.bench.run``.
 """
@@ -351,6 +354,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--pipeline-config", type=Path, default=ROOT / "configs/pipelines-bench.yaml",
         help="supervisor config of the pipeline part (default: configs/pipelines-bench.yaml)",
     )  # fmt: skip
+    # the camera-fleet benchmark (issue 43: tools.bench.fleet), after the rest or alone
+    _part_flags(
+        parser, "fleet",
+        "then the camera-fleet benchmark: N managed sources into face, slots 3 vs 1",
+        "only the camera-fleet benchmark",
+    )  # fmt: skip
+    parser.add_argument(
+        "--fleet-window", type=float, default=15.0,
+        help="seconds measured in each fleet trial (default 15)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--fleet-cameras", default="2,4,8",
+        help="comma-separated camera counts of the fleet part (default 2,4,8)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--fleet-max-batch", type=int, default=None,
+        help="face's max_batch in the fleet part (default: the config's)",
+    )  # fmt: skip
     # the shared-weights benchmark (issue 36: tools.bench.sharing), after the rest or alone
     _part_flags(
         parser, "sharing",
@@ -409,7 +430,8 @@ def bench(args: argparse.Namespace) -> int:
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = args.out or ROOT / "bench-results" / stamp
     alone: dict[str, Any] | None = None  # the mixed load's alone phase, reused by --sharing
-    if not (args.cameras_only or args.pipelines_only or args.sharing_only):
+    fleet = args.fleet or args.fleet_only
+    if not (args.cameras_only or args.pipelines_only or args.sharing_only or args.fleet_only):
         report = run(workload, out, args.workload)
         alone = report["alone"]
         print(report["markdown"])
@@ -428,6 +450,11 @@ def bench(args: argparse.Namespace) -> int:
         from tools.bench.sharing import bench_sharing
 
         print(bench_sharing(workload, out, args.sharing_window, args.sharing_rounds, alone))
+    if fleet:
+        from tools.bench.fleet import bench_fleet
+
+        counts = tuple(int(n) for n in args.fleet_cameras.split(","))
+        print(bench_fleet(out, args.fleet_window, counts, args.fleet_max_batch))
     print(f"duomo bench: report in {out}", file=sys.stderr)
     return 0
 
