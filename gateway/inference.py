@@ -47,7 +47,8 @@ class Answer:
     """The outputs asked for, each with how it was asked (binary, JSON, or into a region),
     and the supervisor's times for the request (the response's ``parameters``: µs queued, and
     µs in the executor: pre-processing, inference and post-processing together); for a frame of
-    a stream, also the name it went under in the supervisor and its frame number."""
+    a stream, also the name it went under in the supervisor, its frame number and its capture
+    time on the wall clock with the clock it came from."""
 
     outputs: list[tuple[OutputTensor, OutputRequest]]
     queue_us: int = 0
@@ -62,6 +63,8 @@ class Answer:
         if self.stream is not None and self.stream.frame is not None:
             found["duomo_stream"] = self.stream.served_as
             found["duomo_frame"] = self.stream.frame
+            found["duomo_captured_at"] = self.stream.when.rfc3339
+            found["duomo_clock"] = self.stream.when.clock
         return found
 
 

@@ -14,6 +14,10 @@ as a stream of the supervisor (``supervisor.streams``) opened on this worker's c
 ``stream_policy``   ``latest`` (default) or ``fifo``
 ==================  ===========================================================================
 
+A frame's answer says which stream and frame it was (``duomo_stream``, ``duomo_frame``) and when
+it was captured on the wall clock: ``duomo_captured_at`` (RFC 3339, UTC, ms) with
+``duomo_clock`` ``caller`` (its ``captured_us``) or ``arrival`` (the gateway's receipt).
+
 ``frame``, ``captured_us`` and ``stream_policy`` without ``stream`` are refused.
 
 **The table** (``GatewayStreams``, one per gateway worker, on its event loop):
@@ -58,6 +62,7 @@ from duomo.ipc.errors import (
     NotFoundError,
     ResourceExhaustedError,
 )
+from duomo.ipc.stream import FrameTime
 
 log = structlog.get_logger("duomo.gateway.streams")
 
@@ -74,13 +79,16 @@ STREAM_KEYS = ("stream", "frame", "captured_us", "stream_policy")
 @dataclass
 class StreamRequest:
     """A request's stream, from its parameters; ``frame`` is set by ``GatewayStreams.tag``
-    when the caller gave none, and ``served_as`` to the supervisor's name for the stream."""
+    when the caller gave none, and ``served_as`` to the supervisor's name for the stream.
+    ``when`` is the capture time on the wall clock the answer carries: the caller's
+    ``captured_us`` (clock ``caller``), else the arrival (clock ``arrival``)."""
 
     name: str
     frame: int | None
     captured_us: int  # CLOCK_MONOTONIC µs (converted on arrival)
     policy: str = "latest"
     served_as: str = ""
+    when: FrameTime = field(default_factory=lambda: FrameTime(time.time()))
 
 
 def stream_parameters(parameters: dict[str, Any]) -> StreamRequest | None:
@@ -103,7 +111,10 @@ def stream_parameters(parameters: dict[str, Any]) -> StreamRequest | None:
         raise InvalidArgumentError(
             f"parameters: 'stream_policy' must be one of {list(POLICIES)}, not {str(policy)[:20]!r}"
         )
-    return StreamRequest(name, frame, monotonic_us(parameters.get("captured_us")), policy)
+    captured = parameters.get("captured_us")
+    monotonic = monotonic_us(captured)  # (checks it)
+    when = FrameTime(time.time()) if captured is None else FrameTime(captured / 1e6, "caller")
+    return StreamRequest(name, frame, monotonic, policy, when=when)
 
 
 def monotonic_us(captured: Any) -> int:

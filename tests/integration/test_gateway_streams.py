@@ -11,6 +11,7 @@ against what the supervisor itself says about it.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import functools
 import threading
 import time
@@ -89,6 +90,12 @@ def response_parameters(response: Any) -> dict[str, Any]:
     }
 
 
+def utc(rfc3339: str) -> float:
+    """An RFC 3339 time with milliseconds in UTC (``…T21:59:11.960Z``) as UNIX seconds."""
+    assert rfc3339.endswith("Z") and len(rfc3339) == 24, rfc3339
+    return datetime.datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
+
+
 # -- a stream, over both transports ------------------------------------------------------------
 
 
@@ -103,11 +110,15 @@ def test_a_stream_over_http_and_grpc(gw: Gateway) -> None:
             np.testing.assert_array_equal(result.as_numpy("y"), 2 * rows(n) + 1)
             said = response_parameters(result)
             assert said["duomo_stream"] == name and int(said["duomo_frame"]) == n
+            assert said["duomo_clock"] == "arrival"  # (no captured_us: the gateway's receipt)
+            assert abs(utc(said["duomo_captured_at"]) - time.time()) < 10
         # numbered and timed by the caller (its capture 40 ms ago, on the wall clock)
         given = {"stream": name, "frame": 100, "captured_us": now_us - 40_000}
         result = client.infer("affine", [x_input(mod, 7)], parameters=given)
         np.testing.assert_array_equal(result.as_numpy("y"), 2 * rows(7) + 1)
-        assert int(response_parameters(result)["duomo_frame"]) == 100
+        said = response_parameters(result)
+        assert int(said["duomo_frame"]) == 100 and said["duomo_clock"] == "caller"
+        assert abs(utc(said["duomo_captured_at"]) - (now_us - 40_000) / 1e6) < 0.001
     streams = gw.streams()
     for name in ("cam-http", "cam-grpc"):
         record = streams[name]
