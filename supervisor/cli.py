@@ -7,9 +7,12 @@ providers), validates a config and opens each model file with its backend's chea
 (``check_model_file`` in the backend's module); ``inspect`` describes one model file. Every
 command that talks to a supervisor takes ``--socket`` (default: ``$DUOMO_SOCKET`` or the standard
 runtime dir), so several can run side by side. ``stream`` decodes videos into the models as
-streams and prints their answers as JSON lines (``video.command``).
+streams and prints their answers as JSON lines (``video.command``); ``source`` adds, removes,
+lists, shows and tails the cameras the supervisor runs itself (``supervisor.source_commands``);
+``camera-sim`` serves video files as RTSP cameras to try them with (``video.camera_sim``).
 Exit codes: 0 success, 1 a request or the supervisor failed, 2 invalid input (bad config,
-unknown model, bad arguments), 3 ``stop`` finished but its grace period cut accepted requests.
+unknown model, bad arguments), 3 ``stop`` finished but its grace period cut accepted requests
+(``stream``: every source failed).
 """
 
 from __future__ import annotations

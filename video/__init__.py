@@ -14,12 +14,15 @@ Given a ``SupervisorLink`` instead of a ``Client``, the sources outlive the supe
 for it and open their streams again after it restarts (``duomo stream`` does this).
 
 The modules, one job each: ``locations`` (what a SOURCE names, stream names), ``media`` (PyAV
-open, decode, pacing), ``conversion`` (the frame into the slot as RGB), ``backoff`` (the
-reconnect schedule), ``supervisor_link`` (the shared connection, made again when the
-supervisor restarts), ``figures`` (the source's counts and rates), ``source`` (``VideoSource``:
-the decode thread), ``answer_lines`` (the JSON-lines contract), ``command`` (``duomo stream``)
-and ``preview`` (the live page). ``VideoSource`` and ``SupervisorLink`` are loaded on first use,
-so importing the package loads neither PyAV nor OpenCV.
+open, decode, pacing, the frame's time), ``conversion`` (the frame into the slot as RGB),
+``backoff`` (the reconnect schedule), ``health`` (playing, reconnecting, failed: which errors are
+permanent), ``supervisor_link`` (the shared connection, made again when the supervisor
+restarts), ``figures`` (the source's counts and rates), ``source`` (``VideoSource``: the decode
+thread), ``answer_lines`` (the JSON-lines contract), ``command`` (``duomo stream``),
+``source_worker`` and ``answer_tail`` (a worker process of the supervisor's camera fleet, and
+its ``duomo source tail`` socket), ``camera_sim`` and ``camera_sim_server`` (``duomo
+camera-sim``) and ``preview`` (the live page). ``VideoSource`` and ``SupervisorLink`` are
+loaded on first use, so importing the package loads neither PyAV nor OpenCV.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ The ``curl`` examples of ``docs/gateway.md`` need a supervisor with its gateway:
 The example of ``docs/streams.md`` ("Try it": a demo clip played through ``duomo stream``) needs
 a supervisor too: ``test_the_streams_guide_example`` runs its block whole against one (its
 ``/tmp/`` files in the test's own folder) and checks the answers; the commands that need a
-camera are left to ``tests/integration/test_video_source.py``, which plays a real RTSP server.
+camera are left to ``tests/integration/test_rtsp_source.py``, which plays a real RTSP camera.
 ``docs/adding-a-model.md`` is left out: ``tests/integration/test_adding_a_model.py`` runs every
 block of that guide.
 """
@@ -64,7 +64,8 @@ STREAMS_RUN_BELOW = (
 )
 CAMERA = (
     "needs a camera (an RTSP server, a V4L2 device, the cameras of a sources file): "
-    "test_video_source.py plays a real RTSP server and a sources file through duomo stream"
+    "test_rtsp_source.py plays duomo camera-sim's RTSP camera and test_video_source.py a "
+    "sources file through duomo stream"
 )
 MANAGED = (
     "needs a camera on the documented address: test_managed_sources.py adds, lists, shows, "
