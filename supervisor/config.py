@@ -265,7 +265,7 @@ def _labelled(loc: list[int | str], raw: object) -> list[int | str]:
     return out
 
 
-def _pydantic_problems(
+def pydantic_problems(
     err: ValidationError, prefix: Sequence[int | str] = (), raw: object = None
 ) -> list[tuple[str, str]]:
     """``raw``: the file's data the error is located in, for labels of named entries."""
@@ -302,7 +302,7 @@ def load_config(path: str | Path, unbuilt_om_ok: bool = False) -> LoadedConfig:
     try:
         config = DuomoConfig.model_validate(raw)
     except ValidationError as err:
-        raise ConfigError(path, _pydantic_problems(err, raw=raw)) from None
+        raise ConfigError(path, pydantic_problems(err, raw=raw)) from None
     problems = _device_problems(config)
     models, model_problems = _resolve_models(path, config)
     problems.extend(model_problems)
@@ -368,7 +368,7 @@ def _resolve_models(
         try:
             params = executor.Params.model_validate(model.params)
         except ValidationError as err:
-            problems.extend(_pydantic_problems(err, (where, "params")))
+            problems.extend(pydantic_problems(err, (where, "params")))
             continue
         params, missing = _resolve_param_paths(params, path.parent)
         problems.extend((f"{where}.params.{name}", why) for name, why in missing)

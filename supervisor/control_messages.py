@@ -82,6 +82,7 @@ from pydantic import ValidationError
 from duomo.ipc.errors import DuomoError, InternalError, InvalidArgumentError, echoed
 from duomo.ipc.record_reading import StatusRecordError
 from duomo.ipc.source_records import SourceReport
+from duomo.supervisor.config import pydantic_problems
 from duomo.supervisor.sources.definition import SourceDefinition
 from duomo.supervisor.streams import DEFAULT_STALL_AFTER_S, StreamSettings
 from duomo.worker.batcher import MAX_WEIGHT, MIN_WEIGHT
@@ -419,12 +420,8 @@ class SourceAdd(ControlMessage):
         given = fields.object("source")
         try:
             return cls(SourceDefinition.model_validate(given))
-        except ValidationError as err:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or 'source'}: "
-                f"{e['msg'].removeprefix('Value error, ')}"
-                for e in err.errors(include_url=False)
-            )
+        except ValidationError as err:  # (told as a config's field is: one rule for both)
+            problems = "; ".join(f"{at}: {why}" for at, why in pydantic_problems(err))
             raise InvalidArgumentError(f"not a source: {problems}") from None
 
 

@@ -51,14 +51,15 @@ class SourceFigures:
         self._ages_ms: deque[float] = deque(maxlen=AGE_SAMPLES)
 
     def set_state(self, state: str, last_error: str | None = None) -> None:
-        """The source is now in ``state`` (a failure counts as a reconnect, with why); playing
-        clears the last error."""
+        """The source is now in ``state``, and why when it says (a failure counts as a
+        reconnect); playing clears the last error."""
         with self._lock:
             if state in ("reconnecting", "failed"):
                 self.counts["reconnects"] += 1
-                self.last_error = last_error
-            elif state == "playing":
+            if state == "playing":
                 self.last_error = None
+            elif last_error is not None:  # (a file that stopped on an error keeps it)
+                self.last_error = last_error
             self.state = state
 
     def add_decode_errors(self, count: int) -> None:
