@@ -238,11 +238,11 @@ class DuomoCollector(Collector):
                 failure.add_metric([name, reason], count)
             superseded.add_metric([name], numbers.outcomes.get(SUPERSEDED, 0))
             capacity = stream_capacity(model, now)
-            over.add_metric([name], 1.0 if capacity["state"] == "over" else 0.0)
-            offered.add_metric([name], capacity["offered_fps"])
-            served.add_metric([name], capacity["served_fps"])
-            if capacity["age_bound_ms"] is not None:
-                bound.add_metric([name], capacity["age_bound_ms"])
+            over.add_metric([name], 1.0 if capacity.state == "over" else 0.0)
+            offered.add_metric([name], capacity.offered_fps)
+            served.add_metric([name], capacity.served_fps)
+            if capacity.age_bound_ms is not None:
+                bound.add_metric([name], capacity.age_bound_ms)
             items.add_metric([name], numbers.items)
             executions.add_metric([name], numbers.executions)
             for stage, kind in STAGE_DURATIONS:

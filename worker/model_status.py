@@ -14,10 +14,11 @@ import math
 import time
 from typing import Any
 
+from duomo.ipc.model_records import ModelCapacity
 from duomo.worker.served_model import ServedModel
 
 
-def stream_capacity(model: ServedModel, now: float) -> dict[str, Any]:
+def stream_capacity(model: ServedModel, now: float) -> ModelCapacity:
     """What its streams offer it against what it serves them (``worker.stream_load``'s
     reading, in the state last checked), the median time a batch takes (S), and the age bound
     that follows for a ``latest`` stream's answers: the frame the model takes at the stream's
@@ -35,18 +36,15 @@ def stream_capacity(model: ServedModel, now: float) -> dict[str, Any]:
         window_s = model.window.window_s if model.window is not None else model.spec.max_delay_s
         turns = math.ceil(len(reading.streams) / lanes) + 1
         bound_ms = round((turns * service_s + window_s) * 1e3, 3)
-    return {
-        "state": reading.state,
-        "offered_fps": reading.offered_fps,
-        "served_fps": reading.served_fps,
-        "lost_fps": reading.lost_fps,
-        "service_ms": None if service_s is None else round(service_s * 1e3, 3),
-        "age_bound_ms": bound_ms,
-        "streams": {
-            name: {"offered_fps": s.offered_fps, "served_fps": s.served_fps, "share": s.share}
-            for name, s in reading.streams.items()
-        },
-    }
+    return ModelCapacity(
+        state=reading.state,
+        offered_fps=reading.offered_fps,
+        served_fps=reading.served_fps,
+        lost_fps=reading.lost_fps,
+        service_ms=None if service_s is None else round(service_s * 1e3, 3),
+        age_bound_ms=bound_ms,
+        streams=reading.streams,
+    )
 
 
 def instance_placements(model: ServedModel) -> list[dict[str, Any]]:
@@ -94,5 +92,5 @@ def model_status(model: ServedModel) -> dict[str, Any]:
         "idle_s": round(now - model.last_used_s, 1) if model.last_used_s else None,
         "history": list(model.history),
         **model.stats.snapshot(),
-        "capacity": stream_capacity(model, now),
+        "capacity": stream_capacity(model, now).to_dict(),
     }

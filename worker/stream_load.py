@@ -40,6 +40,8 @@ from dataclasses import dataclass
 
 import structlog
 
+from duomo.ipc.model_records import StreamShare
+
 log = structlog.get_logger("duomo.capacity")
 
 WINDOW_S = 5.0
@@ -47,17 +49,6 @@ OVER_ABOVE = 0.10  # lost / offered above which the streams are over the model's
 OK_BELOW = 0.05  # ... and below which they are within it again
 MIN_LOST = 2  # a single lost frame (two cameras' frames arriving together) is no trend
 STATES = ("ok", "over")
-
-
-@dataclass(frozen=True, slots=True)
-class StreamShare:
-    """One stream's part of a model's load: the frames per second it offers the model, those
-    the model serves it, and its share of all the frames the model served its streams
-    (0..1)."""
-
-    offered_fps: float
-    served_fps: float
-    share: float
 
 
 @dataclass(frozen=True, slots=True)
