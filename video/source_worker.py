@@ -154,19 +154,16 @@ class SourceWorker:
         self.tail.sources = frozenset(self.sources)
 
     def _start_source(self, managed: ManagedSource) -> None:
-        d = managed.definition
+        d = managed.definition  # (every field: ``SourceDefinition.assignment``)
         try:
-            url = expand_url(d["url"], d.get("password_file"))
+            url = expand_url(d["url"], d["password_file"])
         except SecretError as err:
             return self._not_started(managed, str(err))
         source = VideoSource(
-            url, managed.name, models=d.get("models") or [d["pipeline"]], client=self.link,
-            policy=d.get("policy", "latest"), weight=d.get("weight", 1.0),
-            max_fps=d.get("max_fps"), every=d.get("every"),
-            stall_after_s=d.get("stall_after_s", 5.0), loop=d.get("loop", True),
-            slots=d["slots"],
-            failed_after_s=d.get("failed_after_s", 30.0),
-            retry_failed_s=d.get("retry_failed_s", 60.0),
+            url, managed.name, models=d["models"] or [d["pipeline"]], client=self.link,
+            policy=d["policy"], weight=d["weight"], max_fps=d["max_fps"], every=d["every"],
+            stall_after_s=d["stall_after_s"], loop=d["loop"], slots=d["slots"],
+            failed_after_s=d["failed_after_s"], retry_failed_s=d["retry_failed_s"],
         )  # fmt: skip
         try:
             source.start()
@@ -182,7 +179,7 @@ class SourceWorker:
 
     def _not_started(self, managed: ManagedSource, error: str) -> None:
         managed.error = error
-        managed.retry_at = time.monotonic() + managed.definition.get("retry_failed_s", 60.0)
+        managed.retry_at = time.monotonic() + managed.definition["retry_failed_s"]
         log.error("source worker: cannot start a source", source=managed.name, error=error)
 
     def _read_answers(self, source: VideoSource) -> None:

@@ -18,9 +18,10 @@ and of ``POST /v1/sources`` — the same fields, checked by the same model.
         retry_failed_s: 60
         loop: true                         # a file starts again at its end
 
-``SourceDefinition.wire()`` is the dict that travels (to a source worker in its assignment, in
-replies, in the database): the URL as written, never filled in or read from a file here. The
-secrets are filled in only by the source worker (``ipc.source_urls.expand_url``).
+``SourceDefinition.wire()`` is the dict that is kept (in the database), the defaults left out,
+and ``assignment`` the one a source worker is sent, every field there; both have the URL as
+written, never filled in or read from a file here. The secrets are filled in only by the source
+worker (``ipc.source_urls.expand_url``).
 
 Used by ``supervisor.config`` (the section), ``supervisor.sources.fleet`` (add, reload) and its
 control messages.
@@ -87,6 +88,11 @@ class SourceDefinition(StrictModel):
         return self.model_copy(update={"password_file": (base / self.password_file).resolve()})
 
     def wire(self) -> dict[str, Any]:
-        """The fields that travel, the defaults left out (the URL as written: secrets are
+        """The fields that are kept, the defaults left out (the URL as written: secrets are
         references)."""
         return self.model_dump(mode="json", exclude_defaults=True)
+
+    def assignment(self, slots: int) -> dict[str, Any]:
+        """What the source worker decoding it is sent: every field, the defaults included (the
+        worker keeps no copy of them), with ``slots`` as chosen (``auto`` resolved)."""
+        return {**self.model_dump(mode="json"), "slots": slots}

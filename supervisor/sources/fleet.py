@@ -208,7 +208,7 @@ class SourceFleet:
                     self._log_state(placed, report, now)
             self._place_waiting()
             return [
-                {**p.definition.wire(), "slots": self.slots(p.definition)}
+                p.definition.assignment(self.slots(p.definition))
                 for p in self._sources.values()
                 if p.worker == worker
             ]
