@@ -28,6 +28,7 @@ from duomo.supervisor.child_processes import ChildProcesses, stop_orphans
 from duomo.worker.config_model import StrictModel
 
 log = structlog.get_logger("duomo.gateways")
+GATEWAY_MODULE = "duomo.gateway"  # each worker is python -m GATEWAY_MODULE
 
 
 class GatewayConfig(StrictModel):
@@ -103,7 +104,7 @@ def _refuse_if_taken(bound: str) -> None:
 def gateway_command(config: GatewayConfig, socket_path: Path) -> list[str]:
     """``python -m duomo.gateway`` with the section's settings (and this process's log format)."""
     command = [
-        sys.executable, "-m", "duomo.gateway", "--socket", str(socket_path), *log_args(),
+        sys.executable, "-m", GATEWAY_MODULE, "--socket", str(socket_path), *log_args(),
         "--slots", str(config.slots), "--max-body-mb", str(config.max_body_mb),
         "--request-timeout-s", str(config.request_timeout_s),
         "--header-timeout-s", str(config.header_timeout_s),
@@ -144,7 +145,7 @@ class GatewayProcesses:
         stopped) with the first one's reason when one cannot start, or when a port is taken
         (the workers share theirs with SO_REUSEPORT, which would let them share another
         server's of the same user unnoticed)."""
-        stop_orphans("duomo.gateway", self.socket_path)
+        stop_orphans(GATEWAY_MODULE, self.socket_path)
         for bound in (self.config.http, self.config.grpc):
             if bound is not None:
                 _refuse_if_taken(bound)

@@ -148,6 +148,14 @@ class SourceFleet:
                 self._pool_starting = False
         log.info("source workers started", workers=count, pids=[w.pid for w in pool.workers])
 
+    def _start_pool_soon(self) -> None:
+        """Start the workers on a thread of their own if they are not running (the caller, the
+        reactor or a control job, never waits for a process)."""
+        if self._pool is None:
+            threading.Thread(
+                target=self._start_pool, name="duomo-source-start", daemon=True
+            ).start()
+
     def stop(self) -> None:
         """Stop the workers (their streams close), then the store."""
         if self._pool is not None:
@@ -260,10 +268,7 @@ class SourceFleet:
             "source added", source=definition.name, url=definition.shown_url,
             feeds=list(definition.feeds),
         )  # fmt: skip
-        if self._pool is None:
-            threading.Thread(
-                target=self._start_pool, name="duomo-source-start", daemon=True
-            ).start()
+        self._start_pool_soon()
         return self._status(placed, time.monotonic())
 
     def remove(self, name: str) -> None:
@@ -311,10 +316,8 @@ class SourceFleet:
                 self._sources[name].report = None
             self._place_waiting()
         self._declared = list(wanted.values())
-        if added and self._pool is None:
-            threading.Thread(
-                target=self._start_pool, name="duomo-source-start", daemon=True
-            ).start()
+        if added:
+            self._start_pool_soon()
         return {"added": added, "removed": removed, "replaced": replaced}
 
     # -- what is shown -----------------------------------------------------------------------
