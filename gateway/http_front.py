@@ -42,25 +42,17 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from duomo.gateway import protocol
+from duomo.gateway.http_errors import HttpError, only
 from duomo.gateway.inference import Answer, read_answer, write_inputs
 from duomo.gateway.link import SupervisorLink
 from duomo.gateway.regions import Regions
-from duomo.gateway.sources_api import MethodError, SourcesApi
+from duomo.gateway.sources_api import SourcesApi
 from duomo.ipc.errors import DuomoError, InvalidArgumentError, NotFoundError
 
 log = structlog.get_logger("duomo.gateway.http")
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 JSON = b"application/json"
-
-
-class HttpError(Exception):
-    """An HTTP-level refusal (not an ``ipc.errors`` code): its status and message."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 @dataclass(frozen=True)
@@ -154,7 +146,7 @@ class HttpFront:
             raise HttpError(404, f"no endpoint {path[:100]!r}")
         route = parts[1:]
         if not route:
-            _only(method, "GET")
+            only(method, "GET")
             return _json(protocol.server_metadata(self.options.version, self.options.extensions))
         if route[0] == "health" and len(route) == 2 and route[1] in ("live", "ready"):
             ready = route[1] == "live" or self.link.ready
@@ -198,7 +190,7 @@ class HttpFront:
         if not route:
             raise HttpError(404, "name a model: /v2/models/{model}")
         if route == ["stats"]:
-            _only(method, "GET")
+            only(method, "GET")
             return await self._stats(None)
         name, rest = route[0], route[1:]
         version = None
@@ -208,23 +200,23 @@ class HttpFront:
             version, rest = rest[1], rest[2:]
         protocol.check_version(name, version)
         if not rest:
-            _only(method, "GET")
+            only(method, "GET")
             return _json(protocol.model_metadata(await self.link.view(name)))
         action = rest[0] if len(rest) == 1 else ""
         if action == "ready":
-            _only(method, "GET")
+            only(method, "GET")
             view = await self.link.view(name)
             return Reply(
                 200 if view.ready else 503, b"" if view.ready else b'{"error":"not ready"}'
             )
         if action == "config":
-            _only(method, "GET")
+            only(method, "GET")
             return _json(protocol.model_config(await self.link.view(name)))
         if action == "stats":
-            _only(method, "GET")
+            only(method, "GET")
             return await self._stats(name)
         if action == "infer":
-            _only(method, "POST")
+            only(method, "POST")
             return await self._infer(name, headers, body)
         raise HttpError(404, f"no endpoint for model {name[:100]!r}: {'/'.join(rest)[:100]!r}")
 
@@ -264,16 +256,11 @@ class HttpFront:
         })  # fmt: skip
 
     async def _sources(self, method: str, route: list[str], body: bytes) -> Reply:
-        try:
-            status, value = await self.sources.respond(method, route, _json_body(body))
-        except MethodError as err:
-            raise HttpError(405, str(err)) from None
-        except LookupError as err:
-            raise HttpError(404, f"no endpoint: {err}") from None
+        status, value = await self.sources.respond(method, route, _json_body(body))
         return Reply(status, orjson.dumps(value))
 
     async def _repository(self, method: str, route: list[str], body: bytes) -> Reply:
-        _only(method, "POST")
+        only(method, "POST")
         if route == ["index"]:
             ready_only = protocol.flag_of(_json_body(body), "ready", "request")
             await self.link.refresh()
@@ -297,9 +284,9 @@ class HttpFront:
         if route[:1] == ["region"] and len(route) == 3:
             name, route = route[1], route[2:]
         if route == ["status"]:
-            _only(method, "GET")
+            only(method, "GET")
             return _json(self.regions.status(name))
-        _only(method, "POST")
+        only(method, "POST")
         if route == ["register"] and name is not None:
             args = _json_body(body)
             self.regions.register(
@@ -342,11 +329,6 @@ def _infer_reply(name: str, request: protocol.InferRequest, answer: Answer) -> R
     if not blobs:
         return Reply(200, header)
     return Reply(200, header + b"".join(blobs), b"application/octet-stream", len(header))
-
-
-def _only(method: str, allowed: str) -> None:
-    if method != allowed:
-        raise HttpError(405, f"this endpoint takes {allowed}")
 
 
 def _json(value: Any) -> Reply:

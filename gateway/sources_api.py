@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from duomo.gateway.http_errors import HttpError, only
 from duomo.gateway.link import SupervisorLink
 
 SOURCES_TIMEOUT_S = 30.0
@@ -37,32 +38,22 @@ class SourcesApi:
         self.link = link
 
     async def respond(self, method: str, route: list[str], body: dict[str, Any]) -> tuple[int, Any]:
-        """(status, JSON value) for ``method`` on ``/v1/sources/<route…>``; DuomoError and
-        LookupError (no such endpoint: 404) for the caller to map."""
+        """(status, JSON value) for ``method`` on ``/v1/sources/<route…>``; DuomoError, and
+        HttpError for a path (404) or a method (405) it does not take, for the caller to
+        answer."""
         if not route:
+            only(method, "GET", "POST")
             if method == "GET":
                 reply = await self.link.control("sources", timeout_s=SOURCES_TIMEOUT_S)
                 return 200, reply["sources"]
-            if method == "POST":
-                reply = await self.link.control(
-                    "source_add", timeout_s=SOURCES_TIMEOUT_S, source=body
-                )
-                return 201, reply["source"]
-            raise MethodError("GET", "POST")
+            reply = await self.link.control("source_add", timeout_s=SOURCES_TIMEOUT_S, source=body)
+            return 201, reply["source"]
         if len(route) != 1:
-            raise LookupError("/v1/sources/{name}")
+            raise HttpError(404, "no endpoint: /v1/sources/{name}")
         name = route[0]
+        only(method, "GET", "DELETE")
         if method == "GET":
             reply = await self.link.control("source", timeout_s=SOURCES_TIMEOUT_S, name=name)
             return 200, reply["source"]
-        if method == "DELETE":
-            await self.link.control("source_remove", timeout_s=SOURCES_TIMEOUT_S, name=name)
-            return 200, {"removed": name}
-        raise MethodError("GET", "DELETE")
-
-
-class MethodError(Exception):
-    """The endpoint takes other methods (405)."""
-
-    def __init__(self, *allowed: str) -> None:
-        super().__init__(f"this endpoint takes {' or '.join(allowed)}")
+        await self.link.control("source_remove", timeout_s=SOURCES_TIMEOUT_S, name=name)
+        return 200, {"removed": name}

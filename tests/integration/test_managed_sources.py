@@ -202,6 +202,12 @@ def test_bad_changes_are_refused_with_the_reason_and_change_nothing(
     assert fleet.call("DELETE", "/v1/sources/nobody")[0] == 404
     assert fleet.call("GET", "/v1/sources/nobody")[0] == 404
     assert fleet.call("PUT", "/v1/sources")[0] == 405
+    assert fleet.call("POST", "/v1/sources/lobby", {}) == (
+        405, {"error": "this endpoint takes GET or DELETE"}
+    )  # fmt: skip
+    assert fleet.call("GET", "/v1/sources/lobby/x") == (
+        404, {"error": "no endpoint: /v1/sources/{name}"}
+    )  # fmt: skip
     code, _, err = fleet.cli("remove", "lobby")
     assert code == 2 and "declared in the config" in err
     code, _, err = fleet.cli("add", "lobby2", "gopher://x", "--model", "classify")
