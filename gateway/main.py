@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
 import os
 import signal
 import socket
@@ -32,6 +31,12 @@ from duomo.gateway.link import SupervisorLink
 from duomo.gateway.memory_keeper import MemoryKeeper
 from duomo.gateway.regions import Regions
 from duomo.ipc.endpoints import is_loopback, parse_endpoint
+from duomo.ipc.host_memory import (
+    M_ARENA_MAX,
+    M_MMAP_THRESHOLD,
+    M_TRIM_THRESHOLD,
+    set_malloc_options,
+)
 from duomo.ipc.logs import configure_logging
 from duomo.ipc.readiness import report_ready
 
@@ -128,9 +133,6 @@ def parse_args(argv: list[str] | None = None) -> tuple[GatewayOptions, int | Non
     return options, args.ready_fd
 
 
-_M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters
-_M_MMAP_THRESHOLD = -3
-_M_ARENA_MAX = -8
 HEAP_KEEP_BYTES = 64 << 20
 
 
@@ -145,13 +147,13 @@ def keep_request_buffers() -> None:
     message received on gRPC's thread stayed resident for good (``gateway.memory_keeper``, which
     trims the heap once the worker is quiet). Measured with one arena against the default: HTTP
     and gRPC answers/s the same within noise (4 clients, affine and classify)."""
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return
-    mallopt(_M_MMAP_THRESHOLD, HEAP_KEEP_BYTES // 2)
-    mallopt(_M_TRIM_THRESHOLD, HEAP_KEEP_BYTES)
-    mallopt(_M_ARENA_MAX, 1)
+    set_malloc_options(
+        {
+            M_MMAP_THRESHOLD: HEAP_KEEP_BYTES // 2,
+            M_TRIM_THRESHOLD: HEAP_KEEP_BYTES,
+            M_ARENA_MAX: 1,
+        }
+    )
 
 
 def exposure_problem(options: GatewayOptions) -> str | None:

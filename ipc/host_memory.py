@@ -1,5 +1,6 @@
 """The process's host memory as loads, unloads and a quiet gateway see it: its anonymous resident
-bytes, and the C heap's free pages handed back to the system.
+bytes, the C heap's free pages handed back to the system, and glibc's malloc parameters
+(``set_malloc_options``: the supervisor's ``tune_heap``, the gateway's ``keep_request_buffers``).
 
 Used by the engine (a load's footprint), the model registry (the trim after unloads and
 evictions), ``supervisor.memory``'s heap tuning (``libc``), the ONNX Runtime backend, which
@@ -16,8 +17,13 @@ import ctypes
 import ctypes.util
 import functools
 import os
+from collections.abc import Mapping
 
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+# glibc's mallopt parameters (malloc.h)
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+M_ARENA_MAX = -8
 
 
 def resident_bytes() -> int:
@@ -44,3 +50,12 @@ def trim_heap() -> None:
     trim = getattr(libc(), "malloc_trim", None)
     if trim is not None:
         trim(0)
+
+
+def set_malloc_options(options: Mapping[int, int]) -> None:
+    """Set glibc's malloc parameters, in order (``mallopt``: ``{M_ARENA_MAX: 2, …}``; a no-op
+    elsewhere). Once, before the process starts its threads."""
+    mallopt = getattr(libc(), "mallopt", None)
+    if mallopt is not None:
+        for parameter, value in options.items():
+            mallopt(parameter, value)

@@ -34,7 +34,7 @@ from typing import Any
 import structlog
 
 from duomo.ipc.errors import ResourceExhaustedError
-from duomo.ipc.host_memory import libc
+from duomo.ipc.host_memory import M_ARENA_MAX, M_MMAP_THRESHOLD, set_malloc_options
 from duomo.supervisor.config import LoadedConfig, ResolvedModel
 from duomo.worker.backends.base import DeviceRoom, MemoryShare
 from duomo.worker.model_spec import SERVING
@@ -119,9 +119,6 @@ class Resident:
     idle: bool  # nothing queued or in flight
 
 
-# glibc mallopt parameters (malloc.h)
-_M_MMAP_THRESHOLD = -3
-_M_ARENA_MAX = -8
 HEAP_ARENAS = 2
 HEAP_MMAP_THRESHOLD = 1 << 20
 
@@ -134,10 +131,7 @@ def tune_heap() -> None:
     such a free, and the next large request buffers then stay resident in the heap). Measured on
     the mixed three-model load: about 30 MiB less resident memory, the same speed
     (docs/design-notes.md, "Memory")."""
-    mallopt = getattr(libc(), "mallopt", None)
-    if mallopt is not None:
-        mallopt(_M_ARENA_MAX, HEAP_ARENAS)
-        mallopt(_M_MMAP_THRESHOLD, HEAP_MMAP_THRESHOLD)
+    set_malloc_options({M_ARENA_MAX: HEAP_ARENAS, M_MMAP_THRESHOLD: HEAP_MMAP_THRESHOLD})
 
 
 def choose_victims(residents: Iterable[Resident], need_bytes: int) -> list[Resident] | None:
