@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -27,6 +28,13 @@ from typing import Any
 import numpy as np
 
 from duomo.ipc.client import Client
+from duomo.ipc.command_line import (
+    EXIT_FAILED,
+    EXIT_INVALID,
+    EXIT_OK,
+    checked_number,
+    exit_code,
+)
 from duomo.ipc.errors import DuomoError, ErrorCode, NotFoundError
 from duomo.ipc.logs import LEVELS, configure_logging
 from duomo.ipc.runtime_dir import default_socket_path
@@ -35,7 +43,6 @@ from duomo.supervisor.config import ConfigError, LoadedConfig, ResolvedModel, lo
 from duomo.supervisor.source_commands import add_parser as add_source_parser
 from duomo.video import camera_sim
 
-EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 DEFAULT_CONFIG = Path("configs/default.yaml")
 
 
@@ -172,8 +179,7 @@ def _control(
             reply = client.request(op, timeout_s=args.timeout, **fields)
     except DuomoError as err:
         print(f"duomo {op}: {err.message}", file=sys.stderr)
-        invalid = err.code in (ErrorCode.NOT_FOUND, ErrorCode.INVALID_ARGUMENT)
-        return EXIT_INVALID if invalid else EXIT_FAILED
+        return exit_code(err)
     print(describe(reply))
     return EXIT_OK
 
@@ -699,26 +705,9 @@ def _lifecycle_args(parser: argparse.ArgumentParser) -> None:
     _socket_arg(parser)
 
 
-def _seconds_or_zero(text: str) -> float:
-    """A finite number of seconds, 0 or more (``duomo stream --wait-s``)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number of seconds ≥ 0, not {text!r}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    """A finite number of seconds above 0 (``--interval``)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, not {text!r}")
-    return value
+# ``duomo stream --wait-s``; ``--interval``, ``--duration``, ``--stall-after``, ``--failed-after``
+_seconds_or_zero = checked_number(float, lambda s: 0 <= s < math.inf, "a number of seconds ≥ 0")
+_seconds = checked_number(float, lambda s: 0 < s < math.inf, "a number of seconds > 0")
 
 
 def _socket_arg(parser: argparse.ArgumentParser) -> None:

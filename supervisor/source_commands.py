@@ -30,12 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from duomo.ipc.client import Client
-from duomo.ipc.errors import DuomoError, ErrorCode
+from duomo.ipc.command_line import EXIT_FAILED, EXIT_INVALID, EXIT_OK, exit_code
+from duomo.ipc.errors import DuomoError
 from duomo.ipc.runtime_dir import source_tail_path
 from duomo.ipc.source_records import SourceStatus
 from duomo.supervisor import source_table
-
-EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 
 
 def add_parser(
@@ -98,8 +97,7 @@ def _request(args: argparse.Namespace, op: str, **fields: Any) -> dict[str, Any]
             return client.request(op, **fields)
     except DuomoError as err:
         print(f"duomo source {args.verb}: {err.message}", file=sys.stderr)
-        invalid = err.code in (ErrorCode.NOT_FOUND, ErrorCode.INVALID_ARGUMENT)
-        return EXIT_INVALID if invalid else EXIT_FAILED
+        return exit_code(err)
 
 
 def cmd_add(args: argparse.Namespace) -> int:

@@ -23,6 +23,7 @@ import os
 import sys
 from pathlib import Path
 
+from duomo.ipc.command_line import checked_number
 from duomo.video.camera_sim_server import DEBIAN_PACKAGES, EXIT_CANNOT_SERVE
 
 DEBIAN_PYTHON = Path("/usr/bin/python3")
@@ -63,34 +64,7 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_CANNOT_SERVE
 
 
-def frame_rate(text: str) -> float:
-    """``--fps``: a frame rate above 0, at most ``MAX_FPS``."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 < value <= MAX_FPS:
-        raise argparse.ArgumentTypeError(f"must be above 0 and at most {MAX_FPS:g}, not {text!r}")
-    return value
-
-
-def port_number(text: str) -> int:
-    """``--port``: 0 (any free port: the READY line says which) to 65535."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port from 0 to 65535, not {text!r}")
-    return value
-
-
-def clock_offset(text: str) -> float:
-    """``--clock-offset-s``: a finite number of seconds, either sign."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be a number of seconds, not {text!r}")
-    return value
+# the options' argparse types (``supervisor.cli`` registers the command)
+frame_rate = checked_number(float, lambda f: 0 < f <= MAX_FPS, f"above 0 and at most {MAX_FPS:g}")
+port_number = checked_number(int, lambda p: 0 <= p <= 65535, "a port from 0 to 65535")
+clock_offset = checked_number(float, math.isfinite, "a number of seconds")

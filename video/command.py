@@ -31,7 +31,8 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from duomo.ipc.errors import DuomoError, ErrorCode
+from duomo.ipc.command_line import EXIT_FAILED, EXIT_INVALID, EXIT_OK, exit_code
+from duomo.ipc.errors import DuomoError
 from duomo.video.answer_lines import AnswerLines
 from duomo.video.locations import SourceError, SourceLocation, parse_location, stream_names
 from duomo.video.source import VideoSource
@@ -41,7 +42,7 @@ from duomo.video.supervisor_link import SupervisorLink
 if TYPE_CHECKING:
     from duomo.video.preview import PreviewServer
 
-EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_SOURCES_FAILED = 0, 1, 2, 3
+EXIT_SOURCES_FAILED = 3  # every source failed (``video.health``)
 DRAIN_S = 30.0  # the answers still owed when the run ends, awaited for at most this long
 FIGURES_EVERY_S = 1.0  # the preview's figures refresh
 
@@ -76,10 +77,10 @@ def run(args: argparse.Namespace) -> int:
     except (SourceError, ArgumentError) as err:
         return _fail(str(err), EXIT_INVALID)
     except DuomoError as err:
-        invalid = err.code in (ErrorCode.NOT_FOUND, ErrorCode.INVALID_ARGUMENT)
+        code = exit_code(err)
         waited = f"waited {args.wait_s:g} s; " if args.wait_s else ""
-        hint = "" if invalid else f" ({waited}is a supervisor running? duomo start)"
-        return _fail(f"{err.message}{hint}", EXIT_INVALID if invalid else EXIT_FAILED)
+        hint = "" if code == EXIT_INVALID else f" ({waited}is a supervisor running? duomo start)"
+        return _fail(f"{err.message}{hint}", code)
 
 
 def _entries(args: argparse.Namespace) -> list[SourceEntry]:
