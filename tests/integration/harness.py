@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 import resource
 import shutil
 import signal
@@ -228,3 +229,15 @@ def authenticated(socket_path: Path) -> tuple[socket.socket, FrameReader]:
 
 def replies(sock: socket.socket, reader: FrameReader, count: int) -> list[dict[str, object]]:
     return [parse_json(recv_frame(sock, reader)[1]) for _ in range(count)]
+
+
+def logged_events(log: Path, event: str) -> list[dict[str, str]]:
+    """The ``key=value`` fields of each line the supervisor logged as ``event`` (its console
+    format: the event, then its fields), in order."""
+    line_of = re.compile(rf"{re.escape(event)}\s+(.*)$")
+    found = []
+    for line in log.read_text().splitlines():
+        match = line_of.search(line)
+        if match is not None:
+            found.append(dict(re.findall(r"(\w+)=(\S+)", match.group(1))))
+    return found

@@ -12,7 +12,6 @@ the four cameras' frames run together and an answer is about two service times o
 from __future__ import annotations
 
 import json
-import re
 import threading
 import time
 from collections.abc import Iterator
@@ -31,6 +30,7 @@ from tests.integration.harness import (
     duomo,
     faulty_model,
     free_port,
+    logged_events,
     poll,
     running_supervisor,
     write_config,
@@ -42,7 +42,6 @@ from tests.unit.test_grafana_dashboard import targets
 pytestmark = pytest.mark.integration
 CAMERAS = 4
 FPS = 25.0  # each camera; the frame period is 40 ms
-CAPACITY_LINE = re.compile(r"model capacity\s+(.*)$")
 
 
 class Cameras:
@@ -100,14 +99,7 @@ def capacity_of(client: Client, model: str) -> ModelCapacity:
 
 def logged_capacity(log: Path, model: str) -> list[str]:
     """Each "model capacity" line the supervisor logged for ``model``: its new state."""
-    states = []
-    for line in log.read_text().splitlines():
-        found = CAPACITY_LINE.search(line)
-        if found is not None:
-            fields = dict(re.findall(r"(\w+)=(\S+)", found.group(1)))
-            if fields.get("model") == model:
-                states.append(fields["capacity"])
-    return states
+    return [e["capacity"] for e in logged_events(log, "model capacity") if e.get("model") == model]
 
 
 def error_ratio_query() -> str:

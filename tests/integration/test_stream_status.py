@@ -11,7 +11,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
-import re
 import threading
 import time
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ from tests.integration.harness import (
     duomo,
     faulty_model,
     free_port,
+    logged_events,
     poll,
     running_supervisor,
     short_socket_dir,
@@ -39,7 +39,6 @@ from tests.unit.test_grafana_dashboard import dashboard_metric_names
 pytestmark = pytest.mark.integration
 FRAME = {"x": np.ones((1, 4), dtype=np.float32)}
 PACED = faulty_model("paced", max_batch=1, queue_size=2, params={"work_ms": 50})
-STREAM_STATE = re.compile(r"stream state\s+(.*)$")
 
 
 def answers_of(cam: Stream) -> collections.Counter[str]:
@@ -183,14 +182,8 @@ def background_supervisor(config: Path) -> Iterator[Path]:
 
 def logged_states(socket_path: Path, stream: str) -> list[str]:
     """Each "stream state" line the supervisor logged for ``stream``: its new state."""
-    states = []
-    for line in log_path(socket_path).read_text().splitlines():
-        found = STREAM_STATE.search(line)
-        if found is not None:
-            fields = dict(re.findall(r"(\w+)=(\S+)", found.group(1)))
-            if fields.get("stream") == stream:
-                states.append(fields["state"])
-    return states
+    events = logged_events(log_path(socket_path), "stream state")
+    return [e["state"] for e in events if e.get("stream") == stream]
 
 
 def test_a_stream_goes_through_each_state_once_seen_in_status_and_logged(
