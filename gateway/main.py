@@ -2,7 +2,7 @@
 supervisor, until SIGTERM or SIGINT.
 
 Started as ``python -m duomo.gateway`` by ``duomo gateway`` and by ``duomo start`` (one process per
-worker; ``supervisor.gateways`` restarts one that dies). Several workers share the ports
+worker; ``supervisor.process.gateways`` restarts one that dies). Several workers share the ports
 (``SO_REUSEPORT``); each holds its own ``ipc.Client`` and slots. It reports ``READY`` on
 ``--ready-fd`` once both ports are bound and it has reached the supervisor (or after
 ``CONNECT_WAIT_S`` without: the link keeps trying in the background, and again whenever the

@@ -1,5 +1,5 @@
 """Streams through the gateway: a remote caller's camera, named in the request's ``parameters``,
-as a stream of the supervisor (``supervisor.streams``) opened on this worker's connection.
+as a stream of the supervisor (``supervisor.dataflow.streams``) opened on this worker's connection.
 
 **The parameters** (``stream_parameters``; each checked, INVALID_ARGUMENT naming it):
 

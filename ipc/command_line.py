@@ -7,8 +7,8 @@ name in use); a command with more says so (``duomo stop``'s 3, ``duomo stream``'
 ``checked_number`` makes an argparse ``type`` that refuses a number out of its range as
 argparse refuses any bad argument: exit 2, with ``must be …, not '…'``.
 
-Used by ``supervisor.cli``, ``supervisor.source_commands``, ``video.command`` and
-``video.camera_sim`` (``video`` imports only ``ipc``). Standard library only.
+Used by ``supervisor.operators.cli``, ``supervisor.operators.source_commands``, ``video.command``
+and ``video.camera_sim`` (``video`` imports only ``ipc``). Standard library only.
 """
 
 from __future__ import annotations

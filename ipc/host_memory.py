@@ -3,7 +3,7 @@ bytes, the C heap's free pages handed back to the system, and glibc's malloc par
 (``set_malloc_options``: the supervisor's ``tune_heap``, the gateway's ``keep_request_buffers``).
 
 Used by the engine (a load's footprint), the model registry (the trim after unloads and
-evictions), ``supervisor.memory``'s heap tuning (``libc``), the ONNX Runtime backend, which
+evictions), ``supervisor.core.memory``'s heap tuning (``libc``), the ONNX Runtime backend, which
 measures the weights a session holds the same way, and a gateway worker's ``MemoryKeeper``
 (what a burst of large requests left behind). Anonymous memory is what loads and requests
 allocate and frees give back: library code first run by a load (ONNX Runtime's kernels,

@@ -1,9 +1,9 @@
 """The readiness line a child process reports on an inherited pipe: ``READY`` or ``ERROR
 <reason>``, one line, and reading it with a deadline.
 
-Written by ``duomo start --foreground --ready-fd`` (``supervisor.daemon``) and by a gateway
-worker (``gateway.main``); read by ``duomo start``, by ``supervisor.gateways`` from each gateway
-worker, and by the tests' harness. In ``ipc`` because the gateway imports nothing else of
+Written by ``duomo start --foreground --ready-fd`` (``supervisor.process.daemon``) and by a gateway
+worker (``gateway.main``); read by ``duomo start``, by ``supervisor.process.gateways`` from each
+gateway worker, and by the tests' harness. In ``ipc`` because the gateway imports nothing else of
 Duomo's.
 """
 

@@ -3,10 +3,10 @@
 The supervisor creates one ring per attached (client, model) with ``SlotRing.create``: a
 **sealed memfd** (``memfd_create`` with ``MFD_ALLOW_SEALING``, then ``F_SEAL_SHRINK |
 F_SEAL_GROW | F_SEAL_SEAL``), which it passes to its client over the control socket
-(``SCM_RIGHTS``, see ``supervisor.connection``); the client maps it with ``SlotRing.attach``.
-The segment has no name: nothing is left anywhere after a crash on either side, nothing can be
-guessed or opened by a third process, and containers share only the socket directory. The
-seals are why it is a memfd at all: a client that could shrink a segment the supervisor reads
+(``SCM_RIGHTS``, see ``supervisor.process.connection``); the client maps it with
+``SlotRing.attach``. The segment has no name: nothing is left anywhere after a crash on either side,
+nothing can be guessed or opened by a third process, and containers share only the socket directory.
+The seals are why it is a memfd at all: a client that could shrink a segment the supervisor reads
 would kill the supervisor with SIGBUS at its next read of a vanished page; a sealed memfd
 cannot shrink (``ftruncate`` fails with EPERM), so every page the supervisor mapped stays.
 Each slot is::

@@ -313,7 +313,7 @@ class StreamModelFigures:
 class StreamStatus:
     """One stream, live or ended: its liveness (``state``: starting, running, blocked, stalled
     or ended, for ``since_s`` seconds), what it was opened with, the client that opened it,
-    and its figures per model it feeds now (``supervisor.streams`` has the rules)."""
+    and its figures per model it feeds now (``supervisor.dataflow.streams`` has the rules)."""
 
     name: str
     state: str
@@ -435,7 +435,7 @@ def _bucket(r: RecordReader, bucket: object) -> tuple[str, int]:
 
 @dataclass(frozen=True)
 class PipelineStatus:
-    """One pipeline (``supervisor.pipelines``): its state (READY when every step's model
+    """One pipeline (``supervisor.dataflow.pipelines``): its state (READY when every step's model
     serves, else the first step model's state that is not), the requests it answered and how
     many of them were errors, their latency (None before the first success), its objects per
     frame and its steps, in order."""
@@ -499,7 +499,7 @@ class SupervisorStatus:
     connections_refused: int
     clients_cut_off: int
     control_jobs_waiting: int
-    limits: dict[str, Any]  # ``supervisor.limits.Limits.to_dict``
+    limits: dict[str, Any]  # ``supervisor.process.limits.Limits.to_dict``
     gateways: tuple[GatewayWorkerStatus, ...]
     thread_budget: int
     devices: tuple[DeviceStatus, ...]

@@ -24,10 +24,10 @@ from typing import Annotated, Any, Literal, TypeGuard
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from duomo.supervisor.gateways import GatewayConfig
-from duomo.supervisor.limits import LimitsConfig
-from duomo.supervisor.metrics_http import MetricsConfig
-from duomo.supervisor.pipeline_config import PipelineConfig, pipeline_problems
+from duomo.supervisor.dataflow.pipeline_config import PipelineConfig, pipeline_problems
+from duomo.supervisor.operators.metrics_http import MetricsConfig
+from duomo.supervisor.process.gateways import GatewayConfig
+from duomo.supervisor.process.limits import LimitsConfig
 from duomo.supervisor.sources.definition import SourceDefinition
 from duomo.supervisor.sources.workers import SourceWorkersConfig
 from duomo.worker.backends.acl_backend import AclOptions
@@ -163,11 +163,12 @@ class DuomoConfig(StrictModel):
     gateway: GatewayConfig | None = None  # the KServe v2 gateway, started by ``duomo start``
     metrics: MetricsConfig | None = None  # /metrics and the health probes, off when absent
     # how unloaded models come back: on their request only (lru), or also in the background
-    # when the request stream says they are next (predictive: supervisor.background_loads)
+    # when the request stream says they are next (predictive: supervisor.core.background_loads)
     preload_policy: Literal["lru", "predictive"] = "lru"
     predictive_threshold: float = Field(default=0.5, gt=0, le=1)
     models: list[ModelConfig] = Field(min_length=1)
-    # named graphs of steps over the models, each served like a model (supervisor.pipelines)
+    # named graphs of steps over the models, each served like a model
+    # (supervisor.dataflow.pipelines)
     pipelines: list[PipelineConfig] = Field(default_factory=list)
     # cameras the supervisor decodes itself, in its source workers (supervisor.sources)
     sources: list[SourceDefinition] = Field(default_factory=list)

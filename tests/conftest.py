@@ -42,8 +42,8 @@ from pluggy import Result
 
 from duomo.ipc.logs import configure_logging
 from duomo.supervisor.config import LoadedConfig, load_config
-from duomo.supervisor.image_files import read_image
-from duomo.supervisor.pipeline_config import entries_over
+from duomo.supervisor.dataflow.pipeline_config import entries_over
+from duomo.supervisor.operators.image_files import read_image
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGES = ROOT / "tests" / "fixtures" / "images"
@@ -168,7 +168,7 @@ def demo_variant(tmp_dir: Path, models: list[str], **overrides: object) -> Loade
 
 @pytest.fixture(scope="session")
 def demo_engine(demo_config: LoadedConfig) -> Iterator[object]:
-    from duomo.supervisor.engine import Engine
+    from duomo.supervisor.core.engine import Engine
 
     engine = Engine(demo_config)
     engine.start()

@@ -30,7 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from duomo.supervisor.environment import probe
+from duomo.supervisor.operators.environment import probe
 from duomo.worker.backends.acl_backend import AclBackend, AclSession, atc_sidecar
 from duomo.worker.backends.base import SessionSettings
 

@@ -25,7 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from duomo import Client, Slot
-from duomo.supervisor.image_files import read_image
+from duomo.supervisor.operators.image_files import read_image
 
 IMAGES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "images"
 FEEDS = {"classify": "coffee.png", "face": "astronaut.png", "ocr": "page.png"}

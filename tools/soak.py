@@ -57,7 +57,7 @@ def expected(model: str, result: dict[str, Any]) -> bool:
 
 def produce(socket: str, model: str, seconds: float, out: Any) -> None:
     """One producer process: closed loop (two in flight), every answer checked and counted."""
-    from duomo.supervisor.image_files import read_image
+    from duomo.supervisor.operators.image_files import read_image
 
     image = {"classify": "coffee.png", "face": "astronaut.png", "ocr": "page.png"}.get(model)
     payload = read_image(IMAGES / image) if image else FLAKY_X
@@ -249,7 +249,7 @@ def main() -> int:
     parser.add_argument("--cycle-model", default="face")
     parser.add_argument("--out", type=Path, default=Path("soak-report.json"))
     args = parser.parse_args()
-    from duomo.supervisor.daemon import start_background, wait_for_exit
+    from duomo.supervisor.process.daemon import start_background, wait_for_exit
 
     os.chdir(ROOT)  # the supervisor runs as ``python -m``: tools.soak_executor is found from here
     folder = Path(tempfile.mkdtemp(prefix="duomo-soak-"))

@@ -1,8 +1,8 @@
 """``duomo camera-sim``: RTSP cameras made of video files, to try streams without a camera.
 
-``run(args)`` is the command's body (``supervisor.cli`` parses the arguments and calls it): it
-finds Debian's own python3 (``DEBIAN_PYTHON``, which has ``gi``; the virtual environment does
-not) and replaces this process with the GStreamer program ``video/camera_sim_server.py`` under
+``run(args)`` is the command's body (``supervisor.operators.cli`` parses the arguments and calls
+it): it finds Debian's own python3 (``DEBIAN_PYTHON``, which has ``gi``; the virtual environment
+does not) and replaces this process with the GStreamer program ``video/camera_sim_server.py`` under
 it (``os.execv``), so that whoever started ``duomo camera-sim`` holds the server's own pid: a
 signal stops the server itself and nothing is left behind listening on the port, even after
 SIGKILL. That program serves ``/<stem>`` and ``/<stem>/corrupt`` per file, looping, prints a
@@ -11,8 +11,8 @@ why. Without Debian's python3 this says which packages to install and returns 1;
 itself says so when GStreamer or one of its plugins is missing.
 
 The argument types below (``frame_rate``, ``port_number``, ``clock_offset``) are the command's
-checks, used by ``supervisor.cli``; the defaults are there too. Imports nothing of Duomo's but
-its program's constants (that file imports ``gi`` only when it runs).
+checks, used by ``supervisor.operators.cli``; the defaults are there too. Imports nothing of Duomo's
+but its program's constants (that file imports ``gi`` only when it runs).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_CANNOT_SERVE
 
 
-# the options' argparse types (``supervisor.cli`` registers the command)
+# the options' argparse types (``supervisor.operators.cli`` registers the command)
 frame_rate = checked_number(float, lambda f: 0 < f <= MAX_FPS, f"above 0 and at most {MAX_FPS:g}")
 port_number = checked_number(int, lambda p: 0 <= p <= 65535, "a port from 0 to 65535")
 clock_offset = checked_number(float, math.isfinite, "a number of seconds")

@@ -1,7 +1,7 @@
 """``duomo stream``: video sources into a running supervisor, answers out as JSON lines.
 
-``run(args)`` is the command's body (``supervisor.cli`` parses the arguments and calls it):
-it gathers the sources (SOURCE… and the entries of ``--sources FILE``: ``video.sources_file``),
+``run(args)`` is the command's body (``supervisor.operators.cli`` parses the arguments and calls
+it): it gathers the sources (SOURCE… and the entries of ``--sources FILE``: ``video.sources_file``),
 checks every one, connects one ``SupervisorLink`` (``video.supervisor_link``: with ``--wait-s
 S`` it waits up to S seconds for the supervisor's socket and key, a log line per backoff step),
 opens one ``VideoSource`` per source (one decode thread each) and one answer thread per source
@@ -12,7 +12,7 @@ stream opens again on it under its name (``video.source``): the process runs bes
 supervisor for as long as the operator wants it to. At the end decoding stops, the answers
 still owed are awaited for up to ``DRAIN_S`` (not after a signal), and every stream is closed.
 
-Exit codes (those of ``supervisor.cli``): 0 when the files ended, the duration passed or a
+Exit codes (those of ``supervisor.operators.cli``): 0 when the files ended, the duration passed or a
 signal came, 1 when no supervisor answered at the start (within ``--wait-s``) or a file failed
 while playing, 2 for a bad source, an unknown model or bad arguments, 3 when every source has
 ``failed`` (``video.health``: a permanent error such as 401/403/404 or a host name that does not
@@ -52,7 +52,7 @@ class ArgumentError(ValueError):
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``duomo stream`` as parsed by ``supervisor.cli``; the exit code."""
+    """Run ``duomo stream`` as parsed by ``supervisor.operators.cli``; the exit code."""
     try:
         entries = _entries(args)
         locations = [parse_location(entry.url) for entry in entries]

@@ -42,7 +42,7 @@ A worker waits for its first request in one of two ways (``_wait_for_first``):
 - it **sleeps** on a lock of its own, which whoever changes the queue releases (``_sleep``,
   ``_wake_all``): what ``threading.Condition`` does inside, without its Python wrapper, whose
   four calls per hand-off run on every request's path, cold after every inference;
-- or, with an ``IdleReader`` (the supervisor's lending, ``supervisor.lending``) and nothing
+- or, with an ``IdleReader`` (the supervisor's lending, ``supervisor.process.lending``) and nothing
   queued, it **waits in the idle reader**: it reads its model's producers and queues what
   arrives itself, so the request it then takes was never handed from one thread to another.
   One worker at a time does so: the ``ReaderSeat``, whose handshake with ``_wake_all`` (an

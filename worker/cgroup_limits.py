@@ -4,7 +4,7 @@ A container's or Kubernetes pod's limits are set on its cgroup, not on the machi
 affinity mask and ``SC_PHYS_PAGES`` do not show them. Each limit is the smallest set along
 the process's cgroup path up to the root, read from cgroup v2's one hierarchy or from v1's
 hierarchy of that controller. Called by ``worker.thread_budget`` (how many cores to keep busy)
-and ``supervisor.limits`` (how much ring memory clients may commit by default).
+and ``supervisor.process.limits`` (how much ring memory clients may commit by default).
 """
 
 from __future__ import annotations

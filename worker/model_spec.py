@@ -5,7 +5,7 @@ Plain values, no threads: the registry builds a ``ModelSpec`` from the config an
 ``ServedModel`` (``worker.served_model``), which moves through the ``ModelState`` machine drawn
 in its docstring and raises ``ModelLoadError`` / ``DeviceMemoryError`` from a load. Importers:
 the served model, the supervisor's registry, engine, memory ledger and placements, and
-``supervisor.background_loads``, which counts predicted loads in ``PredictedLoads``.
+``supervisor.core.background_loads``, which counts predicted loads in ``PredictedLoads``.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ class PredictedLoads:
     """``preload_policy: predictive``: one model's loads made ahead of a request, those a
     request then used (hits), and those unloaded again unused (wasted).
 
-    The background loads (``supervisor.background_loads``) start and finish a predicted load
+    The background loads (``supervisor.core.background_loads``) start and finish a predicted load
     (``expect``, then ``loaded`` or ``skipped``); the model reports the request that uses it
     (``used``, on the request's path, before it is queued, so a reader after the answer sees
     it) and the unload that wastes it (``unused``). ``awaiting`` while a predicted load awaits

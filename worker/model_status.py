@@ -5,7 +5,7 @@ wire's: keep it).
 A read-only view over a ``ServedModel`` (``worker.served_model``), taken on the caller's thread
 without the model's locks: each field is read whole, and a count read mid-change is at most one
 behind. Called by the engine (``Engine.status`` adds memory, compute share and config flags);
-``stream_capacity`` also by the metrics scrape (``supervisor.metrics``).
+``stream_capacity`` also by the metrics scrape (``supervisor.operators.metrics``).
 """
 
 from __future__ import annotations

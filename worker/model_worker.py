@@ -6,7 +6,7 @@ one generation of its model's batcher: once that generation is retired (unload, 
 it finishes its batch, closes its executor on its own thread and ends. ``busy_since`` and
 ``current`` show the watchdog the batch in progress; a hung worker is abandoned, never joined.
 The process's ``Activity`` counts it from its load to its warm-up's end and through each batch
-(the supervisor's idle spin reads it: ``supervisor.lending``).
+(the supervisor's idle spin reads it: ``supervisor.process.lending``).
 
 After its warm-up the executor is settled: a request far larger than what warm-up sized is a
 one-off, and once its batch is answered the worker has the sessions give back what it took

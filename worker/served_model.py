@@ -1,10 +1,10 @@
 """One configured model being served: its state machine, worker generations and admission.
 
-Built by the registry (``supervisor.registry``) from a ``ModelSpec`` (``worker.model_spec``) and
-kept for as long as the config declares the model; its workers come and go. What it needs comes in
-as arguments: the hooks it calls on a request (``on_demand``, ``on_request``) at construction, the
-device memory its budgets leave it with each ``load``. The engine calls the lifecycle methods (one
-at a time per model, under ``lifecycle``): ``load`` starts every instance on its own thread (a
+Built by the registry (``supervisor.core.registry``) from a ``ModelSpec`` (``worker.model_spec``)
+and kept for as long as the config declares the model; its workers come and go. What it needs comes
+in as arguments: the hooks it calls on a request (``on_demand``, ``on_request``) at construction,
+the device memory its budgets leave it with each ``load``. The engine calls the lifecycle methods
+(one at a time per model, under ``lifecycle``): ``load`` starts every instance on its own thread (a
 generation of ``worker.instances``) and returns once all are warmed up; ``unload`` lets them go;
 ``reinitialize`` (from the watchdog) replaces them after failures or a hang; ``stop`` ends the model
 for good. ``submit`` (or ``enqueue``, for a request built by the caller) queues a request from any
@@ -76,7 +76,7 @@ class ServedModel:
         on_request: Callable[[ServedModel], None] | None = None,
         unloaded_by_operator: bool = False,
     ) -> None:
-        """``on_demand`` loads it for a waiting request (``supervisor.background_loads``; none:
+        """``on_demand`` loads it for a waiting request (``supervisor.core.background_loads``; none:
         only an operator loads it), ``on_request`` hears of every request (the predictor), and
         ``unloaded_by_operator`` carries an operator's unload over to a model built again."""
         self.spec = spec

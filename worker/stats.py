@@ -4,8 +4,8 @@ cumulative counts and times since the model was built, and the load its streams 
 
 Written by the model's workers (and the batcher's expiry path), read by ``status``, the
 benchmark and, through ``status``, the gateway's statistics endpoints; ``counters`` is the
-metrics scrape's view (``supervisor.metrics``). Latencies are kept in a bounded window of recent
-requests, so percentiles describe current behaviour and memory stays flat however long the
+metrics scrape's view (``supervisor.operators.metrics``). Latencies are kept in a bounded window of
+recent requests, so percentiles describe current behaviour and memory stays flat however long the
 server runs; the cumulative ``totals`` (Triton's statistics: counts and nanoseconds per stage)
 and the ``Buckets`` of request durations and batch sizes only ever grow.
 

@@ -1,7 +1,7 @@
 """What a model's streams offer it and what it serves them: its capacity, stated and watched.
 
 One ``StreamLoad`` per model, kept in its ``ModelStats`` (``stats.streams``). The supervisor's
-stream registry (``supervisor.streams``) feeds it as each frame of a stream arrives for the
+stream registry (``supervisor.dataflow.streams``) feeds it as each frame of a stream arrives for the
 model (``offered``) and as each is answered (``answered``), and its housekeeping calls
 ``check`` every 0.1 s, which logs one line per change of state. ``worker.model_status`` reads
 it into the model's status (``capacity``) with the age bound that follows, and the metrics

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from duomo.ipc.errors import InvalidArgumentError
-from duomo.supervisor.image_files import read_image
+from duomo.supervisor.operators.image_files import read_image
 from duomo.worker.backends.base import SessionSettings
 from duomo.worker.backends.ort_backend import OrtBackend
 from duomo.worker.executors.base import Executor, NoParams, StageTimer

@@ -23,7 +23,7 @@ worker. State changes are logged once each, from the reports.
 Workers start with the supervisor when there are sources to play, else with the first one added
 (on a thread of their own: the reactor never waits for a process). Thread-safety: one lock; the
 reactor thread calls ``report``, ``add``, ``remove`` and ``status``, the watcher thread the
-worker callbacks, the control-job thread ``reload``. Used by ``supervisor.server``.
+worker callbacks, the control-job thread ``reload``. Used by ``supervisor.process.server``.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import structlog
 from duomo.ipc.errors import DuomoError, InvalidArgumentError, NotFoundError, echoed
 from duomo.ipc.source_records import NO_REPORT, SourceReport, SourceStatus
 from duomo.ipc.source_urls import mask_text
-from duomo.supervisor.child_processes import ChildProcesses, stop_orphans
+from duomo.supervisor.process.child_processes import ChildProcesses, stop_orphans
 from duomo.supervisor.sources.definition import SourceDefinition
 from duomo.supervisor.sources.store import SourceStore
 from duomo.supervisor.sources.workers import (

@@ -2,10 +2,11 @@
 and their command line.
 
 Each worker is ``python -m duomo.video.source_worker --socket S --index K`` (``video/`` imports
-only ``ipc``; this module only builds its command line), run by ``supervisor.child_processes``
-like the gateway's workers: awaited until READY, restarted when it dies (at most
-``max_restarts`` times in 5 minutes), stopped first on ``duomo stop``. Workers a killed
-supervisor left behind exit by themselves (their parent is gone) and are stopped at start too.
+only ``ipc``; this module only builds its command line), run by
+``supervisor.process.child_processes`` like the gateway's workers: awaited until READY, restarted
+when it dies (at most ``max_restarts`` times in 5 minutes), stopped first on ``duomo stop``. Workers
+a killed supervisor left behind exit by themselves (their parent is gone) and are stopped at start
+too.
 
 **How many**: ``source_workers.count``, else one per core the models do not need (the cores
 this process may use less the models' thread budget), at least one: decoding shares the CPU with

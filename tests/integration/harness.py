@@ -104,7 +104,7 @@ def duomo(
 ) -> subprocess.CompletedProcess[str]:
     """Run one ``duomo`` command against the supervisor at ``socket_path``."""
     return subprocess.run(
-        [sys.executable, "-m", "duomo.supervisor.cli", *args, "--socket", str(socket_path)],
+        [sys.executable, "-m", "duomo.supervisor", *args, "--socket", str(socket_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=timeout_s,
     )  # fmt: skip
 
@@ -154,7 +154,7 @@ def running_supervisor(
         output = logging.enter_context(log.open("a")) if log is not None else None
         process = subprocess.Popen(
             [
-                sys.executable, "-m", "duomo.supervisor.cli", "start", "-c", str(config),
+                sys.executable, "-m", "duomo.supervisor", "start", "-c", str(config),
                 "--socket", str(socket_path), "--foreground", "--ready-fd", str(write_fd),
             ],
             cwd=ROOT,

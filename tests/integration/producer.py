@@ -24,7 +24,7 @@ import numpy as np
 
 from duomo.ipc.client import Client
 from duomo.ipc.errors import DuomoError
-from duomo.supervisor.image_files import read_image
+from duomo.supervisor.operators.image_files import read_image
 
 EXPECTED = {
     "classify": ("coffee.png", lambda r: r["top"][0]["label"] == "espresso"),

@@ -23,7 +23,7 @@ def test_bench_smoke_writes_the_report(demo_config: object, tmp_path: Path) -> N
     out = tmp_path / "report"
     segments_before = _segments()
     run = subprocess.run(
-        [sys.executable, "-m", "duomo.supervisor.cli", "bench", "-w", str(SMOKE),
+        [sys.executable, "-m", "duomo.supervisor", "bench", "-w", str(SMOKE),
          "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
@@ -69,7 +69,7 @@ def test_bench_rejects_a_bad_workload_with_the_field(tmp_path: Path) -> None:
         "overhead_models: [face]\n"
     )
     run = subprocess.run(
-        [sys.executable, "-m", "duomo.supervisor.cli", "bench", "-w", str(bad),
+        [sys.executable, "-m", "duomo.supervisor", "bench", "-w", str(bad),
          "--out", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
@@ -85,7 +85,7 @@ def test_bench_sharing_only_measures_both_settings(demo_config: object, tmp_path
     out = tmp_path / "report"
     segments_before = _segments()
     run = subprocess.run(
-        [sys.executable, "-m", "duomo.supervisor.cli", "bench", "-w", str(SMOKE), "--out",
+        [sys.executable, "-m", "duomo.supervisor", "bench", "-w", str(SMOKE), "--out",
          str(out), "--sharing-only", "--sharing-rounds", "1", "--sharing-window", "2"],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )  # fmt: skip

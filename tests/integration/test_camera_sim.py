@@ -195,7 +195,7 @@ def test_a_stopped_camera_starts_again_on_the_same_port(
 
 def camera_sim_exit(*arguments: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "duomo.supervisor.cli", "camera-sim", *arguments],
+        [sys.executable, "-m", "duomo.supervisor", "camera-sim", *arguments],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
 

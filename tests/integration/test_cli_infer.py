@@ -12,7 +12,7 @@ from tests.conftest import DEMO_CONFIG, IMAGES, ROOT
 
 def duomo(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "duomo.supervisor.cli", *args],
+        [sys.executable, "-m", "duomo.supervisor", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -12,7 +12,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from duomo.ipc.errors import InvalidArgumentError
 from duomo.supervisor.config import LoadedConfig
-from duomo.supervisor.engine import Engine
+from duomo.supervisor.core.engine import Engine
 from duomo.worker.backends.base import ModelSession, SessionSettings, TensorSpec
 from duomo.worker.backends.ort_backend import OrtBackend
 from duomo.worker.executors.base import StageTimer

@@ -24,7 +24,7 @@ import pytest
 from duomo.ipc.client import Client
 from duomo.ipc.errors import InvalidArgumentError
 from duomo.supervisor.config import load_config
-from duomo.supervisor.engine import Engine
+from duomo.supervisor.core.engine import Engine
 from duomo.worker.backends.base import SessionSettings
 from duomo.worker.backends.ort_backend import OrtBackend
 from duomo.worker.thread_budget import usable_cores

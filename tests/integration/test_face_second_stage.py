@@ -22,7 +22,7 @@ import yaml
 from duomo.ipc.client import Client
 from duomo.ipc.errors import InvalidArgumentError
 from duomo.supervisor.config import load_config
-from duomo.supervisor.engine import Engine
+from duomo.supervisor.core.engine import Engine
 from duomo.worker.backends.base import SessionSettings
 from duomo.worker.backends.ort_backend import OrtBackend
 from duomo.worker.executors.face_align import ARCFACE, chip_transform, warp_chip

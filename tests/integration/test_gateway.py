@@ -34,7 +34,7 @@ import yaml
 from tritonclient.utils import InferenceServerException
 
 from duomo.ipc.client import Client
-from duomo.supervisor.image_files import read_image
+from duomo.supervisor.operators.image_files import read_image
 from tests.conftest import IMAGES, ROOT
 from tests.integration.harness import (
     SupervisorProcess,
@@ -471,7 +471,7 @@ def test_tls_on_both_transports(tmp_path: Path, demo_config: object) -> None:
 def test_without_a_token_a_non_loopback_bind_is_refused(tmp_path: Path) -> None:
     config = write_config(tmp_path, ["classify"], gateway={"http": "0.0.0.0:18999"})
     check = subprocess.run(
-        [sys.executable, "-m", "duomo.supervisor.cli", "check", "-c", str(config)],
+        [sys.executable, "-m", "duomo.supervisor", "check", "-c", str(config)],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert check.returncode == 2 and "not a loopback address" in check.stderr
@@ -497,7 +497,7 @@ def test_the_supervisor_killed_under_load_then_back(tmp_path: Path, demo_config:
     stop = threading.Event()
     with running_supervisor(config) as sup:
         gateway = subprocess.Popen(
-            [sys.executable, "-m", "duomo.supervisor.cli", "gateway", "--socket", str(sup.socket),
+            [sys.executable, "-m", "duomo.supervisor", "gateway", "--socket", str(sup.socket),
              "--http", http_at, "--grpc", grpc_at],
             cwd=ROOT, stdout=subprocess.PIPE, text=True, start_new_session=True,
         )  # fmt: skip

@@ -37,7 +37,7 @@ from duomo.ipc.errors import (
 )
 from duomo.ipc.framing import FrameReader, json_frame, parse_json, recv_frame
 from duomo.ipc.wire import FRAME, MAX_JSON_BYTES, FrameKind, frame
-from duomo.supervisor.image_files import read_image
+from duomo.supervisor.operators.image_files import read_image
 from tests.conftest import IMAGES
 from tests.integration.harness import (
     SupervisorProcess,

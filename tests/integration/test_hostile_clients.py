@@ -35,7 +35,7 @@ from duomo.ipc.wire import (
     request_packer,
     unpack_done,
 )
-from duomo.supervisor.image_files import read_image
+from duomo.supervisor.operators.image_files import read_image
 from tests.conftest import IMAGES
 from tests.integration.harness import (
     SupervisorProcess,

@@ -86,7 +86,7 @@ def test_duomo_bench_runs_from_the_checkout_wherever_it_is_called(tmp_path: Path
 def test_no_duomo_command_imports_the_benchmark() -> None:
     """``duomo bench`` imports ``tools.bench`` (and matplotlib) only when it runs."""
     probe = (
-        "import sys; from duomo.supervisor.cli import build_parser; build_parser(); "
+        "import sys; from duomo.supervisor.operators.cli import build_parser; build_parser(); "
         "print(sorted(m for m in sys.modules if m.startswith(('tools', 'matplotlib'))))"
     )
     assert _run(sys.executable, "-c", probe, cwd=ROOT).strip() == "[]"

@@ -215,7 +215,7 @@ def starting_supervisor(config: Path) -> Iterator[tuple[subprocess.Popen[bytes],
     folder = short_socket_dir()
     sock = folder / "duomo.sock"
     process = subprocess.Popen(
-        [sys.executable, "-m", "duomo.supervisor.cli", "start", "-c", str(config), "--socket",
+        [sys.executable, "-m", "duomo.supervisor", "start", "-c", str(config), "--socket",
          str(sock), "--foreground"],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
@@ -281,7 +281,7 @@ def test_a_taken_metrics_port_stops_the_start_with_the_reason(tmp_path: Path) ->
         )
         sock = short_socket_dir() / "duomo.sock"
         done = subprocess.run(
-            [sys.executable, "-m", "duomo.supervisor.cli", "start", "-c", str(config), "--socket",
+            [sys.executable, "-m", "duomo.supervisor", "start", "-c", str(config), "--socket",
              str(sock)],
             cwd=ROOT, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
@@ -348,7 +348,7 @@ def test_a_pipeline_has_its_series_at_zero_and_counts_frames_objects_and_skipped
         assert series("duomo_pipeline_step_skipped_total", step=step) == 2  # no face: skipped
         assert series("duomo_pipeline_step_errors_total", step=step) == 0
     assert series("duomo_pipeline_step_reused_total", step="embedding") == 0  # no tracker
-    # duomo status reads the same counts (its table: supervisor.pipeline_table)
+    # duomo status reads the same counts (its table: supervisor.operators.pipeline_table)
     shown = status.pipelines["faces"]
     assert (shown.state, shown.requests, shown.errors) == ("READY", 4, 0)
     assert (shown.objects.count, shown.objects.frames) == (2, 4)

@@ -18,7 +18,7 @@ import yaml
 
 from duomo.ipc.client import Client
 from duomo.supervisor.config import load_config
-from duomo.supervisor.engine import Engine
+from duomo.supervisor.core.engine import Engine
 from tests.conftest import IMAGES, ROOT, demo_variant, fixture_image
 from tests.integration.harness import running_supervisor
 from tests.integration.test_demo_models import OCR_LINES, rendered_text

@@ -32,7 +32,7 @@ import yaml
 from duomo.ipc.client import Client
 from duomo.ipc.errors import DuomoError, UnavailableError
 from duomo.supervisor.config import load_config
-from duomo.supervisor.engine import Engine
+from duomo.supervisor.core.engine import Engine
 from tests.conftest import DEMO_CONFIG, IMAGES, ROOT, fixture_image
 from tests.integration.harness import (
     SupervisorProcess,
@@ -408,7 +408,7 @@ def test_duomo_infer_prints_the_nested_answer(sup: SupervisorProcess, demo_confi
     image = str(IMAGES / "astronaut.png")
     through = duomo(sup.socket, "infer", "faces", image, "--json")
     local = subprocess.run(
-        [sys.executable, "-m", "duomo.supervisor.cli", "infer", "-c", str(DEMO_CONFIG), "faces",
+        [sys.executable, "-m", "duomo.supervisor", "infer", "-c", str(DEMO_CONFIG), "faces",
          image, "--json"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip

@@ -11,7 +11,7 @@ import yaml
 
 from duomo.ipc.errors import InvalidArgumentError
 from duomo.supervisor.config import ConfigError, load_config
-from duomo.supervisor.engine import Engine
+from duomo.supervisor.core.engine import Engine
 from duomo.worker.request import Outcome
 from tests.integration.harness import affine_model
 

@@ -68,7 +68,7 @@ def test_a_camera_that_goes_away_stalls_and_comes_back_running(
     camera = start_camera_sim([video])  # on a free port; it comes back on the same one
     with log.open("w") as log_file:
         source = subprocess.Popen(
-            [sys.executable, "-m", "duomo.supervisor.cli", "stream",
+            [sys.executable, "-m", "duomo.supervisor", "stream",
              camera.url("/street"), "--model", "face", "--name", "cam",
              "--max-fps", str(SENT_FPS), "--stall-after", "1.5", "--out", str(out),
              "--socket", str(supervisor.socket)],

@@ -73,7 +73,7 @@ def source(sup: SupervisorProcess, name: str) -> dict[str, Any]:
 def tail(sup: SupervisorProcess, name: str, count: int) -> list[tuple[float, dict[str, Any]]]:
     """``duomo source tail NAME --count N``'s lines, each with the time it was read."""
     read: list[tuple[float, dict[str, Any]]] = []
-    command = [sys.executable, "-m", "duomo.supervisor.cli", "source", "tail", name, "--count",
+    command = [sys.executable, "-m", "duomo.supervisor", "source", "tail", name, "--count",
                str(count), "--socket", str(sup.socket)]  # fmt: skip
     with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as process:
         assert process.stdout is not None

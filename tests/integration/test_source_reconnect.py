@@ -69,7 +69,7 @@ def test_the_source_waits_for_the_supervisor_and_attaches_again_after_its_restar
     out, log = tmp_path / "answers.jsonl", tmp_path / "stream.log"
     with log.open("w") as log_file:
         source = subprocess.Popen(
-            [sys.executable, "-m", "duomo.supervisor.cli", "stream", str(video),
+            [sys.executable, "-m", "duomo.supervisor", "stream", str(video),
              "--model", "face", "--name", "gate", "--loop", "--wait-s", "120",
              "--out", str(out), "--socket", str(socket_path)],
             cwd=ROOT, stderr=log_file,
@@ -119,7 +119,7 @@ def test_the_source_waits_for_the_supervisor_and_attaches_again_after_its_restar
 def test_without_a_supervisor_within_wait_s_exit_1(video: Path, tmp_path: Path) -> None:
     started = time.monotonic()
     run = subprocess.run(
-        [sys.executable, "-m", "duomo.supervisor.cli", "stream", str(video), "--model", "face",
+        [sys.executable, "-m", "duomo.supervisor", "stream", str(video), "--model", "face",
          "--wait-s", "2", "--socket", str(tmp_path / "none.sock")],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
@@ -134,7 +134,7 @@ def test_sigterm_while_waiting_for_the_supervisor_exit_0(video: Path, tmp_path: 
     log = tmp_path / "stream.log"
     with log.open("w") as log_file:
         source = subprocess.Popen(
-            [sys.executable, "-m", "duomo.supervisor.cli", "stream", str(video),
+            [sys.executable, "-m", "duomo.supervisor", "stream", str(video),
              "--model", "face", "--wait-s", "600", "--socket", str(tmp_path / "none.sock")],
             cwd=ROOT, stderr=log_file, stdout=subprocess.DEVNULL,
         )  # fmt: skip

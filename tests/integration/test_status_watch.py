@@ -33,7 +33,7 @@ from tests.integration.harness import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
-WATCH = [sys.executable, "-m", "duomo.supervisor.cli", "status", "--watch"]
+WATCH = [sys.executable, "-m", "duomo.supervisor", "status", "--watch"]
 MODEL_ROW = re.compile(r"^classify\s+READY\s+\S+\s+\S+\s+(\d+)\s", re.MULTILINE)  # (requests)
 FRAME_START = re.compile(r"^(?=-- duomo status at )", re.MULTILINE)
 
@@ -48,7 +48,7 @@ def supervisor(
 
 
 def send_requests(sup: SupervisorProcess, count: int) -> None:
-    from duomo.supervisor.image_files import read_image
+    from duomo.supervisor.operators.image_files import read_image
 
     image = read_image(IMAGES / "coffee.png")
     with Client(sup.socket, timeout_s=60) as client:

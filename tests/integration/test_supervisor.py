@@ -128,14 +128,14 @@ def test_sigkill_a_producer_mid_request(supervisor: SupervisorProcess) -> None:
     assert our_segments() == segments_before == set()
     with Client(supervisor.socket) as client:  # and it still serves
         ocr = client.model("ocr")
-        from duomo.supervisor.image_files import read_image
+        from duomo.supervisor.operators.image_files import read_image
 
         lines = ocr.infer(read_image(IMAGES / "page.png"))["lines"]
         assert lines[0]["text"] == "Region-based segmentation"
 
 
 def test_sigkill_the_supervisor_while_clients_wait(tmp_path: Path, demo_config: object) -> None:
-    from duomo.supervisor.image_files import read_image
+    from duomo.supervisor.operators.image_files import read_image
 
     config = write_config(tmp_path, ["ocr"])
     with running_supervisor(config) as sup:
@@ -167,7 +167,7 @@ def test_start_with_a_missing_model_file_fails_with_the_path(tmp_path: Path) -> 
     socket_path = tmp_path / "s.sock"
     run = subprocess.run(
         [
-            sys.executable, "-m", "duomo.supervisor.cli", "start", "-c", str(config),
+            sys.executable, "-m", "duomo.supervisor", "start", "-c", str(config),
             "--socket", str(socket_path),
         ],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
@@ -186,7 +186,7 @@ def test_start_and_stop_leave_nothing_behind(demo_config: object) -> None:
 
     def duomo(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "duomo.supervisor.cli", *args],
+            [sys.executable, "-m", "duomo.supervisor", *args],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
 
@@ -225,7 +225,7 @@ def hostile_target(
 
 
 def still_serving(sup: SupervisorProcess) -> None:
-    from duomo.supervisor.image_files import read_image
+    from duomo.supervisor.operators.image_files import read_image
 
     with Client(sup.socket) as client:
         top = client.model("classify").infer(read_image(IMAGES / "coffee.png"))["top"]
@@ -307,7 +307,7 @@ def test_slot_index_out_of_range(hostile_target: SupervisorProcess) -> None:
 
 
 def test_header_rewritten_after_submit(hostile_target: SupervisorProcess) -> None:
-    from duomo.supervisor.image_files import read_image
+    from duomo.supervisor.operators.image_files import read_image
 
     with Client(hostile_target.socket) as client:
         classify = client.model("classify", slots=1)
@@ -427,7 +427,7 @@ def test_slots_given_up_early_come_back(hostile_target: SupervisorProcess) -> No
 
     with Client(hostile_target.socket) as client:
         classify = client.model("classify", slots=2)
-        from duomo.supervisor.image_files import read_image
+        from duomo.supervisor.operators.image_files import read_image
 
         frame = read_image(IMAGES / "coffee.png")
         given_up = 0
@@ -471,7 +471,7 @@ def test_a_client_that_does_not_read_is_dropped_without_stalling_others(
 def test_a_connection_lent_to_its_models_idle_worker(hostile_target: SupervisorProcess) -> None:
     """A connection whose rings all attach one model is read by that model's idle worker;
     whatever else arrives on it still reaches the reactor, in order."""
-    from duomo.supervisor.image_files import read_image
+    from duomo.supervisor.operators.image_files import read_image
 
     def rings_of(client_rings: int) -> list[dict[str, object]]:
         shown = status(hostile_target)["clients"]
@@ -529,7 +529,7 @@ def test_a_second_start_on_a_live_socket_leaves_the_first_alone(
     hostile_target: SupervisorProcess,
 ) -> None:
     run = subprocess.run(
-        [sys.executable, "-m", "duomo.supervisor.cli", "start",
+        [sys.executable, "-m", "duomo.supervisor", "start",
          "-c", str(ROOT / "configs" / "default.yaml"), "--socket", str(hostile_target.socket)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip

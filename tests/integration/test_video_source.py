@@ -47,7 +47,7 @@ def supervisor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SupervisorP
 
 
 def stream_command(sup: SupervisorProcess, *args: str) -> list[str]:
-    cli = [sys.executable, "-m", "duomo.supervisor.cli", "stream"]
+    cli = [sys.executable, "-m", "duomo.supervisor", "stream"]
     return [*cli, *args, "--socket", str(sup.socket)]
 
 
@@ -215,7 +215,7 @@ def test_every_source_failed_permanently_is_exit_3_with_the_reasons(
 
 def test_without_a_supervisor_exit_1(video: Path, tmp_path: Path) -> None:
     run = subprocess.run(
-        [sys.executable, "-m", "duomo.supervisor.cli", "stream", str(video), "--model", "face",
+        [sys.executable, "-m", "duomo.supervisor", "stream", str(video), "--model", "face",
          "--socket", str(tmp_path / "none.sock")],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip

@@ -186,7 +186,7 @@ def start_camera_sim(
     # stderr into a file: a pipe nobody reads could fill and block the server
     with tempfile.TemporaryFile() as errors:
         process = subprocess.Popen(
-            [sys.executable, "-m", "duomo.supervisor.cli", "camera-sim",
+            [sys.executable, "-m", "duomo.supervisor", "camera-sim",
              *(str(f) for f in files), "--port", str(port), *options],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=errors,
         )  # fmt: skip

@@ -22,7 +22,7 @@ import yaml
 
 from duomo.ipc.errors import InternalError, InvalidArgumentError, ResourceExhaustedError
 from duomo.supervisor.config import ConfigError, load_config
-from duomo.supervisor.engine import Engine
+from duomo.supervisor.core.engine import Engine
 from duomo.worker.backends import acl_runtime
 from duomo.worker.backends.acl_backend import AclBackend
 from duomo.worker.backends.base import SessionSettings
@@ -244,7 +244,7 @@ def test_a_failed_execute_fails_its_batch_and_the_next_one_serves(
 def test_unload_load_and_reinitialization_release_everything(tmp_path: Path, fake: FakeAcl) -> None:
     """Device memory is measured and charged; an unloaded model holds nothing on the device; a
     model whose executes keep failing is re-initialized by the watchdog and serves again."""
-    from duomo.supervisor.watchdog import Watchdog
+    from duomo.supervisor.process.watchdog import Watchdog
 
     write_model(tmp_path / "affine.om", **AFFINE)
     health = {"max_consecutive_failures": 2, "backoff_ms": 0}
@@ -426,7 +426,7 @@ def test_an_accelerator_provider_runs_on_the_instances_device() -> None:
 
 
 def test_check_reports_no_ascend_runtime_here(capsys: pytest.CaptureFixture[str]) -> None:
-    from duomo.supervisor.cli import main
+    from duomo.supervisor.operators.cli import main
 
     assert main(["check"]) == 0
     assert "no Ascend runtime" in capsys.readouterr().out
@@ -437,7 +437,7 @@ def test_check_reports_no_ascend_runtime_here(capsys: pytest.CaptureFixture[str]
 
 @pytest.mark.parametrize("name", ["ascend-310p.yaml", "ascend-910b.yaml"])
 def test_the_ascend_configs_validate(name: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from duomo.supervisor.cli import main
+    from duomo.supervisor.operators.cli import main
     from tests.conftest import ROOT
 
     assert main(["check", "-c", str(ROOT / "configs" / name)]) == 0
@@ -446,7 +446,7 @@ def test_the_ascend_configs_validate(name: str, capsys: pytest.CaptureFixture[st
 
 def test_inspect_onnx_and_om(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """(A demo model's inspection: tests/integration/test_cli_infer.py; this one needs none.)"""
-    from duomo.supervisor.cli import main
+    from duomo.supervisor.operators.cli import main
     from tests.unit.test_model_file_check import identity_model
 
     assert main(["inspect", str(identity_model(tmp_path / "identity.onnx"))]) == 0
@@ -460,7 +460,7 @@ def test_inspect_onnx_and_om(tmp_path: Path, capsys: pytest.CaptureFixture[str])
 def test_inspect_om_with_a_runtime(
     tmp_path: Path, fake: FakeAcl, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from duomo.supervisor.cli import main
+    from duomo.supervisor.operators.cli import main
 
     assert main(["inspect", str(write_model(tmp_path / "affine.om", **AFFINE))]) == 0
     info = json.loads(capsys.readouterr().out)

@@ -24,7 +24,7 @@ import yaml
 
 from duomo.ipc.errors import ResourceExhaustedError
 from duomo.supervisor.config import load_config
-from duomo.supervisor.engine import Engine
+from duomo.supervisor.core.engine import Engine
 from duomo.worker.backends.acl_backend import AclBackend, AclSession
 from duomo.worker.backends.acl_runtime import AclError
 from duomo.worker.backends.base import (

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from duomo.supervisor.background_loads import BackgroundLoads
+from duomo.supervisor.core.background_loads import BackgroundLoads
 from duomo.worker.backends.ort_backend import OrtBackend
 from duomo.worker.executors.base import Executor, NoParams, StageTimer
 from duomo.worker.model_spec import ModelSpec, ModelState

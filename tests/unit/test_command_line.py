@@ -12,7 +12,7 @@ from duomo.ipc.errors import (
     ResourceExhaustedError,
     UnavailableError,
 )
-from duomo.supervisor.cli import build_parser
+from duomo.supervisor.operators.cli import build_parser
 
 STREAM = ["stream", "x.mp4", "--model", "m"]
 

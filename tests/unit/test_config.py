@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import yaml
 
-from duomo.supervisor.cli import main
 from duomo.supervisor.config import ConfigError, load_config
+from duomo.supervisor.operators.cli import main
 from tests.unit.test_model_file_check import identity_model
 
 
@@ -210,7 +210,7 @@ def test_unavailable_provider_is_a_config_error(tmp_path: Path) -> None:
 def test_the_gateway_section_refuses_an_open_bind_without_a_token_or_tls() -> None:
     from pydantic import ValidationError
 
-    from duomo.supervisor.gateways import GatewayConfig
+    from duomo.supervisor.process.gateways import GatewayConfig
 
     assert GatewayConfig().http == "127.0.0.1:8000" and GatewayConfig().grpc == "127.0.0.1:8001"
     GatewayConfig(http="[::1]:9000", grpc=None)  # loopback, either family

@@ -1,5 +1,5 @@
 """A connection's send rule on a real socket pair: the outbox, its bounds, the stall rule and
-corking (``supervisor.connection``); its stage, which only moves forward; every reply fits a
+corking (``supervisor.process.connection``); its stage, which only moves forward; every reply fits a
 frame; the framing's own guards."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from duomo.ipc.errors import ErrorCode, echoed
 from duomo.ipc.framing import FrameReader, ProtocolError, json_frame, parse_json
 from duomo.ipc.wire import FRAME, MAX_JSON_BYTES, FrameKind, frame
-from duomo.supervisor.connection import (
+from duomo.supervisor.process.connection import (
     CHALLENGED,
     CLOSING,
     CUT,
@@ -22,8 +22,8 @@ from duomo.supervisor.connection import (
     Connection,
     fitted_json,
 )
-from duomo.supervisor.limits import LimitsConfig, resolve_limits
-from duomo.supervisor.loan import Loan
+from duomo.supervisor.process.limits import LimitsConfig, resolve_limits
+from duomo.supervisor.process.loan import Loan
 
 
 def make_limits(**overrides: object) -> object:

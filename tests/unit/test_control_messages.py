@@ -10,7 +10,7 @@ import pytest
 
 from duomo.ipc.errors import ErrorCode, InvalidArgumentError
 from duomo.supervisor.config import load_config
-from duomo.supervisor.control_messages import (
+from duomo.supervisor.process.control_messages import (
     MESSAGES,
     Attach,
     Detach,
@@ -23,7 +23,7 @@ from duomo.supervisor.control_messages import (
     Unload,
     parse_control,
 )
-from duomo.supervisor.server import Supervisor
+from duomo.supervisor.process.server import Supervisor
 from tests.unit.test_config import classify, write_config
 
 

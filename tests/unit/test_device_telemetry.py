@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from duomo.supervisor.device_telemetry import (
+from duomo.supervisor.core.device_telemetry import (
     DeviceReading,
     DeviceTelemetry,
     NpuSmiProbe,
@@ -160,7 +160,7 @@ def test_nvml_readings_are_converted_and_a_failing_one_is_left_out(
 
     import pynvml
 
-    from duomo.supervisor.device_telemetry import NvmlProbe
+    from duomo.supervisor.core.device_telemetry import NvmlProbe
 
     calls: list[str] = []
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-aaaa,GPU-bbbb")  # device 1 is GPU-bbbb

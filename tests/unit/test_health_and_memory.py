@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from duomo.supervisor.memory import Resident, choose_victims
+from duomo.supervisor.core.memory import Resident, choose_victims
 from duomo.worker.health import HealthPolicy, Observation, RestartHistory, Verdict, assess
 
 POLICY = HealthPolicy(

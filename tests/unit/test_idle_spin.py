@@ -1,6 +1,6 @@
 """The idle spin: a model's idle worker polls its lent connections without sleeping for a
-while before it sleeps (``supervisor.lending.poll_spinning_first``), and ``IdleSpin`` decides
-when it may: only while it pays and no instance of the process is at work."""
+while before it sleeps (``supervisor.process.lending.poll_spinning_first``), and ``IdleSpin``
+decides when it may: only while it pays and no instance of the process is at work."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from duomo.supervisor.config import load_config
-from duomo.supervisor.engine import Engine
-from duomo.supervisor.lending import IdleSpin, poll_spinning_first
+from duomo.supervisor.core.engine import Engine
+from duomo.supervisor.process.lending import IdleSpin, poll_spinning_first
 from duomo.worker.model_worker import Activity
 from tests.unit.test_config import classify, problems, write_config
 

@@ -1,4 +1,4 @@
-"""Lending on real sockets (``supervisor.lending``): an idle worker borrows its model's
+"""Lending on real sockets (``supervisor.process.lending``): an idle worker borrows its model's
 connections, queues a lone notice itself and gives them back; anything else is left to the
 reactor; a connection is never read by two threads, nor lent while answers wait on it."""
 
@@ -13,9 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from duomo.supervisor.connection import Connection
-from duomo.supervisor.lending import Lending
-from duomo.supervisor.loan import LEFT_TO_REACTOR, LENT, REACTOR, Loan
+from duomo.supervisor.process.connection import Connection
+from duomo.supervisor.process.lending import Lending
+from duomo.supervisor.process.loan import LEFT_TO_REACTOR, LENT, REACTOR, Loan
 from tests.conftest import poll
 from tests.unit.test_connection import make_limits
 

@@ -12,8 +12,8 @@ import pytest
 from pydantic import ValidationError
 
 from duomo.ipc.errors import ErrorCode, ResourceExhaustedError, UnavailableError
-from duomo.supervisor.control_jobs import ControlJob, ControlJobs
-from duomo.supervisor.limits import (
+from duomo.supervisor.process.control_jobs import ControlJob, ControlJobs
+from duomo.supervisor.process.limits import (
     MIB,
     LimitsConfig,
     RingLedger,

@@ -47,8 +47,8 @@ import yaml
 from kubernetes_validate.utils import all_versions
 
 from duomo.supervisor.config import ConfigError, load_config
-from duomo.supervisor.gateways import GatewayConfig
-from duomo.supervisor.metrics_http import MetricsConfig, MetricsServer
+from duomo.supervisor.operators.metrics_http import MetricsConfig, MetricsServer
+from duomo.supervisor.process.gateways import GatewayConfig
 from tests.conftest import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from duomo.supervisor.cli import main
+from duomo.supervisor.operators.cli import main
 from duomo.worker.backends import acl_backend, ort_backend
 
 

@@ -1,5 +1,5 @@
-"""The pipelines' IoU tracker (``supervisor.object_tracker``): ids kept across frames by IoU,
-greedy best match first, new ids for new objects, forgotten after ``max_missed`` frames."""
+"""The pipelines' IoU tracker (``supervisor.dataflow.object_tracker``): ids kept across frames by
+IoU, greedy best match first, new ids for new objects, forgotten after ``max_missed`` frames."""
 
 from __future__ import annotations
 
@@ -7,7 +7,13 @@ import threading
 
 import numpy as np
 
-from duomo.supervisor.object_tracker import MAX_TRACKS, IouTracker, Kept, box_area, iou_matrix
+from duomo.supervisor.dataflow.object_tracker import (
+    MAX_TRACKS,
+    IouTracker,
+    Kept,
+    box_area,
+    iou_matrix,
+)
 
 
 def ids(tracker: IouTracker, boxes: list[list[float]]) -> list[int]:

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from duomo.ipc.errors import InvalidArgumentError
-from duomo.supervisor.pipeline_config import PipelineConfig, pipeline_problems
+from duomo.supervisor.dataflow.pipeline_config import PipelineConfig, pipeline_problems
 from duomo.worker.backends.base import ModelSession, TensorSpec
 from duomo.worker.executors import resolve_executor
 from duomo.worker.executors.base import StageTimer

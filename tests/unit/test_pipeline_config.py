@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from duomo.supervisor.cli import main
 from duomo.supervisor.config import ConfigError, load_config
+from duomo.supervisor.operators.cli import main
 from tests.conftest import DEMO_CONFIG
 
 MODELS: list[dict[str, Any]] = [

@@ -1,7 +1,8 @@
-"""The ``duomo_pipeline_*`` series of ``supervisor.metrics``, scraped from a collector over a fake
-engine whose one pipeline has the attributes ``supervisor.pipelines.ServedPipeline`` gives the
-scrape (``stats``, ``objects``, ``step_counts``): every series present at zero before the first
-request, with every code, and each count where its family says."""
+"""The ``duomo_pipeline_*`` series of ``supervisor.operators.metrics``, scraped from a collector
+over a fake engine whose one pipeline has the attributes
+``supervisor.dataflow.pipelines.ServedPipeline`` gives the scrape (``stats``, ``objects``,
+``step_counts``): every series present at zero before the first request, with every code, and each
+count where its family says."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from duomo.ipc.errors import ErrorCode, InternalError, InvalidArgumentError
-from duomo.supervisor.metrics import DuomoCollector, ProcessView
+from duomo.supervisor.operators.metrics import DuomoCollector, ProcessView
 from duomo.worker.request import Outcome
 from duomo.worker.stats import Buckets, ModelStats
 
@@ -23,7 +24,7 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 @dataclass(frozen=True)
 class Counts:
-    """A step's counts, as ``supervisor.pipelines.StepCounts``."""
+    """A step's counts, as ``supervisor.dataflow.pipelines.StepCounts``."""
 
     name: str
     model: str

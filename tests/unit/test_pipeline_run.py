@@ -1,4 +1,4 @@
-"""What a pipeline's ``for_each`` step runs on (``supervisor.pipelines``): the objects its
+"""What a pipeline's ``for_each`` step runs on (``supervisor.dataflow.pipelines``): the objects its
 filters select (``select``) and what each object's request is given (``object_payload``: a crop
 of the frame, widened and resized, or the frame with the object's points). The run itself, on
 the real models, is tests/integration/test_pipelines.py's."""
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from duomo.ipc.errors import InvalidArgumentError
-from duomo.supervisor.pipeline_config import ForEach
-from duomo.supervisor.pipelines import object_payload, select
+from duomo.supervisor.dataflow.pipeline_config import ForEach
+from duomo.supervisor.dataflow.pipelines import object_payload, select
 
 OBJECTS: list[dict[str, Any]] = [
     {"box": [0, 0, 10, 10], "score": 0.9},  # area 100, side 10

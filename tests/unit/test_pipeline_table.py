@@ -1,6 +1,6 @@
 """The pipelines in ``status``: the pipelines table of ``duomo status`` and ``--watch``
-(``supervisor.pipeline_table``) shows one aligned row per pipeline and step, the pipeline's own
-figures on its first row, after the models and streams; none without pipelines."""
+(``supervisor.operators.pipeline_table``) shows one aligned row per pipeline and step, the
+pipeline's own figures on its first row, after the models and streams; none without pipelines."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from duomo.ipc.status_records import PipelineStatus, SupervisorStatus
-from duomo.supervisor import pipeline_table
-from duomo.supervisor.cli import render_status
-from duomo.supervisor.status_watch import Frame, plain_frame
+from duomo.supervisor.operators import pipeline_table
+from duomo.supervisor.operators.cli import render_status
+from duomo.supervisor.operators.status_watch import Frame, plain_frame
 from tests.status_fixtures import DOCUMENTED_STATUS, status_entry
 from tests.unit.test_stream_table import stream
 

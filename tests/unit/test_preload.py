@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from duomo.supervisor.background_loads import DECAY, TransitionModel
+from duomo.supervisor.core.background_loads import DECAY, TransitionModel
 
 pytestmark = pytest.mark.unit
 

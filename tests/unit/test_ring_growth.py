@@ -1,6 +1,6 @@
 """A ring's segment and its size: a sealed memfd that cannot be resized, handed over by its
 descriptor, unmapped only when no view points into it; a grown input area is laid out, bounded
-and charged as stated in ``supervisor.attachment`` (``layout_for``, ``ring_charge``)."""
+and charged as stated in ``supervisor.process.attachment`` (``layout_for``, ``ring_charge``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from duomo.ipc.errors import InvalidArgumentError
 from duomo.ipc.ring import RingLayout, SlotRing
-from duomo.supervisor.attachment import GROWTH_STEP, layout_for, ring_charge
+from duomo.supervisor.process.attachment import GROWTH_STEP, layout_for, ring_charge
 from duomo.worker.executors.base import IMAGE_SLOT, SlotInput, SlotSpec
 
 RAW = SlotSpec(

@@ -15,7 +15,7 @@ from duomo.ipc.record_reading import StatusRecordError
 from duomo.ipc.source_records import NO_REPORT, SourceReport, SourceStatus
 from duomo.ipc.source_urls import SecretError, check_url, expand_url, mask_text, mask_url
 from duomo.supervisor.config import ConfigError, load_config
-from duomo.supervisor.control_messages import SourceAdd, SourceReports, parse_control
+from duomo.supervisor.process.control_messages import SourceAdd, SourceReports, parse_control
 from duomo.supervisor.sources.definition import SourceDefinition
 from duomo.supervisor.sources.fleet import SourceFleet
 from duomo.supervisor.sources.store import SourceStore

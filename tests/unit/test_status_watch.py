@@ -12,7 +12,13 @@ import pytest
 from rich.console import Console
 
 from duomo.ipc.status_records import SupervisorStatus
-from duomo.supervisor.status_watch import Frame, ModelRates, model_rates, plain_frame, render
+from duomo.supervisor.operators.status_watch import (
+    Frame,
+    ModelRates,
+    model_rates,
+    plain_frame,
+    render,
+)
 from tests.status_fixtures import (
     client_entry,
     device_entry,

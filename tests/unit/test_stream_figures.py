@@ -1,5 +1,5 @@
-"""A stream's figures in the supervisor (``supervisor.streams``) and the load streams put on a
-model (``worker.stream_load``), on a clock the test sets: what the source did with the frames
+"""A stream's figures in the supervisor (``supervisor.dataflow.streams``) and the load streams put
+on a model (``worker.stream_load``), on a clock the test sets: what the source did with the frames
 it did not send counts as its own kind, a reopened stream starts its rates and ages afresh
 (its counts go on) and shows only the models it feeds now, ages cover the last 60 s, and a
 model's capacity state follows what its streams lose, logged once per change."""
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from duomo.ipc.errors import ErrorCode
-from duomo.supervisor.streams import StreamRegistry, StreamSettings
+from duomo.supervisor.dataflow.streams import StreamRegistry, StreamSettings
 from duomo.worker import stream_load
 from duomo.worker.stream_load import StreamLoad
 

@@ -1,6 +1,6 @@
 """The streams in ``status``: ``StreamStatus`` reads its entry back exactly (and an older reply
 without ``streams`` reads as none), and the streams table of ``duomo status`` and ``--watch``
-(``supervisor.stream_table``) shows one aligned row per stream and model."""
+(``supervisor.operators.stream_table``) shows one aligned row per stream and model."""
 
 from __future__ import annotations
 
@@ -13,16 +13,16 @@ from typing import Any
 import pytest
 
 from duomo.ipc.status_records import StatusRecordError, StreamStatus, SupervisorStatus
-from duomo.supervisor import stream_table
-from duomo.supervisor.cli import render_status
-from duomo.supervisor.status_watch import Frame, plain_frame
+from duomo.supervisor.operators import stream_table
+from duomo.supervisor.operators.cli import render_status
+from duomo.supervisor.operators.status_watch import Frame, plain_frame
 from tests.status_fixtures import DOCUMENTED_STATUS, status_entry
 
 AT = datetime.datetime(2025, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc)
 
 
 def figures(**fields: Any) -> dict[str, Any]:
-    """One model's figures of a stream, as ``supervisor.streams`` writes them."""
+    """One model's figures of a stream, as ``supervisor.dataflow.streams`` writes them."""
     shown: dict[str, Any] = {
         "frames_in": 900,
         "answered": 310,

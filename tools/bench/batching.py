@@ -84,7 +84,7 @@ def config_for(folder: Path, model: Path, setting: str, slo_ms: float) -> Path:
 
 @contextmanager
 def supervisor(config: Path, sock: Path) -> Iterator[psutil.Process]:
-    cli = [sys.executable, "-m", "duomo.supervisor.cli"]
+    cli = [sys.executable, "-m", "duomo.supervisor"]
     subprocess.run([*cli, "start", "-c", str(config), "--socket", str(sock)], check=True)
     try:
         yield psutil.Process(int(pid_path(sock).read_text()))

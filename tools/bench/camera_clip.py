@@ -25,7 +25,7 @@ PATCH = (140, 20, 310, 220)  # x1, y1, x2, y2 of the face and its surroundings i
 
 
 def _face_patch() -> np.ndarray:
-    from duomo.supervisor.image_files import read_image
+    from duomo.supervisor.operators.image_files import read_image
 
     x1, y1, x2, y2 = PATCH
     return np.ascontiguousarray(read_image(FACE_IMAGE)[y1:y2, x1:x2, :3])

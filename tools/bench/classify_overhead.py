@@ -51,8 +51,8 @@ import cv2
 import numpy as np
 
 from duomo.supervisor.config import load_config
-from duomo.supervisor.image_files import read_image
-from duomo.supervisor.memory import tune_heap
+from duomo.supervisor.core.memory import tune_heap
+from duomo.supervisor.operators.image_files import read_image
 from duomo.worker.executors.base import Executor, StageTimer
 from duomo.worker.executors.classification import ClassificationParams
 from duomo.worker.executors.image_ops import ResizeScratch

@@ -35,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from duomo.supervisor.pipeline_config import entries_over
+from duomo.supervisor.dataflow.pipeline_config import entries_over
 from duomo.worker.thread_budget import usable_cores
 from tools.bench.report import per_round
 

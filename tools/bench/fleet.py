@@ -62,7 +62,7 @@ def _log(message: str) -> None:
 
 def _duomo(*args: str, timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "duomo.supervisor.cli", *args],
+        [sys.executable, "-m", "duomo.supervisor", *args],
         capture_output=True, text=True, timeout=timeout_s, cwd=ROOT,
     )  # fmt: skip
 
@@ -72,7 +72,7 @@ class CameraSim:
 
     def __init__(self, clip: Path) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "duomo.supervisor.cli", "camera-sim", str(clip), "--port", "0"],
+            [sys.executable, "-m", "duomo.supervisor", "camera-sim", str(clip), "--port", "0"],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT,
         )  # fmt: skip
         assert self.process.stdout is not None

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from duomo.supervisor.memory import tune_heap
+from duomo.supervisor.core.memory import tune_heap
 from duomo.worker.executors.base import IMAGE_SLOT_BYTES, JSON_RESULT_BYTES, Executor
 from tools.bench.answers import Reply
 from tools.bench.inprocess import open_executor, run_timed

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from duomo.supervisor.config import LoadedConfig, load_config
-from duomo.supervisor.image_files import read_image
-from duomo.supervisor.memory import tune_heap
-from duomo.supervisor.placement import HOST, plan_for
+from duomo.supervisor.core.memory import tune_heap
+from duomo.supervisor.core.placement import HOST, plan_for
+from duomo.supervisor.operators.image_files import read_image
 from duomo.worker.backends.base import SessionSettings
 from duomo.worker.backends.ort_backend import OrtBackend
 from duomo.worker.executors.base import Executor, StageTimer

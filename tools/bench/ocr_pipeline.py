@@ -137,7 +137,7 @@ def produce(spec: dict[str, Any]) -> dict[str, Any]:
     import faulthandler
 
     from duomo.ipc.client import Client
-    from duomo.supervisor.image_files import read_image
+    from duomo.supervisor.operators.image_files import read_image
     from tools.bench.inprocess import await_window
 
     names = spec["images"]

@@ -140,9 +140,10 @@ def derived_config(
 
 
 def pipelines_served() -> bool:
-    """Whether this checkout's supervisor serves pipelines (``supervisor/pipelines.py``)."""
+    """Whether this checkout's supervisor serves pipelines
+    (``supervisor/dataflow/pipelines.py``)."""
     try:
-        import duomo.supervisor.pipelines  # noqa: F401
+        import duomo.supervisor.dataflow.pipelines  # noqa: F401
     except ImportError:
         return False
     return True
@@ -536,7 +537,7 @@ def tracker(frame: Path, base: Path, settings: PipelineSettings, workdir: Path) 
 
 def run_pipelines(config: Path, settings: PipelineSettings, workdir: Path) -> dict[str, Any]:
     """Both parts; the raw figures ``tools.bench.pipeline_report`` reports."""
-    from duomo.supervisor.image_files import read_image
+    from duomo.supervisor.operators.image_files import read_image
 
     started = time.monotonic()
     served = pipelines_served()

@@ -55,7 +55,7 @@ def write_config(folder: Path, policy: str, budget_mb: int | None) -> Path:
 
 
 def cli(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "duomo.supervisor.cli", *args], check=True,
+    subprocess.run([sys.executable, "-m", "duomo.supervisor", *args], check=True,
                    capture_output=True)  # fmt: skip
 
 

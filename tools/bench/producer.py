@@ -33,7 +33,7 @@ import numpy as np
 
 from duomo.ipc.client import Client
 from duomo.ipc.errors import DuomoError
-from duomo.supervisor.image_files import read_image
+from duomo.supervisor.operators.image_files import read_image
 from tools.bench.answers import Reply
 from tools.bench.floor import floor_sender
 from tools.bench.report import percentile

@@ -27,7 +27,7 @@
    managed sources (RTSP from ``duomo camera-sim``) into ``face``, ``slots`` 3 against 1:
    decoded/s per core, answered/s, the source workers' CPU per answer, ages and fairness.
 
-Called by ``duomo bench`` (``supervisor.cli``) and as ``python -m tools.bench.run``.
+Called by ``duomo bench`` (``supervisor.operators.cli``) and as ``python -m tools.bench.run``.
 """
 
 from __future__ import annotations
@@ -460,7 +460,8 @@ def bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``duomo bench`` (``supervisor.cli.run_bench``) and ``python -m tools.bench.run``."""
+    """``duomo bench`` (``supervisor.operators.cli.run_bench``) and ``python -m
+    tools.bench.run``."""
     return bench(parse_args(argv))
 
 

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="duomo-scrape-") as tmp:
         config = supervisor_config(args.config, models, Path(tmp) / "d.yaml", metrics_port=port)
         sock = Path(tmp) / "d.sock"
-        cli = [sys.executable, "-m", "duomo.supervisor.cli"]
+        cli = [sys.executable, "-m", "duomo.supervisor"]
         subprocess.run([*cli, "start", "-c", str(config), "--socket", str(sock)], check=True)
         try:
             for name in models:  # every model answered once: its series carry numbers

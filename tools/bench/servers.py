@@ -34,7 +34,7 @@ from typing import Any
 import yaml
 
 from duomo.ipc.runtime_dir import pid_path
-from duomo.supervisor.pipeline_config import entries_over
+from duomo.supervisor.dataflow.pipeline_config import entries_over
 from tools.bench import peers
 from tools.bench.workload import GATEWAY_MODES
 
@@ -141,7 +141,7 @@ class DuomoServers(ModeServers):
 
     def _cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "duomo.supervisor.cli", *args],
+            [sys.executable, "-m", "duomo.supervisor", *args],
             capture_output=True, text=True, timeout=START_TIMEOUT_S,
         )  # fmt: skip
 

@@ -156,9 +156,9 @@ class Executor(ABC):
     # left out keeps what its largest input took, bounded by the task's own params.
     one_off_roles: ClassVar[tuple[str, ...] | None] = None
     Params: ClassVar[type[StrictModel]] = NoParams
-    # For pipelines (``supervisor.pipelines``): the key of the result's list of objects a later
-    # step may run ``for_each`` of (dicts with a ``box`` [x1, y1, x2, y2] in the frame's pixels,
-    # and a ``score``); None: its results have no objects.
+    # For pipelines (``supervisor.dataflow.pipelines``): the key of the result's list of objects a
+    # later step may run ``for_each`` of (dicts with a ``box`` [x1, y1, x2, y2] in the frame's
+    # pixels, and a ``score``); None: its results have no objects.
     objects: ClassVar[str | None] = None
     # what of an object, besides a crop of its box, a ``for_each`` may hand one of its requests
     # (``{"image": frame, name: the object's value}``; "landmarks": a face task)

@@ -42,8 +42,8 @@ import onnxruntime as ort
 
 from duomo.ipc.logs import configure_logging
 from duomo.supervisor.config import load_config
-from duomo.supervisor.engine import Engine
-from duomo.supervisor.image_files import read_image
+from duomo.supervisor.core.engine import Engine
+from duomo.supervisor.operators.image_files import read_image
 from duomo.worker.backends.base import ModelSession
 from duomo.worker.backends.ort_backend import _spec
 from duomo.worker.executors.base import Executor, StageTimer

@@ -142,7 +142,7 @@ def main() -> int:
     if args.serve_aiohttp:
         serve_aiohttp(int(args.serve_aiohttp[0]), Path(args.serve_aiohttp[1]))
         return 0
-    from duomo.supervisor.image_files import read_image
+    from duomo.supervisor.operators.image_files import read_image
     from tests.integration.harness import affine_model  # (a checkable raw model)
 
     work = Path(tempfile.mkdtemp(prefix="duomo-stack-", dir="/tmp"))
@@ -154,7 +154,7 @@ def main() -> int:
         "  - {name: classify, task: classification, file: classify/efficientnet_lite0.onnx}\n"
     )
     sock = work / "duomo.sock"
-    duomo = [sys.executable, "-m", "duomo.supervisor.cli"]
+    duomo = [sys.executable, "-m", "duomo.supervisor"]
     subprocess.run([*duomo, "start", "-c", str(config), "--socket", str(sock)], check=True,
                    cwd=ROOT, capture_output=True)  # fmt: skip
     tensor = (np.ones((1, 4), dtype=np.float32) if args.model == "affine"

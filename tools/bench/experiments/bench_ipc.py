@@ -48,7 +48,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from duomo.ipc.client import Client
-from duomo.supervisor.daemon import start_background, wait_for_exit
+from duomo.supervisor.process.daemon import start_background, wait_for_exit
 
 PAYLOADS = {
     "1 KB": 1024,

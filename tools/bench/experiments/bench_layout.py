@@ -51,8 +51,8 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
     other (the window split between them), ``together`` one thread each at once. Per model: the
     calls that ended inside its window and the seconds from its start to the last one's end."""
     from duomo.supervisor.config import load_config
-    from duomo.supervisor.image_files import read_image
-    from duomo.supervisor.memory import tune_heap
+    from duomo.supervisor.core.memory import tune_heap
+    from duomo.supervisor.operators.image_files import read_image
     from duomo.worker.thread_budget import ComputeGate
     from tools.bench.inprocess import await_window, open_executor, run_one
 

@@ -1,0 +1,613 @@
+"""Pipelines at run time: a request to a pipeline becomes requests to its steps' models.
+
+Built by the engine (``supervisor.core.engine``) for each entry of the config's ``pipelines:``
+(``supervisor.dataflow.pipeline_config``) and served under its name wherever a model is: an
+attachment queues a slot's request with ``enqueue``, ``Engine.submit`` with ``submit``. A pipeline
+owns no thread and no queue. ``enqueue`` queues a request per whole-frame step on its model, with
+the pipeline request's priority, deadline and stream (its flow, weight and ``latest`` policy); when
+a step with objects answers (on its model's worker thread), each object that passes a later step's
+filters becomes a request to that step's model: its payload is a view of the frame already in
+the slot, cropped to the object's box, or the frame with the object's landmarks — nothing goes
+back to the producer between steps, and a second-stage model batches chips of many frames and
+streams together in its own batcher. No step waits for another: a callback queues and returns,
+so no worker ever holds its device's compute gate while another step runs.
+
+The answer, given when the last step's request is answered (on that thread): the first step's
+result, each object of an iterated step with one key per step run on it — that step's result,
+or ``{"error": {"code", "message"}}`` when that one request failed (the frame's answer is still
+OK) — other whole-frame steps' results under their names at the top. A failed first step fails
+the frame. Models are looked up by name for every request: a model that a reload replaces
+serves the next request, and the old one's queue is handed over.
+
+With a ``tracker``, a stream's objects carry a ``track_id``
+(``supervisor.dataflow.object_tracker``), and a step with ``reinfer_every`` answers a tracked object
+from its last result (marked ``"reused": true``) until that many frames passed or its box grew by
+``reinfer_area_ratio``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import cv2
+import numpy as np
+import structlog
+
+from duomo.ipc.errors import DuomoError, InternalError, InvalidArgumentError, UnavailableError
+from duomo.supervisor.dataflow.object_tracker import IouTracker, Kept, Track, box_area
+from duomo.supervisor.dataflow.pipeline_config import ForEach, PipelineConfig, StepConfig
+from duomo.supervisor.dataflow.streams import StreamState
+from duomo.worker.executors.base import SlotSpec
+from duomo.worker.model_spec import ModelState
+from duomo.worker.request import Outcome, Request
+from duomo.worker.served_model import ServedModel
+from duomo.worker.stats import Buckets, ModelStats
+
+log = structlog.get_logger("duomo.pipeline")
+OBJECT_BOUNDS = (0, 1, 2, 4, 8, 16, 32)  # objects per frame
+
+
+@dataclass(frozen=True, slots=True)
+class StepCounts:
+    """One step's counts since the pipeline was built (``status``, ``/metrics``)."""
+
+    name: str
+    model: str
+    for_each: str | None
+    runs: int  # requests the step sent to its model
+    skipped: int  # frames on which it had no object to run on
+    reused: int  # results it answered from a tracked object's last one
+    errors: int  # of its requests, those answered with an error
+
+
+class _Figures:
+    """A step's counters: written under the pipeline's lock, read whole without it."""
+
+    __slots__ = ("errors", "reused", "runs", "skipped")
+
+    def __init__(self) -> None:
+        self.runs = self.skipped = self.reused = self.errors = 0
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    """What a pipeline shows where a model's spec is read (attachments, the ``models`` reply)."""
+
+    name: str
+    max_batch: int
+    task: str = "pipeline"
+
+
+class ServedPipeline:
+    """One configured pipeline: its steps over the served models, its counts and trackers."""
+
+    def __init__(
+        self,
+        config: PipelineConfig,
+        models: Mapping[str, ServedModel],
+        objects_keys: Mapping[str, str | None],
+    ) -> None:
+        """``models``: the engine's served models by name (read for every request);
+        ``objects_keys``: each model's executor's ``objects`` (the key of its objects)."""
+        self.config = config
+        self.name = config.name
+        self._models = models
+        # its models' ``objects`` (a reload that changes them builds the pipeline anew)
+        self.objects_keys = {s.model: objects_keys.get(s.model) for s in config.steps}
+        self.steps = tuple(config.steps)
+        self.root = self.steps[0]
+        self._whole = tuple(s for s in self.steps if s.for_each is None)
+        self._over: dict[str, tuple[StepConfig, ...]] = {
+            s.name: tuple(c for c in self.steps if c.for_each and c.for_each.step == s.name)
+            for s in self._whole
+        }
+        self._objects_key = {s.name: objects_keys.get(s.model) for s in self._whole}
+        # the keys per-object steps add to an object, in step order
+        self.nested = tuple(s.name for s in self.steps if s.for_each and not s.merge)
+        self.stats = ModelStats()
+        self.objects = Buckets(OBJECT_BOUNDS)
+        self._figures = {s.name: _Figures() for s in self.steps}
+        self._lock = threading.Lock()
+        # per stream, per iterated step: its tracker (forgotten with the stream)
+        self._trackers: weakref.WeakKeyDictionary[StreamState, dict[str, IouTracker]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    # -- what a model shows --------------------------------------------------------------------
+
+    @property
+    def spec(self) -> PipelineSpec:
+        root = self._models.get(self.root.model)
+        return PipelineSpec(self.name, root.spec.max_batch if root is not None else 1)
+
+    @property
+    def state(self) -> ModelState:
+        """READY when every step's model is; else the first step model's state that is not."""
+        for step in self.steps:
+            model = self._models.get(step.model)
+            if model is None:
+                return ModelState.UNLOADED
+            if model.state is not ModelState.READY:
+                return model.state
+        return ModelState.READY
+
+    def state_name(self) -> str:
+        return self.state.value
+
+    @property
+    def reader(self) -> str:
+        """The model whose idle workers may read its producers' connections
+        (``supervisor.process.lending``): its first step's, which takes its requests first."""
+        return self.root.model
+
+    @property
+    def layout_known(self) -> bool:
+        root = self._models.get(self.root.model)
+        return root is not None and root.layout_known
+
+    def slot_spec(self) -> SlotSpec:
+        """The first step's model's slot: its inputs; the answer is always JSON."""
+        spec = self._root_model().slot_spec()
+        if spec.result != "json":
+            raise UnavailableError(
+                f"pipeline {self.name!r}: its first step's model {self.root.model!r} answers "
+                "tensors; a pipeline answers JSON"
+            )
+        return replace(spec, outputs=(), output_specs=())
+
+    def payload_builder(self) -> Callable[[dict[str, np.ndarray], memoryview], Any]:
+        return self._root_model().payload_builder()
+
+    def model_names(self) -> list[str]:
+        return list(dict.fromkeys(s.model for s in self.steps))
+
+    def _root_model(self) -> ServedModel:
+        root = self._models.get(self.root.model)
+        if root is None:
+            raise UnavailableError(f"pipeline {self.name!r}: model {self.root.model!r} is gone")
+        return root
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def submit(
+        self,
+        payload: Any,
+        on_done: Callable[[Outcome], object],
+        priority: int | None = None,
+        deadline_s: float | None = None,
+    ) -> Request:
+        """Queue one request (the in-process API); ``on_done`` gets the outcome. Without a
+        ``priority``, its first step's model's."""
+        if priority is None:
+            priority = self._root_model().spec.priority
+        request = Request(payload, on_done, priority, deadline_s)
+        self.enqueue(request)
+        return request
+
+    def enqueue(self, request: Request) -> None:
+        """Queue ``request``'s whole-frame steps (from any thread; returns at once). Raises,
+        with nothing queued, what the first step's model raises (not serving, queue full)."""
+        request.on_counted = self._count
+        run = _Run(self, request)
+        try:
+            run.start()
+        except BaseException:
+            request.on_counted = None
+            raise
+
+    def queue(self, step: StepConfig, request: Request) -> None:
+        """Queue one of its requests on ``step``'s model, as it is served now (a reload may have
+        replaced it); raises what the model raises."""
+        model = self._models.get(step.model)
+        if model is None:
+            raise UnavailableError(f"model {step.model!r} is not served")
+        model.enqueue(request)
+
+    def _count(self, request: Request, outcome: Outcome) -> None:
+        self.stats.record(outcome, time.monotonic() - request.enqueued_s)
+
+    def tracker(self, request: Request, step: str) -> IouTracker | None:
+        """The tracker of ``request``'s stream over ``step``'s objects (None: not a stream's
+        frame, or no tracker configured)."""
+        settings = self.config.tracker
+        stream = request.flow
+        if settings is None or not isinstance(stream, StreamState):
+            return None
+        with self._lock:
+            trackers = self._trackers.setdefault(stream, {})
+            found = trackers.get(step)
+            if found is None:
+                found = trackers[step] = IouTracker(settings.iou, settings.max_missed)
+            return found
+
+    def count(
+        self, step: str, runs: int = 0, skipped: int = 0, reused: int = 0, errors: int = 0
+    ) -> None:
+        with self._lock:
+            figures = self._figures[step]
+            figures.runs += runs
+            figures.skipped += skipped
+            figures.reused += reused
+            figures.errors += errors
+
+    # -- what status shows ---------------------------------------------------------------------
+
+    def step_counts(self) -> list[StepCounts]:
+        counts = []
+        for step in self.steps:
+            f = self._figures[step.name]
+            over = step.for_each.step if step.for_each else None
+            counts.append(
+                StepCounts(step.name, step.model, over, f.runs, f.skipped, f.reused, f.errors)
+            )
+        return counts
+
+    def status(self) -> dict[str, Any]:
+        counters = self.stats.counters()
+        outcomes = counters.outcomes
+        total = self.stats.snapshot()["latency"].get("total", {})
+        objects = self.objects.read()
+        answered = sum(outcomes.values())
+        ok, superseded = outcomes.get("ok", 0), outcomes.get("superseded", 0)
+        refused = sum(counters.refused.values())  # (as a model's: failed and refused)
+        edges = [*(str(b) for b in OBJECT_BOUNDS), "+Inf"]
+        return {
+            "name": self.name,
+            "state": self.state_name(),
+            "requests": answered,
+            "errors": answered - ok - superseded + refused,
+            "latency_ms": {"p50": total.get("p50_ms"), "p99": total.get("p99_ms")},
+            "objects": {
+                "count": int(objects.total),
+                "frames": objects.cumulative[-1],
+                "buckets": [[le, n] for le, n in zip(edges, objects.cumulative, strict=True)],
+            },
+            "steps": [
+                {
+                    "name": c.name,
+                    "model": c.model,
+                    "for_each": c.for_each,
+                    "runs": c.runs,
+                    "skipped": c.skipped,
+                    "reused": c.reused,
+                    "errors": c.errors,
+                }
+                for c in self.step_counts()
+            ],
+        }
+
+
+def _unset(outcome: Outcome) -> None:
+    """A request's callback until the real one, which needs the request, is set."""
+
+
+def _error_entry(error: DuomoError) -> dict[str, Any]:
+    return {"error": {"code": error.code.name, "message": error.message}}
+
+
+def _score(item: Mapping[str, Any]) -> float:
+    score = item.get("score", 1.0)
+    return float(score) if isinstance(score, (int, float)) else 1.0
+
+
+def _box(item: Mapping[str, Any]) -> tuple[float, float, float, float] | None:
+    """The object's box, [x1, y1, x2, y2]; the bounds of its points when its box is a polygon
+    (an OCR line's four corners)."""
+    box = item.get("box")
+    if not isinstance(box, (list, tuple)) or not box:
+        return None
+    try:
+        if isinstance(box[0], (list, tuple)):
+            xs, ys = [float(p[0]) for p in box], [float(p[1]) for p in box]
+            return min(xs), min(ys), max(xs), max(ys)
+        if len(box) == 4:
+            x1, y1, x2, y2 = (float(v) for v in box)
+            return x1, y1, x2, y2
+    except (TypeError, ValueError, IndexError):
+        return None
+    return None
+
+
+def select(objects: Sequence[Mapping[str, Any]], each: ForEach) -> list[int]:
+    """The indices of the objects a ``for_each`` runs on, in their order: score and size at
+    least the minimum, then the ``largest`` N by box area."""
+    chosen = []
+    for i, item in enumerate(objects):
+        if _score(item) < each.min_score:
+            continue
+        if each.min_size > 0:
+            box = _box(item)
+            if box is None or min(box[2] - box[0], box[3] - box[1]) < each.min_size:
+                continue
+        chosen.append(i)
+    if each.largest is not None and len(chosen) > each.largest:
+
+        def area(i: int) -> float:
+            box = _box(objects[i])
+            return 0.0 if box is None else max(0.0, box[2] - box[0]) * max(0.0, box[3] - box[1])
+
+        chosen = sorted(sorted(chosen, key=area, reverse=True)[: each.largest])
+    return chosen
+
+
+def object_payload(frame: Any, item: Mapping[str, Any], each: ForEach) -> Any:
+    """What one object's request is given: the frame cropped to its box (a view, widened by
+    ``margin``, resized when ``resize`` is set), or the frame with its landmarks."""
+    if not isinstance(frame, np.ndarray) or frame.ndim not in (2, 3):
+        raise InvalidArgumentError("the frame is not an image: for_each needs one")
+    if each.input != "box":
+        field = "box" if each.input == "quad" else each.input
+        points = item.get(field)
+        if points is None:
+            raise InvalidArgumentError(f"the object has no {field}")
+        try:
+            return {"image": frame, each.input: np.asarray(points, dtype=np.float32)}
+        except (TypeError, ValueError):
+            raise InvalidArgumentError(f"the object's {field} is not a list of points") from None
+    box = _box(item)
+    if box is None:
+        raise InvalidArgumentError("the object has no box")
+    x1, y1, x2, y2 = box
+    dx, dy = (x2 - x1) * each.margin, (y2 - y1) * each.margin
+    height, width = frame.shape[:2]
+    left, top = max(0, math.floor(x1 - dx)), max(0, math.floor(y1 - dy))
+    right, bottom = min(width, math.ceil(x2 + dx)), min(height, math.ceil(y2 + dy))
+    if right - left < 1 or bottom - top < 1:
+        raise InvalidArgumentError(f"the object's box {list(box)} is outside the frame")
+    crop = frame[top:bottom, left:right]
+    if each.resize is not None:
+        crop = cv2.resize(crop, each.resize, interpolation=cv2.INTER_LINEAR)
+    return crop
+
+
+class _Run:
+    """One pipeline request in flight: the requests it is waiting for, and its answer."""
+
+    __slots__ = (
+        "abandoned", "dropped", "error", "extra", "first", "lists", "lock", "outstanding",
+        "pipeline", "request", "started",
+    )  # fmt: skip
+
+    def __init__(self, pipeline: ServedPipeline, request: Request) -> None:
+        self.pipeline = pipeline
+        self.request = request
+        self.lock = threading.Lock()
+        self.outstanding = 0  # requests queued and not yet answered
+        self.first: Outcome | None = None  # the first step's
+        self.extra: dict[str, Any] = {}  # other whole-frame steps' results, by name
+        self.error: DuomoError | None = None  # the frame's: its first step failed
+        self.abandoned: list[Request] = []  # answered while their batch still runs
+        self.lists: list[list[Any]] = []  # the objects lists fanned out over
+        self.dropped: set[int] = set()  # ids of objects a ``merge`` step's null result drops
+        self.started = time.monotonic()
+
+    def start(self) -> None:
+        """Queue every whole-frame step. The first step's refusal is raised (nothing queued);
+        another's is its result's error."""
+        pipeline, request = self.pipeline, self.request
+        whole = pipeline._whole
+        self.outstanding = len(whole)
+        for index, step in enumerate(whole):
+            sub = Request(
+                request.payload,
+                _unset,
+                request.priority,
+                request.deadline_s,
+                flow=request.flow,
+                weight=request.weight,
+                supersedes=request.supersedes and index == 0,
+            )
+            sub.on_done = functools.partial(self._frame_done, step, sub)
+            try:
+                pipeline.queue(step, sub)
+            except DuomoError as err:
+                if index == 0:
+                    raise
+                pipeline.count(step.name, errors=1)
+                sub.complete(error=err)
+                continue
+            pipeline.count(step.name, runs=1)
+
+    def _frame_done(self, step: StepConfig, sub: Request, outcome: Outcome) -> None:
+        """A whole-frame step answered (on its model's thread): keep its result and queue the
+        steps over its objects."""
+        pipeline = self.pipeline
+        if outcome.abandoned:
+            with self.lock:
+                self.abandoned.append(sub)
+        if step is pipeline.root:
+            self.first = outcome
+            timings = self.request.timings
+            timings.queue_s = outcome.timings.queue_s
+            timings.preprocess_s = outcome.timings.preprocess_s
+            timings.infer_s = outcome.timings.infer_s
+            if outcome.error is not None:
+                self.error = outcome.error
+        elif outcome.error is not None:
+            pipeline.count(step.name, errors=1)
+            self.extra[step.name] = _error_entry(outcome.error)
+        else:
+            self.extra[step.name] = outcome.result
+        if outcome.error is None and not self.request.cancelled and self.error is None:
+            try:
+                self._fan_out(step, outcome.result)
+            except DuomoError as err:
+                self.error = err
+            except Exception:  # a bug must still answer the frame
+                log.exception("pipeline fan-out failed", pipeline=pipeline.name, step=step.name)
+                self.error = InternalError(f"pipeline {pipeline.name!r}: step {step.name!r} failed")
+        self._settle()
+
+    def _fan_out(self, step: StepConfig, result: Any) -> None:
+        pipeline = self.pipeline
+        children = pipeline._over.get(step.name, ())
+        key = pipeline._objects_key.get(step.name)
+        if not children or key is None:
+            return
+        objects = result.get(key) if isinstance(result, dict) else None
+        if not isinstance(objects, list):
+            raise InvalidArgumentError(f"step {step.name!r} answered no {key!r} list")
+        if step is pipeline.root:
+            pipeline.objects.observe(len(objects))
+        tracker = pipeline.tracker(self.request, step.name)
+        frame_no, tracks = 0, None
+        if tracker is not None:
+            boxes = [_box(o) or (0.0, 0.0, 0.0, 0.0) for o in objects]
+            frame_no, tracks = tracker.update(boxes)
+            for item, track in zip(objects, tracks):
+                item["track_id"] = track.id
+        self.lists.append(objects)
+        frame = self.request.payload
+        for child in children:
+            assert child.for_each is not None
+            chosen = select(objects, child.for_each)
+            if not chosen:
+                pipeline.count(child.name, skipped=1)
+                continue
+            for i in chosen:
+                self._run_on(
+                    child, objects[i], frame, tracker, tracks[i] if tracks else None, frame_no
+                )
+
+    def _run_on(
+        self,
+        step: StepConfig,
+        item: dict[str, Any],
+        frame: Any,
+        tracker: IouTracker | None,
+        track: Track | None,
+        frame_no: int,
+    ) -> None:
+        """Queue ``step`` on one object (or answer it from the object's track)."""
+        pipeline = self.pipeline
+        assert step.for_each is not None
+        if track is not None and tracker is not None and step.reuses:
+            with tracker.lock:
+                kept = track.kept.get(step.name)
+                fresh = kept is not None and frame_no - kept.frame < step.reinfer_every
+                ratio = step.reinfer_area_ratio
+                if fresh and ratio is not None and kept is not None:
+                    fresh = track.area <= kept.area * ratio
+            if fresh and kept is not None:
+                self._join(step, item, {**kept.result, "reused": True})
+                pipeline.count(step.name, reused=1)
+                return
+        try:
+            payload = object_payload(frame, item, step.for_each)
+        except DuomoError as err:
+            item[step.name] = _error_entry(err)
+            pipeline.count(step.name, errors=1)
+            return
+        keep = None
+        if track is not None and tracker is not None and step.reuses:
+            keep = (tracker, track, frame_no, box_area(track.box))
+        request = self.request
+        sub = Request(
+            payload, _unset, request.priority, request.deadline_s,
+            flow=request.flow, weight=request.weight,
+        )  # fmt: skip
+        sub.on_done = functools.partial(self._object_done, step, item, keep, sub)
+        with self.lock:
+            self.outstanding += 1
+        try:
+            pipeline.queue(step, sub)
+        except DuomoError as err:
+            sub.complete(error=err)
+        pipeline.count(step.name, runs=1)
+
+    def _object_done(
+        self,
+        step: StepConfig,
+        item: dict[str, Any],
+        keep: tuple[IouTracker, Track, int, float] | None,
+        sub: Request,
+        outcome: Outcome,
+    ) -> None:
+        """One object's request was answered: its result (or error) joins the object."""
+        if outcome.error is not None:
+            item[step.name] = _error_entry(outcome.error)
+            self.pipeline.count(step.name, errors=1)
+        else:
+            self._join(step, item, outcome.result)
+            if keep is not None and isinstance(outcome.result, dict):
+                tracker, track, frame_no, area = keep
+                with tracker.lock:
+                    kept = track.kept.get(step.name)
+                    if kept is None or kept.frame <= frame_no:
+                        track.kept[step.name] = Kept(outcome.result, frame_no, area)
+        if outcome.abandoned:
+            with self.lock:
+                self.abandoned.append(sub)
+        self._settle()
+
+    def _join(self, step: StepConfig, item: dict[str, Any], result: Any) -> None:
+        """``step``'s result for ``item``: under the step's name, or merged into it."""
+        if not step.merge:
+            item[step.name] = result
+        elif result is None:
+            with self.lock:
+                self.dropped.add(id(item))
+        elif isinstance(result, dict):
+            item.update(result)
+        else:
+            item[step.name] = result
+
+    def _settle(self) -> None:
+        """One awaited request was answered; the last one answers the pipeline request."""
+        with self.lock:
+            self.outstanding -= 1
+            if self.outstanding:
+                return
+        request, first = self.request, self.first
+        timings = request.timings
+        total = time.monotonic() - self.started
+        timings.postprocess_s = max(
+            0.0, total - timings.queue_s - timings.preprocess_s - timings.infer_s
+        )
+        if first is None or self.error is not None:
+            error = self.error or InternalError(f"pipeline {self.pipeline.name!r}: no answer")
+            self._answer(error=error)
+            return
+        if self.dropped:
+            for objects in self.lists:
+                objects[:] = [o for o in objects if id(o) not in self.dropped]
+        order = self.pipeline.nested
+        for objects in self.lists:  # sub-results in step order, not in the order they came
+            for item in objects:
+                for name in order:
+                    if name in item:
+                        item[name] = item.pop(name)
+        result = first.result
+        if self.extra:
+            result = {**result, **self.extra} if isinstance(result, dict) else result
+        self._answer(result=result, batch_size=first.batch_size)
+
+    def _answer(
+        self, result: Any = None, error: DuomoError | None = None, batch_size: int = 0
+    ) -> None:
+        request = self.request
+        held = self.abandoned
+        if held:
+            request.abandoned = True  # its slot stays reserved until their batches end
+        request.complete(result=result, error=error, batch_size=batch_size)
+        if held:
+            left = [len(held)]
+            lock = threading.Lock()
+
+            def over() -> None:
+                with lock:
+                    left[0] -= 1
+                    done = left[0] == 0
+                if done:
+                    request.batch_over()
+
+            for sub in held:
+                if not sub.hold_until_batch_over(over):
+                    over()

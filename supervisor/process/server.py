@@ -1,0 +1,652 @@
+"""The supervisor process: one engine, one control socket, one reactor, until told to stop.
+
+``Supervisor.start`` makes the runtime directory private, refuses to start over a live
+supervisor, writes a fresh client key, loads the models to preload (the single backend init),
+starts the watchdog and starts listening. Control messages (the protocol:
+``supervisor.process.control_messages``) are parsed once and answered by ``handle`` on the reactor
+thread, which dispatches on the operation to one handler each (``_on_<op>``); the slow ones
+(``reload``, ``load``, ``unload``, attaching a model that was never loaded) queue for the one
+control-job thread (``ControlJobs``) and answer when done, so the reactor never waits for a
+model. A handler that fails unexpectedly answers INTERNAL with a fixed message; the details
+go to the log. ``attach`` is charged against the ``limits`` on slots and
+ring memory per client and in all (``RingLedger``; a ring a producer grew for a larger
+frame is charged its grown input areas in full, ``ring_charge``); the reactor enforces the
+others. ``status`` lists every client but the connection asking, unless that one holds rings
+(``duomo status`` is no client of the models).
+``shutdown`` stops accepting, lets queued and in-flight work finish within ``shutdown_grace_s``,
+answers the rest UNAVAILABLE, releases the models, closes every connection and removes the
+socket and key files; it returns how many requests it had to cut (the exit code says so).
+
+Threads, what each owns and how they hand off: docs/architecture.md#concurrency (the one table).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import structlog
+
+from duomo.ipc.errors import (
+    DuomoError,
+    InvalidArgumentError,
+    NotFoundError,
+    ResourceExhaustedError,
+    UnavailableError,
+    echoed,
+)
+from duomo.ipc.runtime_dir import ensure_private_dir, key_path, pid_path, write_key
+from duomo.ipc.status_records import (
+    ClientStatus,
+    DeviceStatus,
+    GatewayWorkerStatus,
+    ModelInfo,
+    ModelStatus,
+    PipelineStatus,
+    RingStatus,
+    StreamStatus,
+    SupervisorStatus,
+    TensorRecord,
+)
+from duomo.supervisor.config import ConfigError, LoadedConfig, load_config
+from duomo.supervisor.core.engine import Engine
+from duomo.supervisor.dataflow.pipelines import ServedPipeline
+from duomo.supervisor.dataflow.streams import StreamRegistry
+from duomo.supervisor.operators.metrics import DuomoCollector, ProcessView
+from duomo.supervisor.operators.metrics_http import LIVE_TIMEOUT_S, MetricsServer
+from duomo.supervisor.process.attachment import Attachment, layout_for, ring_charge
+from duomo.supervisor.process.connection import Connection
+from duomo.supervisor.process.control_jobs import ControlJob, ControlJobs
+from duomo.supervisor.process.control_messages import (
+    Attach,
+    ControlMessage,
+    Detach,
+    Load,
+    Models,
+    Ping,
+    Reload,
+    Reply,
+    SourceAdd,
+    SourceRemove,
+    SourceReports,
+    Sources,
+    SourceShow,
+    Status,
+    Stop,
+    StreamClose,
+    StreamOpen,
+    Unload,
+    error_reply,
+    internal_reply,
+    parse_control,
+)
+from duomo.supervisor.process.gateways import GatewayProcesses
+from duomo.supervisor.process.limits import Limits, RingLedger, resolve_limits
+from duomo.supervisor.process.reactor import Reactor
+from duomo.supervisor.process.watchdog import Watchdog
+from duomo.supervisor.sources.definition import SourceDefinition
+from duomo.supervisor.sources.fleet import SourceFleet
+from duomo.worker.model_spec import SERVING, ModelState
+from duomo.worker.served_model import ServedModel
+
+log = structlog.get_logger("duomo.supervisor")
+MAX_RINGS_PER_CLIENT = 64
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who sent a control message, and the message as it came (a reply sent later carries
+    its id)."""
+
+    conn: Connection
+    message: dict[str, Any]
+
+
+# a control message's handler: its reply, or None when it is answered later
+Handler = Callable[[Caller, Any], Reply | None]
+
+
+class Supervisor:
+    """The supervisor process: its engine, control socket and reactor, the watchdog, the
+    control-job thread and, when configured, the gateway workers and the metrics server."""
+
+    def __init__(self, loaded: LoadedConfig, socket_path: Path) -> None:
+        self.loaded = loaded
+        self.socket_path = socket_path
+        self.engine = Engine(loaded)
+        self.reactor: Reactor | None = None
+        self.watchdog: Watchdog | None = None
+        self.limits: Limits = resolve_limits(loaded.config.limits)
+        self.shm = RingLedger(self.limits)
+        self.streams = StreamRegistry(self.limits.max_streams)
+        self.control_jobs = ControlJobs(
+            self.limits.control_queue, self.limits.control_queue_per_client
+        )
+        self.gateways: GatewayProcesses | None = None
+        self.metrics: MetricsServer | None = None
+        self._process = psutil.Process()
+        self._stopping = False
+        self._wake = threading.Event()
+        self._stop_requested = False
+        self._reload_requested = False
+        self._stop_waiters: list[Caller] = []
+        self._created: dict[Path, int] = {}
+        self._started_s = time.time()
+        # operation -> its handler, which takes that operation's message (``control_messages``)
+        self._handlers: dict[str, Handler] = {
+            Models.op: self._on_models,
+            Attach.op: self._on_attach,
+            Detach.op: self._on_detach,
+            Status.op: self._on_status,
+            Stop.op: self._on_stop,
+            Reload.op: self._on_reload,
+            Load.op: self._on_load,
+            Unload.op: self._on_unload,
+            StreamOpen.op: self._on_stream_open,
+            StreamClose.op: self._on_stream_close,
+            Ping.op: self._on_ping,
+            SourceReports.op: self._on_source_report,
+            Sources.op: self._on_sources,
+            SourceShow.op: self._on_source,
+            SourceAdd.op: self._on_source_add,
+            SourceRemove.op: self._on_source_remove,
+        }
+        self.sources = SourceFleet(
+            loaded.config.source_workers, loaded.config.sources, socket_path,
+            self._check_feeds, lambda: self.engine.placements.total_budget,
+            lambda name: self.engine.servable(name).spec.max_batch,
+        )  # fmt: skip
+
+    def start(self) -> None:
+        path = self.socket_path
+        ensure_private_dir(path.parent)
+        _refuse_live_supervisor(path)
+        key = write_key(path)
+        self._own(key_path(path))
+        metrics = self.loaded.config.metrics
+        if metrics is not None:  # first: the probes answer (not ready) while the models load
+            collector = DuomoCollector(
+                self.engine, self._process_view, self.streams, self.sources.status
+            )
+            self.metrics = MetricsServer(metrics, collector, self._live, self._not_ready)
+            self.metrics.start()
+        try:
+            self.engine.start()
+        except BaseException:
+            if self.metrics is not None:
+                self.metrics.stop()
+            raise
+        watchdog = self.loaded.config.watchdog
+        if watchdog.enabled:
+            self.watchdog = Watchdog(self.engine, watchdog.period_ms / 1e3)
+            self.watchdog.start()
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        old_umask = os.umask(0o177)  # the socket is created 0600
+        try:
+            listener.bind(str(path))
+        finally:
+            os.umask(old_umask)
+        os.chmod(path, 0o600)
+        self._own(path)
+        listener.listen(self.limits.listen_backlog)
+        self.control_jobs.start()
+        self.reactor = Reactor(
+            listener, key, self.handle, self.limits, self.engine.wake_idle, self.streams
+        )
+        self.reactor.start()
+        # lending: models' idle workers read their producers through the reactor's connections
+        self.engine.idle_spin.read_from(self.reactor.lending.read_when_idle)
+        pid_path(path).write_text(f"{os.getpid()}\n")
+        self._own(pid_path(path))
+        gateway = self.loaded.config.gateway
+        if gateway is not None:  # once every model to preload is READY and the socket listens
+            self.gateways = GatewayProcesses(gateway, path)
+            self.gateways.start()
+        self.sources.start()  # (its workers connect: the socket listens)
+        log.info("supervisor ready", socket=str(path), models=list(self.engine.models))
+
+    def serve_forever(self) -> None:
+        """Run until a stop is requested; reloads requested meanwhile run here, one at a time."""
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            if self._stop_requested:
+                return
+            if self._reload_requested:
+                self._reload_requested = False
+                try:
+                    self.reload()
+                except DuomoError as err:
+                    log.error("reload failed; the running models are unchanged", error=err.message)
+
+    def request_stop(self) -> None:
+        """Safe from a signal handler or any thread."""
+        self._stop_requested = True
+        self._wake.set()
+
+    def request_reload(self) -> None:
+        """Re-read the config file (SIGHUP); safe from a signal handler or any thread."""
+        self._reload_requested = True
+        self._wake.set()
+
+    def reload(self, model: str | None = None) -> dict[str, Any]:
+        """Re-read the config file and apply the difference (or rebuild just ``model``).
+
+        Raises InvalidArgumentError for an invalid config, UnavailableError (with the reason)
+        when a replacement cannot be loaded, ResourceExhaustedError when it does not fit its
+        memory budget; in every case the running models are unchanged.
+        """
+        try:
+            new = load_config(self.loaded.path)
+        except ConfigError as err:
+            raise InvalidArgumentError(f"config not reloaded:\n{err.render()}") from None
+        clashes = self.sources.reload_problems(new.config.sources) if model is None else []
+        if clashes:
+            raise InvalidArgumentError("config not reloaded:\n" + "\n".join(clashes))
+        try:
+            summary = self.engine.reload(new, only=model)
+        except (RuntimeError, ValueError) as err:
+            raise UnavailableError(
+                f"reload failed, the running models are unchanged: {err}"
+            ) from None
+        self.loaded = self.engine.loaded
+        self._apply_limits(resolve_limits(self.loaded.config.limits))
+        reply: dict[str, Any] = dict(summary)
+        if model is None:
+            reply["sources"] = self.sources.reload(self.loaded.config.sources)
+        log.info("config reloaded", **reply)
+        return reply
+
+    def shutdown(self) -> int:
+        """Stop accepting, finish queued work within the grace period, release the models,
+        close clients, remove files. Returns how many accepted requests had to be cut. The
+        gateway's workers stop first (they finish the requests they have sent); the metrics
+        port answers (not ready) until the end."""
+        self._stopping = True
+        self.sources.stop()  # (their streams close first: nothing more comes from the cameras)
+        if self.gateways is not None:
+            self.gateways.stop()
+        if self.reactor is not None:
+            self.reactor.stop_accepting()
+        if self.watchdog is not None:
+            self.watchdog.stop()
+        grace_s = self.loaded.config.shutdown_grace_s
+        self.control_jobs.stop(grace_s)
+        cut = self.engine.close(grace_s)
+        for caller in self._stop_waiters:
+            caller.conn.reply(caller.message, {"ok": True, "cut": cut})
+        self.engine.idle_spin.read_from(None)
+        if self.reactor is not None:
+            self.reactor.stop()
+        for path, inode in self._created.items():
+            # Only what this process made: a supervisor started meanwhile on the same path (or
+            # refused because this one was running) keeps its files.
+            with contextlib.suppress(FileNotFoundError):
+                if path.lstat().st_ino == inode:
+                    path.unlink()
+        if self.metrics is not None:
+            self.metrics.stop()
+        log.info("supervisor stopped", requests_cut=cut)
+        return cut
+
+    # -- what the metrics port reports ------------------------------------------------------
+
+    def _live(self) -> bool:
+        """Alive while starting; once it serves, its reactor must run a task within
+        ``LIVE_TIMEOUT_S`` (a wedged reactor serves no one, however well the models run)."""
+        reactor = self.reactor
+        if reactor is None:
+            return True
+        answered = threading.Event()
+        reactor.call_soon(answered.set)
+        return answered.wait(LIVE_TIMEOUT_S)
+
+    def _not_ready(self) -> list[str]:
+        """Why it is not ready: each ``preload`` model that does not serve, with its state;
+        empty once ready. A model serves when it is READY or DEGRADED (what the gateway calls a
+        ready model), or when it was evicted and loads again on its next request."""
+        if self._stopping:
+            return ["the supervisor is stopping"]
+        preload = [n for n, m in self.loaded.models.items() if m.config.preload]
+        models = dict(self.engine.models)
+
+        def serves(model: ServedModel) -> bool:
+            evicted = model.state is ModelState.UNLOADED and model.auto_load and model.loads > 0
+            return model.state in SERVING or evicted
+
+        waiting = [
+            f"{n}: {models[n].state.value if n in models else 'not built yet'}"
+            for n in preload
+            if n not in models or not serves(models[n])
+        ]
+        if self.reactor is None:
+            waiting.append("the supervisor is not listening yet")
+        return waiting
+
+    def _process_view(self) -> ProcessView:
+        reactor = self.reactor
+        gateways = self.gateways.status() if self.gateways is not None else []
+        return ProcessView(
+            clients_attached=sum(1 for c in reactor.connections if c.authenticated)
+            if reactor is not None
+            else 0,
+            gateway_workers_running=sum(1 for g in gateways if g["running"]),
+            resident_bytes=self._process.memory_info().rss,
+        )
+
+    def _apply_limits(self, limits: Limits) -> None:
+        self.limits = limits
+        self.shm.limits = limits
+        self.streams.max_streams = limits.max_streams
+        self.control_jobs.set_capacity(limits.control_queue, limits.control_queue_per_client)
+        if self.reactor is not None:
+            self.reactor.set_limits(limits)
+
+    def _own(self, path: Path) -> None:
+        self._created[path] = path.lstat().st_ino
+
+    # -- control messages (reactor thread; the protocol: supervisor.process.control_messages)
+    # -------
+
+    def handle(self, conn: Connection, message: dict[str, Any]) -> Reply | None:
+        """The reply to one control message, or None when it is answered later (a control job,
+        or ``stop`` with ``wait``). Never raises: a ``DuomoError`` is its error reply, anything
+        else an INTERNAL one that names the operation (the traceback goes to the log)."""
+        request: ControlMessage | None = None
+        try:
+            request = parse_control(message)
+            return self._handlers[request.op](Caller(conn, message), request)
+        except DuomoError as err:
+            return error_reply(err)
+        except Exception:  # a bug: the client gets its answer, the log the details
+            what = request.what if request is not None else echoed(message.get("op"))
+            log.exception("control message failed", what=what)
+            return internal_reply(what)
+
+    def _later(
+        self, caller: Caller, request: ControlMessage, job: Callable[[], Reply | None]
+    ) -> None:
+        """Queue a slow control job; it answers when done (RESOURCE_EXHAUSTED at once when
+        the queue is full)."""
+        self.control_jobs.submit(ControlJob(caller.conn, caller.message, job, request.what))
+
+    def _on_models(self, caller: Caller, request: Models) -> Reply:
+        names = [*self.engine.models, *self.engine.pipelines]
+        return {"ok": True, "models": [self._model_info(n).to_dict() for n in names]}
+
+    def _on_attach(self, caller: Caller, request: Attach) -> Reply | None:
+        if self.engine.servable(request.model).layout_known:  # NotFoundError for unknown names
+            self._attach_ring(caller, request)
+            return None  # answered: the reply carries the ring's descriptor
+        # never loaded yet (preload: false): load it on the control thread, then attach
+        self._check_ring_room(caller.conn)
+        self._later(caller, request, functools.partial(self._load_then_attach, caller, request))
+        return None
+
+    def _load_then_attach(self, caller: Caller, request: Attach) -> None:
+        """(control-job thread) Load the model, then attach on the reactor thread, which owns
+        the attachments and answers; what that raises is this job's error."""
+        self.engine.load(request.model)
+        assert self.reactor is not None
+        attached: Future[None] = Future()
+
+        def attach() -> None:
+            try:
+                if caller.conn.closed:
+                    raise UnavailableError("client gone")
+                self._attach_ring(caller, request)
+                attached.set_result(None)
+            except Exception as err:
+                attached.set_exception(err)
+
+        self.reactor.call_soon(attach)
+        attached.result(60)
+
+    def _check_ring_room(self, conn: Connection) -> None:
+        if len(conn.attachments) >= MAX_RINGS_PER_CLIENT:
+            raise ResourceExhaustedError(
+                f"a client may attach at most {MAX_RINGS_PER_CLIENT} rings; close some first"
+            )
+
+    def _attach_ring(self, caller: Caller, request: Attach) -> None:
+        """(reactor thread) Create and record a ring of ``request.slots`` slots, charged against
+        the limits on slots and ring memory, and answer with its descriptor."""
+        conn = caller.conn
+        self._check_ring_room(conn)
+        name, slots, grow = request.model, request.slots, request.inputs
+        model = self.engine.servable(name)
+        if not model.layout_known:  # (after a load: a reload replaced it meanwhile)
+            raise UnavailableError(f"model {name!r} was replaced while it loaded; attach again")
+        spec = model.slot_spec()
+        layout = layout_for(spec, slots, grow)  # InvalidArgumentError: no such or fixed input
+        charge = (conn.id, slots, ring_charge(spec, layout))
+        try:
+            self.shm.charge(*charge)  # ResourceExhaustedError past a bound on slots or memory
+        except ResourceExhaustedError as err:
+            if not grow:
+                raise
+            needed = ", ".join(f"{n!r} of {b} bytes" for n, b in grow.items())
+            room = ", ".join(f"{a.name!r} {a.capacity}" for a in layout.inputs)
+            raise ResourceExhaustedError(
+                f"no room to grow {name!r}'s ring for an input {needed} ({slots} slot(s) with "
+                f"input areas of {room} bytes): {err.message}"
+            ) from None
+        ring_id = conn.next_ring_id()
+        try:
+            served = (
+                self.engine.pipelines if isinstance(model, ServedPipeline) else self.engine.models
+            )
+            attachment = Attachment(
+                ring_id, model, served, layout, conn.send,
+                on_close=functools.partial(self.shm.release, *charge),
+                streams=conn.streams, flow=conn.flow,
+            )  # fmt: skip
+        except BaseException as err:
+            self.shm.release(*charge)
+            if isinstance(err, OSError):  # out of memory or file descriptors
+                raise ResourceExhaustedError(f"cannot create a ring for {name!r}: {err}") from None
+            raise
+        assert self.reactor is not None
+        self.reactor.attach(conn, ring_id, attachment)
+        reply = {"ok": True, "ring": ring_id, "layout": attachment.layout.to_dict()}
+        conn.reply(caller.message, reply, fd=attachment.ring.share())
+
+    def _on_detach(self, caller: Caller, request: Detach) -> Reply:
+        self._attachment(caller.conn, request.ring)  # NotFoundError for a ring not attached
+        assert self.reactor is not None
+        self.reactor.detach(caller.conn, request.ring)
+        return {"ok": True}
+
+    def _attachment(self, conn: Connection, ring: int) -> Attachment:
+        attachment = conn.attachments.get(ring)
+        if attachment is None:
+            raise NotFoundError(f"no attached ring {ring}")
+        return attachment
+
+    def _on_status(self, caller: Caller, request: Status) -> Reply:
+        if request.model is not None:  # NotFoundError for a model not served
+            return {"ok": True, "model_status": self.model_status(request.model).to_dict()}
+        return {"ok": True, "status": self.status(asking=caller.conn).to_dict()}
+
+    def _on_stop(self, caller: Caller, request: Stop) -> Reply | None:
+        if request.wait:  # answered once the queued work is done or cut (``shutdown``)
+            self._stop_waiters.append(caller)
+        self.request_stop()
+        return None if request.wait else {"ok": True}
+
+    def _on_reload(self, caller: Caller, request: Reload) -> None:
+        self._later(caller, request, lambda: self.reload(request.model))
+
+    def _on_load(self, caller: Caller, request: Load) -> None:
+        self.engine.servable(request.model)  # NotFoundError at once
+        self._later(caller, request, lambda: {"load": self.engine.load(request.model)})
+
+    def _on_unload(self, caller: Caller, request: Unload) -> None:
+        self.engine.servable(request.model)  # NotFoundError at once
+        self._later(caller, request, lambda: {"unload": self.engine.unload(request.model)})
+
+    def _on_stream_open(self, caller: Caller, request: StreamOpen) -> Reply:
+        for name in request.settings.models:
+            self.engine.servable(name)  # NotFoundError for a model or pipeline not served
+        conn = caller.conn
+        client = f"client {conn.id} (pid {conn.pid})" if conn.pid else f"client {conn.id}"
+        stream = self.streams.open(request.name, request.settings, client=client)
+        conn.streams[stream.id] = stream
+        return {"ok": True, "stream": stream.id}
+
+    def _on_stream_close(self, caller: Caller, request: StreamClose) -> Reply:
+        stream = caller.conn.streams.pop(request.stream, None)
+        if stream is None:
+            raise NotFoundError(f"no open stream {request.stream}")
+        self.streams.close([stream])
+        return {"ok": True}
+
+    def _on_ping(self, caller: Caller, request: Ping) -> Reply:
+        return {"ok": True}
+
+    def _on_source_report(self, caller: Caller, request: SourceReports) -> Reply:
+        return {"ok": True, "assigned": self.sources.report(request.worker, request.sources)}
+
+    def _on_sources(self, caller: Caller, request: Sources) -> Reply:
+        return {"ok": True, "sources": [s.to_dict() for s in self.sources.status()]}
+
+    def _on_source(self, caller: Caller, request: SourceShow) -> Reply:
+        return {"ok": True, "source": self.sources.status_of(request.name).to_dict()}
+
+    def _on_source_add(self, caller: Caller, request: SourceAdd) -> Reply:
+        definition = request.definition.resolved(self.loaded.path.parent)
+        return {"ok": True, "source": self.sources.add(definition).to_dict()}
+
+    def _on_source_remove(self, caller: Caller, request: SourceRemove) -> Reply:
+        self.sources.remove(request.name)
+        return {"ok": True}
+
+    def _check_feeds(self, definition: SourceDefinition) -> None:
+        """NOT_FOUND when a source's models (or pipeline) are not served."""
+        for name in definition.feeds:
+            self.engine.servable(name)
+
+    def _model_info(self, name: str) -> ModelInfo:
+        """One model (or pipeline) of the ``models`` reply; its slot layout once known."""
+        model = self.engine.servable(name)
+        resolved = self.loaded.models.get(name)
+        head = (
+            name,
+            model.spec.task,  # "pipeline" for a pipeline
+            resolved.config.backend if resolved else None,
+            model.state.value,
+            model.spec.max_batch,
+        )
+        if not model.layout_known:  # it loads when first attached
+            return ModelInfo(*head)
+        spec = model.slot_spec()
+        return ModelInfo(
+            *head,
+            inputs=tuple(TensorRecord(i.name, i.dtype.name, tuple(i.shape)) for i in spec.inputs),
+            result=spec.result,
+            outputs=tuple(spec.outputs),
+            output_tensors=tuple(
+                TensorRecord(o.name, o.dtype.name, tuple(o.shape)) for o in spec.output_specs
+            ),
+            batched=spec.max_rows is not None,  # inputs' first dimension is the batch
+        )
+
+    def model_status(self, name: str) -> ModelStatus:
+        """``name``'s status alone (NotFoundError when it is not served). A pipeline's is its
+        first step's model's with the pipeline's state and request figures (what the gateway's
+        statistics read)."""
+        served = self.engine.servable(name)
+        if isinstance(served, ServedPipeline):
+            root = self.engine.status()["models"].get(served.root.model)
+            if root is None:
+                raise NotFoundError(f"no model named {echoed(served.root.model)}")
+            figures = {**served.stats.snapshot(), "batch_sizes": {}}
+            return ModelStatus.from_dict({**root, "state": served.state.value, **figures})
+        shown = self.engine.status()["models"].get(name)
+        if shown is None:  # (removed by a reload meanwhile)
+            raise NotFoundError(f"no model named {echoed(name)}")
+        return ModelStatus.from_dict(shown)
+
+    def status(self, asking: Connection | None = None) -> SupervisorStatus:
+        """The supervisor's state. ``clients`` leaves out the connection ``asking`` when it holds
+        no ring: the ``duomo status`` command (or its ``--watch`` view) is no client of the
+        models; a producer that asks sees its own rings. The engine's view (a dict, as the
+        engine keeps it) is read into its records here, so a key it renames fails at once."""
+        process = self._process
+        clients = []
+        for conn in self.reactor.connections if self.reactor else []:
+            if conn is asking and not conn.attachments:
+                continue
+            slots, shm_bytes = self.shm.held(conn.id)
+            rings = tuple(
+                RingStatus(a.ring_id, a.model_name, a.layout.slots, a.in_flight, a.answered)
+                for a in conn.attachments.values()
+            )
+            clients.append(
+                ClientStatus(
+                    id=conn.id,
+                    pid=conn.pid,
+                    lent=conn.lent,  # read by its model's idle worker (see Reactor)
+                    slots=slots,
+                    shm_bytes=shm_bytes,
+                    unread_bytes=conn.unread_bytes,  # waiting in its outbox
+                    unread_peak_bytes=conn.unread_peak_bytes,
+                    rings=rings,
+                )
+            )
+        engine = self.engine.status()
+        gateways = self.gateways.status() if self.gateways is not None else []
+        return SupervisorStatus(
+            pid=os.getpid(),
+            socket=str(self.socket_path),
+            config=str(self.loaded.path),
+            uptime_s=round(time.time() - self._started_s, 1),
+            rss_bytes=process.memory_info().rss,
+            threads=process.num_threads(),
+            open_fds=process.num_fds(),
+            mapped_rings=self.reactor.mapped_rings if self.reactor else 0,
+            shm_bytes=self.shm.total_bytes,
+            connections_refused=self.reactor.refused_total if self.reactor else 0,
+            clients_cut_off=self.reactor.cut_off_total if self.reactor else 0,
+            control_jobs_waiting=self.control_jobs.waiting,
+            limits=self.limits.to_dict(),
+            gateways=tuple(GatewayWorkerStatus.from_dict(g) for g in gateways),
+            thread_budget=engine["thread_budget"],
+            devices=tuple(DeviceStatus.from_dict(d) for d in engine["devices"]),
+            models={n: ModelStatus.from_dict(m) for n, m in engine["models"].items()},
+            pipelines={n: PipelineStatus.from_dict(p) for n, p in engine["pipelines"].items()},
+            clients=tuple(clients),
+            streams=tuple(StreamStatus.from_dict(s) for s in self.streams.snapshot()),
+            sources=self.sources.status(),
+        )
+
+
+def _refuse_live_supervisor(path: Path) -> None:
+    """Another supervisor answering on ``path`` is an error; a stale socket file is removed."""
+    if not path.exists():
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        path.unlink(missing_ok=True)
+        return
+    finally:
+        probe.close()
+    raise RuntimeError(
+        f"a supervisor is already serving at {path}: to start another one beside it, give it "
+        f"its own socket (duomo start --socket PATH); to stop this one: duomo stop --socket {path}"
+    )
