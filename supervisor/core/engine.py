@@ -49,11 +49,11 @@ from duomo.ipc.host_memory import resident_bytes
 from duomo.supervisor.config import LoadedConfig, ResolvedModel
 from duomo.supervisor.core.background_loads import BackgroundLoads
 from duomo.supervisor.core.device_telemetry import DeviceTelemetry
+from duomo.supervisor.core.idle_spin import IdleSpin
 from duomo.supervisor.core.memory import Footprint, MemoryLedger, MemoryUse, mb
 from duomo.supervisor.core.placement import HOST, Placements
 from duomo.supervisor.core.registry import ModelRegistry
 from duomo.supervisor.dataflow.pipelines import ServedPipeline
-from duomo.supervisor.process.lending import IdleSpin
 from duomo.worker.executors.image_ops import limit_opencv_threads
 from duomo.worker.model_spec import SERVING, DeviceMemoryError, ModelState
 from duomo.worker.model_status import model_status

@@ -37,14 +37,14 @@ has just run an inference wakes from sleep 50–70 µs later than one that has n
 (``tools/bench/experiments/bench_wake.py`` on the 2-vCPU host), and a producer that sends its
 next request at once does so within about half a millisecond.
 
-Who calls what: the engine owns the ``IdleSpin``, the idle reader of every model's batcher
-(``worker.batcher.IdleReader``), and shows its counts (``status``: ``idle_spin``). The reactor
-builds the ``Lending`` with what it needs (its epoll, the intake, its ``read_soon``, and the
-engine's ``wake_idle`` to wake a model's idle workers), dedicates connections as rings attach
-and detach, asks ``reactor_reads`` before it reads one, calls ``settled`` once it has read one
-or emptied its outbox, and ``call_workers`` when a lent one has answers waiting. The
-supervisor hands the reactor's ``Lending.read_when_idle`` to the ``IdleSpin`` while the
-reactor runs (``IdleSpin.read_from``).
+Who calls what: the engine owns the ``IdleSpin`` (``supervisor.core.idle_spin``), the idle
+reader of every model's batcher (``worker.batcher.IdleReader``). The reactor builds the
+``Lending`` with what it needs (its epoll, the intake, its ``read_soon``, and the engine's
+``wake_idle`` to wake a model's idle workers), dedicates connections as rings attach and
+detach, asks ``reactor_reads`` before it reads one, calls ``settled`` once it has read one or
+emptied its outbox, and ``call_workers`` when a lent one has answers waiting. The supervisor
+hands the reactor's ``Lending.read_when_idle`` to the ``IdleSpin`` while the reactor runs
+(``IdleSpin.read_from``).
 """
 
 from __future__ import annotations
@@ -53,78 +53,10 @@ import os
 import select
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from duomo.supervisor.process.connection import DROPPED, Connection
 from duomo.supervisor.process.intake import Intake
 from duomo.supervisor.process.loan import LEFT_TO_REACTOR, LENT, REACTOR
-
-# ``Lending.read_when_idle``: (model, wake fd, spin seconds, keep spinning) -> it read
-LentReader = Callable[[str, int, float, Callable[[], bool]], bool]
-
-
-@dataclass
-class IdleWaits:
-    """One model's waits in the reactor's lending while idle (``status``: ``idle_spin``)."""
-
-    waits: int = 0
-    spun: int = 0  # began with a spin
-    caught: int = 0  # of those, ended within the spin's time
-    pays: bool = False  # the last wait ended within ``idle_spin_us``: the next one spins
-
-    def record(self, spun: bool, within: bool) -> None:
-        """A wait that began with a spin or not and ended ``within`` ``idle_spin_us``."""
-        self.waits += 1
-        self.pays = within
-        if spun:
-            self.spun += 1
-            if within:
-                self.caught += 1
-
-    def to_dict(self) -> dict[str, int]:
-        return {"waits": self.waits, "spun": self.spun, "caught": self.caught}
-
-
-class IdleSpin:
-    """The idle reader of every model's batcher (``worker.batcher.IdleReader``): a model's idle
-    worker waits in the reactor's lending once there is one (before that, and in-process, it
-    sleeps in its batcher), spinning first while that pays and nothing else is at work."""
-
-    def __init__(
-        self,
-        at_rest: Callable[[], bool],
-        spin_us: Callable[[], int],
-        clock: Callable[[], float] = time.perf_counter,
-    ) -> None:
-        self._lending: LentReader | None = None  # the reactor's, while it runs (``read_from``)
-        self._at_rest = at_rest  # no instance of the process is at work (``Activity.idle``)
-        self._spin_us = spin_us  # ``idle_spin_us``, read at each wait: a reload may change it
-        self._clock = clock
-        self._waits: dict[str, IdleWaits] = {}  # by model, since start
-
-    def read_from(self, lending: LentReader | None) -> None:
-        """Wait in ``lending`` (the reactor's ``Lending.read_when_idle``, while the reactor
-        runs) from the next wait on; None: in the batcher again (the reactor stops)."""
-        self._lending = lending
-
-    def __call__(self, model: str, wake_fd: int) -> bool:
-        lending = self._lending
-        if lending is None:
-            return False
-        waits = self._waits.get(model)
-        if waits is None:
-            waits = self._waits[model] = IdleWaits()
-        window_s = self._spin_us() / 1e6
-        spin_s = window_s if waits.pays else 0.0
-        start = self._clock()
-        read = lending(model, wake_fd, spin_s, self._at_rest)
-        if read:  # it waited: did (or would) a spin see the wait's end?
-            waits.record(spun=spin_s > 0, within=self._clock() - start <= window_s)
-        return read
-
-    def counts(self, model: str) -> dict[str, int]:
-        """``model``'s waits, the spins among them and the spins that caught a notice."""
-        return (self._waits.get(model) or IdleWaits()).to_dict()
 
 
 class Lending:

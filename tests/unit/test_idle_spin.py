@@ -15,7 +15,8 @@ import pytest
 
 from duomo.supervisor.config import load_config
 from duomo.supervisor.core.engine import Engine
-from duomo.supervisor.process.lending import IdleSpin, poll_spinning_first
+from duomo.supervisor.core.idle_spin import IdleSpin
+from duomo.supervisor.process.lending import poll_spinning_first
 from duomo.worker.model_worker import Activity
 from tests.unit.test_config import classify, problems, write_config
 
