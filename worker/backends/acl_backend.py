@@ -21,11 +21,12 @@ work shared with the device's other models when the device's gate runs one at a 
 (``runs_alone``); ``acl_memory`` holds the rules and frees a shared buffer with its last user,
 after that session unloaded its model.
 
+Its ``memory`` (``acl_memory.AclMemory``) holds its buffers and tells what they cost:
 ``device_bytes`` is what the session takes as its own: its input and output buffers, and its
 work and weights unless shared; a shared weight buffer is ``weights``, a shared work buffer
 ``shared_work`` (each a ``MemoryShare``, charged once per device at the buffer's size).
-``memory`` keeps ``query_size``'s figures and the ``get_mem_info`` drop across the load, which on
-a card shows what the runtime takes beyond the buffers.
+``memory.figures`` keeps ``query_size``'s figures and the ``get_mem_info`` drop across the load,
+which on a card shows what the runtime takes beyond the buffers.
 
 Per run: host→device ``memcpy`` straight from the caller's arrays (a shared-memory slot's views or
 the session's host buffers), ``set_dynamic_batch_size`` to the smallest gear that holds the batch
@@ -52,12 +53,7 @@ from typing import Any
 import numpy as np
 import structlog
 
-from duomo.worker.backends.acl_memory import (
-    DeviceBuffer,
-    DeviceMemory,
-    check_release,
-    file_identity,
-)
+from duomo.worker.backends.acl_memory import AclMemory, DeviceMemory, check_release
 from duomo.worker.backends.acl_runtime import (
     ACL_DTYPES,
     ACL_DYNAMIC_TENSOR_NAME,
@@ -72,13 +68,8 @@ from duomo.worker.backends.acl_runtime import (
     AclRuntime,
     load_runtime,
 )
-from duomo.worker.backends.base import (
-    Backend,
-    BufferedSession,
-    MemoryShare,
-    SessionSettings,
-    TensorSpec,
-)
+from duomo.worker.backends.base import Backend, BufferedSession, SessionSettings, TensorSpec
+from duomo.worker.backends.shares import file_identity
 from duomo.worker.config_model import StrictModel
 from duomo.worker.thread_budget import GateMember
 
@@ -180,6 +171,8 @@ class AclSession(BufferedSession):
     """One ``.om`` model loaded on an Ascend device, used only by the worker thread that opened
     it: its device memory, its runs at the compute gate, and its reused host buffers."""
 
+    memory: AclMemory
+
     def __init__(
         self,
         rt: AclRuntime,
@@ -188,14 +181,11 @@ class AclSession(BufferedSession):
         soc_name: str,
         memory: DeviceMemory,
     ) -> None:
-        super().__init__()
+        super().__init__(AclMemory(path, settings.device))
         self._rt = rt
         self._settings = settings  # device, room its budgets leave, sharing
         self._gate: GateMember | None = settings.gate  # its model's place at the device's gate
         self._device_memory = memory
-        self._work: DeviceBuffer | None = None
-        self._weights: DeviceBuffer | None = None
-        self._identity: tuple[str, int, int] | None = None  # the file's, when weights are shared
         self.path = path
         self.device = settings.device
         self.metadata: dict[str, str] = {"soc": soc_name}
@@ -206,7 +196,6 @@ class AclSession(BufferedSession):
         self._input_pointers: list[int] = []
         self._data_input_pointers: list[int] = []
         self._output_pointers: list[int] = []
-        self.memory: dict[str, int] = {}
         try:
             self._load()
         except BaseException:
@@ -225,13 +214,15 @@ class AclSession(BufferedSession):
         free_before = self._free_device_bytes()
         work, weight, ret = rt.query_size(str(self.path))
         rt.check(ret, f"mdl.query_size({self.path.name})")
+        held = self.memory
         if self._settings.share_weights:
-            self._identity = file_identity(self.path)
-        self._work, self._weights = self._device_memory.claim(
-            rt, self.path, self._settings, (work, weight), self._identity
+            held.identity = file_identity(self.path)
+        held.work, held.weight = self._device_memory.claim(
+            rt, self.path, self._settings, (work, weight), held.identity
         )
+        work_buffer, weight_buffer = held.work.thing, held.weight.thing
         model_id, ret = rt.load_from_file_with_mem(
-            str(self.path), self._work.pointer, work, self._weights.pointer, weight
+            str(self.path), work_buffer.pointer, work, weight_buffer.pointer, weight
         )
         if ret != ACL_SUCCESS:
             hint = ""
@@ -249,16 +240,16 @@ class AclSession(BufferedSession):
         ]
         self._output_dataset, self._output_pointers = self._dataset([t.size for t in self._outputs])
         io_bytes = sum(self._input_sizes) + sum(t.size for t in self._outputs)
-        self.memory = {
+        held.figures = {
             "query_work_bytes": work,
             "query_weight_bytes": weight,
-            "work_buffer_bytes": self._work.nbytes,  # the shared one's, when shared
-            "work_shared": int(self._work.shared),
-            "weights_shared": int(self._weights.shared),
+            "work_buffer_bytes": work_buffer.nbytes,  # the shared one's, when shared
+            "work_shared": int(work_buffer.shared),
+            "weights_shared": int(weight_buffer.shared),
             "io_bytes": io_bytes,
             "own_bytes": io_bytes
-            + (0 if self._work.shared else work)
-            + (0 if self._weights.shared else weight),
+            + (0 if work_buffer.shared else work)
+            + (0 if weight_buffer.shared else weight),
             "measured_bytes": max(0, free_before - self._free_device_bytes()),
         }
 
@@ -489,7 +480,7 @@ class AclSession(BufferedSession):
                         f"is {target.dtype}{list(target.shape)}"
                     )
             else:
-                target = self._out.view(t.spec.name, t.spec.dtype, shape)
+                target = self.memory.outputs.view(t.spec.name, t.spec.dtype, shape)
             if target.nbytes > t.size:
                 raise ValueError(f"output {t.spec.name!r} of {target.nbytes} B exceeds {t.size}")
             rt.check(
@@ -537,7 +528,7 @@ class AclSession(BufferedSession):
             "outputs": [tensor(t) for t in self._outputs],
             "dynamic_batch_gears": list(self.gears),
             "dynamic_hw_gears": [list(g) for g in self._hw],
-            "memory": dict(self.memory),
+            "memory": dict(self.memory.figures),
         }
 
     # -- teardown ---------------------------------------------------------------------------
@@ -564,47 +555,19 @@ class AclSession(BufferedSession):
         for pointer in self._pointers:
             check_release(rt, rt.free(pointer), "rt.free")
         self._pointers = []
+        memory = self.memory
         if not self._model_id:  # unloaded (or never loaded): nothing reads its memory now
-            for held in (self._work, self._weights):
-                if held is not None:
-                    self._device_memory.release(rt, held)
-            self._work = self._weights = None
+            for lease in (memory.work, memory.weight):
+                if lease is not None:
+                    self._device_memory.release(rt, lease)
+            memory.work = memory.weight = None
         if self._stream:
             check_release(rt, rt.destroy_stream(self._stream), "rt.destroy_stream")
             self._stream = 0
         if self._context:
             check_release(rt, rt.destroy_context(self._context), "rt.destroy_context")
             self._context = 0
-        self._drop_buffers()
-
-    @property
-    def device_bytes(self) -> int:
-        """Its I/O buffers, and its work and weights unless shared (those are ``shared_work``
-        and ``weights``)."""
-        return self.memory.get("own_bytes", 0)
-
-    @property
-    def weights(self) -> MemoryShare | None:
-        """The weight buffer it shares with every session that loaded the same file on its
-        device (``share_weights``), or None when the buffer is its own."""
-        buffer = self._weights
-        if buffer is None or not buffer.shared or self._identity is None:
-            return None
-        path, size, mtime_ns = self._identity
-        key = f"acl:{self.device}:{path}:{size}:{mtime_ns}"
-        return MemoryShare(key, self.path.name, self.device, buffer.nbytes, on_device=True)
-
-    @property
-    def shared_work(self) -> MemoryShare | None:
-        """The work buffer it shares with the other models of a device that runs one model at
-        a time (``runs_alone``), at the buffer's size (its model is charged alone its own
-        ``query_size`` work), or None when its work buffer is its own."""
-        buffer = self._work
-        if buffer is None or not buffer.shared:
-            return None
-        key = f"acl-work:{self.device}:{buffer.serial}"
-        own = self.memory["query_work_bytes"]
-        return MemoryShare(key, "work buffer", self.device, buffer.nbytes, True, "work", own)
+        memory.drop_buffers()
 
 
 __all__ = ["AclBackend", "AclOptions", "AclSession", "atc_sidecar"]

@@ -4,25 +4,27 @@ A ``Backend`` is created once per process (one runtime init); ``open`` is called
 worker's own thread and returns a ``ModelSession`` that only that thread uses. Executors write
 their batch straight into ``session.input_buffer(...)`` views and read outputs from the views
 ``run`` returns; both live in memory allocated once per session and reused, so the steady state
-allocates nothing per request.
+allocates nothing per request. What a session holds in memory (those buffers, its device
+memory, the copies it shares with other sessions) is its ``memory``, a ``SessionMemory``: what the
+memory ledger and ``status`` read, and the two calls below.
 
 Invariant: output views returned by ``run`` stay valid until the next ``run`` on that session.
 
-A one-off request gives its memory back. The model worker calls ``settle`` once its warm-up is
-over; from then on a buffer grows and is kept only up to ``ONE_OFF_FACTOR`` times the bytes the
-warm-up gave it, and a run whose inputs take more than that factor times the warm-up's is a
-one-off run (a 10 000 × 10 000 frame's OCR detector input): its buffers are its own, freed as
-soon as the executor drops them, and once the worker has answered the batch it calls
-``release_one_off``, which makes the session hand back what the run left in its runtime's pools
-(``give_back``: ONNX Runtime's shared arena). Measured on the demo models: docs/operations.md,
-"What a large frame costs".
+A one-off request gives its memory back. The model worker calls ``memory.settle`` once its
+warm-up is over; from then on a buffer grows and is kept only up to ``ONE_OFF_FACTOR`` times the
+bytes the warm-up gave it, and a run whose inputs take more than that factor times the warm-up's
+is a one-off run (a 10 000 × 10 000 frame's OCR detector input): its buffers are its own, freed
+as soon as the executor drops them, and once the worker has answered the batch it calls
+``memory.release_one_off``, which makes the session hand back what the run left in its runtime's
+pools (``give_back``: ONNX Runtime's shared arena). Measured on the demo models:
+docs/operations.md, "What a large frame costs".
 """
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -169,13 +171,61 @@ class HostBuffers:
         return sum(a.nbytes for a in self._flat.values())
 
 
+class SessionMemory:
+    """What one session holds in memory, as the memory ledger and ``status`` read it, and the two
+    calls by which the model worker has it give memory back: a session's ``memory``.
+
+    This one holds nothing (a session whose runtime keeps no reusable buffers: a test double);
+    ``HostMemory`` is a ``BufferedSession``'s, and a runtime's subclass adds what it shares
+    (``weights``) or holds on a device.
+    """
+
+    def settle(self) -> None:
+        """The warm-up is over (called once by the model worker): what it sized is the usual
+        size, and a request far above it is a one-off (see the module docstring)."""
+
+    def release_one_off(self) -> bool:
+        """After a batch is answered (called by the model worker): if a one-off run happened
+        since the last call, hand back what it left in the runtime's pools. Whether it did."""
+        return False
+
+    @property
+    def buffer_bytes(self) -> int:
+        """Bytes of reusable host I/O buffers the session holds."""
+        return 0
+
+    @property
+    def buffer_growths(self) -> int:
+        """Times a buffer had to be (re)allocated; after warm-up it grows only for new maxima."""
+        return 0
+
+    @property
+    def device_bytes(self) -> int:
+        """Accelerator memory the session took when it loaded, not counting the shared weights
+        of ``weights`` (0 for host-only runtimes)."""
+        return 0
+
+    @property
+    def weights(self) -> MemoryShare | None:
+        """The shared copy of weights the session uses, or None (its weights are its own and
+        counted in what its load took)."""
+        return None
+
+    @property
+    def shared_work(self) -> MemoryShare | None:
+        """The work buffer the session shares with other models (ACL, on a device that runs
+        one model at a time), or None (its work is its own, counted in ``device_bytes``)."""
+        return None
+
+
 class ModelSession(ABC):
     """One loaded model file, used by exactly one worker thread.
 
     ``inputs`` and ``outputs`` describe its tensors (``TensorSpec``; ``None`` for a dimension
     of any size). An executor writes a batch into ``input_buffer`` (memory the session reuses,
     so nothing is allocated per batch) and calls ``run``, whose outputs stay valid until the
-    next ``run``; ``close`` releases the runtime objects on the same thread.
+    next ``run``; ``close`` releases the runtime objects on the same thread. What it holds in
+    memory, and the calls that give some back, are its ``memory`` (``SessionMemory``).
 
     Example:
         x = session.input_buffer("x", (2, 4))  # a view of the session's own memory
@@ -187,6 +237,7 @@ class ModelSession(ABC):
     outputs: tuple[TensorSpec, ...]
     metadata: Mapping[str, str]
     path: Path
+    memory: SessionMemory = SessionMemory()  # holds nothing; a runtime's session has its own
 
     @abstractmethod
     def input_buffer(self, name: str, shape: Sequence[int]) -> np.ndarray:
@@ -214,46 +265,9 @@ class ModelSession(ABC):
     def close(self) -> None:
         """Release the runtime objects; the session is unusable afterwards."""
 
-    def settle(self) -> None:  # noqa: B027 - sessions without reusable buffers keep nothing
-        """The warm-up is over (called once by the model worker): what it sized is the usual
-        size, and a request far above it is a one-off (see the module docstring)."""
-
-    def release_one_off(self) -> bool:
-        """After a batch is answered (called by the model worker): if a one-off run happened
-        since the last call, hand back what it left in the runtime's pools. Whether it did."""
-        return False
-
     @property
     def max_rows(self) -> int | None:
         """The most rows one run takes (a compiled model's largest batch), None if unbounded."""
-        return None
-
-    @property
-    def buffer_bytes(self) -> int:
-        """Bytes of reusable host I/O buffers this session holds."""
-        return 0
-
-    @property
-    def buffer_growths(self) -> int:
-        """Times a buffer had to be (re)allocated; after warm-up it grows only for new maxima."""
-        return 0
-
-    @property
-    def device_bytes(self) -> int:
-        """Accelerator memory this session took when it loaded, not counting the shared
-        weights of ``weights`` (0 for host-only runtimes)."""
-        return 0
-
-    @property
-    def weights(self) -> MemoryShare | None:
-        """The shared copy of weights this session uses, or None (its weights are its own and
-        counted in what its load took)."""
-        return None
-
-    @property
-    def shared_work(self) -> MemoryShare | None:
-        """The work buffer this session shares with other models (ACL, on a device that runs
-        one model at a time), or None (its work is its own, counted in ``device_bytes``)."""
         return None
 
     @property
@@ -273,28 +287,26 @@ class ModelSession(ABC):
         raise KeyError(f"{self.path.name} has no tensor named {name!r}")
 
 
-class BufferedSession(ModelSession):
-    """A session whose host-side inputs and outputs live in ``HostBuffers`` it reuses.
+class HostMemory(SessionMemory):
+    """A ``BufferedSession``'s memory: its input and output ``HostBuffers``, the bytes of its
+    warm-up's inputs, whether a one-off run is waiting to be given back, and the copy of weights
+    it shares (``weights``, given by its runtime).
 
-    Its ``run`` calls ``note_run`` with the inputs, so a one-off run (see the module docstring)
-    is known; ``give_back`` is what a runtime does after one, once the batch is answered."""
+    Its session's ``run`` calls ``note_run`` with the inputs, so a one-off run (see the module
+    docstring) is known; ``give_back`` is what the runtime does after one, once the batch is
+    answered."""
 
-    def __init__(self) -> None:
-        self._in = HostBuffers()
-        self._out = HostBuffers()
+    def __init__(
+        self, give_back: Callable[[], None] | None = None, weights: MemoryShare | None = None
+    ) -> None:
+        self.inputs = HostBuffers()
+        self.outputs = HostBuffers()
+        self._give_back = give_back
+        self._weights = weights
         # each input's largest bytes in the warm-up's runs; frozen by ``settle``
         self._usual_bytes: dict[str, int] = {}
         self._settled = False
         self._one_off_pending = False  # a one-off run since the last ``release_one_off``
-
-    def input_buffer(self, name: str, shape: Sequence[int]) -> np.ndarray:
-        """A view of the reused input buffer for ``name`` at ``shape``, in the input's dtype
-        (after ``settle``, an array of its own for a shape far past the warm-up's).
-
-        Raises:
-            KeyError: the model has no tensor of that name.
-        """
-        return self._in.view(name, self.spec(name).dtype, shape)
 
     def note_run(self, inputs: Mapping[str, np.ndarray]) -> bool:
         """Called by ``run`` with its inputs: whether this run is a one-off (after ``settle``,
@@ -314,8 +326,8 @@ class BufferedSession(ModelSession):
 
     def settle(self) -> None:
         """The warm-up is over: its buffers' sizes and its runs' input bytes are the usual."""
-        self._in.settle()
-        self._out.settle()
+        self.inputs.settle()
+        self.outputs.settle()
         self._settled = True
 
     def release_one_off(self) -> bool:
@@ -324,27 +336,57 @@ class BufferedSession(ModelSession):
         if not self._one_off_pending:
             return False
         self._one_off_pending = False
-        self.give_back()
+        if self._give_back is not None:
+            self._give_back()
         return True
-
-    def give_back(self) -> None:
-        """Hand back to the system what a one-off run left in the runtime's memory pools."""
 
     @property
     def buffer_bytes(self) -> int:
         """Bytes of its input and output host buffers (one-off arrays are not kept)."""
-        return self._in.nbytes + self._out.nbytes
-
-    def _drop_buffers(self) -> None:
-        """On close: the host buffers go with the session, even if something keeps the session
-        object itself (an executor referenced by a client's attachment)."""
-        self._in = HostBuffers()
-        self._out = HostBuffers()
+        return self.inputs.nbytes + self.outputs.nbytes
 
     @property
     def buffer_growths(self) -> int:
         """Allocations of its input and output host buffers so far (one-offs included)."""
-        return self._in.growths + self._out.growths
+        return self.inputs.growths + self.outputs.growths
+
+    @property
+    def weights(self) -> MemoryShare | None:
+        """The copy of weights its runtime said it shares, or None (its own)."""
+        return self._weights
+
+    def drop_buffers(self) -> None:
+        """On close: the host buffers go with the session, even if something keeps the session
+        object itself (an executor referenced by a client's attachment)."""
+        self.inputs = HostBuffers()
+        self.outputs = HostBuffers()
+
+
+class BufferedSession(ModelSession):
+    """A session whose host-side inputs and outputs live in the ``HostBuffers`` of its
+    ``memory`` (``HostMemory``), reused from run to run.
+
+    Its ``run`` calls ``memory.note_run`` with the inputs; ``give_back`` is what a runtime does
+    after a one-off run, once the batch is answered."""
+
+    memory: HostMemory
+
+    def __init__(self, memory: HostMemory | None = None) -> None:
+        """``memory``: the runtime's (it shares weights, holds device buffers); by default host
+        buffers alone, giving back through ``give_back``."""
+        self.memory = memory if memory is not None else HostMemory(self.give_back)
+
+    def input_buffer(self, name: str, shape: Sequence[int]) -> np.ndarray:
+        """A view of the reused input buffer for ``name`` at ``shape``, in the input's dtype
+        (after ``settle``, an array of its own for a shape far past the warm-up's).
+
+        Raises:
+            KeyError: the model has no tensor of that name.
+        """
+        return self.memory.inputs.view(name, self.spec(name).dtype, shape)
+
+    def give_back(self) -> None:
+        """Hand back to the system what a one-off run left in the runtime's memory pools."""
 
 
 class Backend(ABC):

@@ -13,19 +13,22 @@ What it guarantees:
   of input shapes is known (learned on the first run with those shapes, usually the warm-up);
 - every ``run`` holds the process's ``ComputeGate`` for its threads;
 - a one-off run (inputs far larger than the warm-up's: ``worker.backends.base``) gives its
-  activations back: the shared CPU arena shrinks once its batch is answered (``give_back``); a
-  session with an arena of its own shrinks it at the end of that run;
+  activations back: the shared CPU arena shrinks once its batch is answered (its memory's
+  ``give_back``: ``shrink_shared_arena``); a session with an arena of its own shrinks it at the
+  end of that run;
 - weights are shared (``share_weights``, on by default): the sessions that open one file with
   the same settings (the instances of a model, a replica under another name) use one
   ``InferenceSession``, made by the first and closed with the last. ONNX Runtime's ``Run`` is
   safe to call from several threads at once, each through its own I/O binding, so every instance
   keeps its own buffers, binding and place at the gate; what they share is everything the session
   holds: the weights, the copies its optimiser and pre-packing made of them, its kernels and
-  its intra-op pool (docs/configuration.md, "Shared weights").
+  its intra-op pool (docs/configuration.md, "Shared weights"). The backend's ``ShareRegistry``
+  (``worker.backends.shares``) makes it once, counts its users and forgets a failed making.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import itertools
@@ -33,7 +36,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -44,10 +47,12 @@ from duomo.ipc.host_memory import resident_bytes, trim_heap
 from duomo.worker.backends.base import (
     Backend,
     BufferedSession,
+    HostMemory,
     MemoryShare,
     SessionSettings,
     TensorSpec,
 )
+from duomo.worker.backends.shares import ShareRegistry, file_identity
 from duomo.worker.config_model import StrictModel
 
 _ORT_TYPES = {
@@ -162,15 +167,14 @@ class OrtSession(BufferedSession):
         gate_threads: int,
         settings: SessionSettings,
         weights: MemoryShare | None = None,
-        on_close: Callable[[], None] | None = None,
+        on_close: Callable[[], object] | None = None,
         own_arena: bool = False,
     ) -> None:
         """``own_arena``: the session has a CPU arena of its own (not the shared one)."""
-        super().__init__()
+        super().__init__(HostMemory(shrink_shared_arena, weights))
         self._own_arena = own_arena
         self.path = path
         self._session = session
-        self._weights = weights
         self._on_close = on_close  # hands its use of a shared session back
         self._binding = session.io_binding()
         self._threads = gate_threads
@@ -200,7 +204,7 @@ class OrtSession(BufferedSession):
         inputs: Mapping[str, np.ndarray],
         outputs: Mapping[str, np.ndarray] | None = None,
     ) -> dict[str, np.ndarray]:
-        one_off = self.note_run(inputs)
+        one_off = self.memory.note_run(inputs)
         keep_alive = []
         for spec in self.inputs:
             array = inputs.get(spec.name)
@@ -264,7 +268,7 @@ class OrtSession(BufferedSession):
         """Outputs written by onnxruntime straight into this session's reused arrays."""
         views: dict[str, np.ndarray] = {}
         for spec, shape in zip(self.outputs, shapes):
-            view = self._out.view(spec.name, spec.dtype, shape)
+            view = self.memory.outputs.view(spec.name, spec.dtype, shape)
             self._bind(False, spec, view)
             views[spec.name] = view
         self._execute(one_off)
@@ -289,40 +293,27 @@ class OrtSession(BufferedSession):
                 self._output_shapes.popitem(last=False)
         result = {}
         for spec, array in zip(self.outputs, produced):
-            view = self._out.view(spec.name, spec.dtype, array.shape)
+            view = self.memory.outputs.view(spec.name, spec.dtype, array.shape)
             view[...] = array
             result[spec.name] = view
         return result
 
-    @property
-    def weights(self) -> MemoryShare | None:
-        return self._weights
-
-    def give_back(self) -> None:
-        """After a one-off run's batch is answered: the shared CPU arena shrinks to what open
-        sessions use (the one-off's activations were the most of it)."""
-        shrink_shared_arena()
-
     def close(self) -> None:
         self._binding = None
         self._session = None
-        self._drop_buffers()
+        self.memory.drop_buffers()
         on_close, self._on_close = self._on_close, None
         if on_close is not None:
             on_close()
 
 
-@dataclass
+@dataclass(frozen=True)
 class _SharedSession:
-    """One ``InferenceSession`` and the sessions (``OrtSession``) using it; ``ready`` is set
-    once it is made (or failed to be: ``error``), so openers alike wait instead of loading it
-    again."""
+    """One ``InferenceSession`` the sessions (``OrtSession``) that open a file alike use, and
+    the copy of weights it holds."""
 
-    ready: threading.Event = field(default_factory=threading.Event)
-    session: Any = None
-    weights: MemoryShare | None = None
-    error: BaseException | None = None
-    users: int = 0
+    session: Any
+    weights: MemoryShare
 
 
 class OrtBackend(Backend):
@@ -333,14 +324,12 @@ class OrtBackend(Backend):
 
     def __init__(self, options: OrtOptions | None = None) -> None:
         self.options = options or OrtOptions()
-        self._shared: dict[str, _SharedSession] = {}  # by recipe: file, identity, settings
-        self._shared_lock = threading.Lock()
+        self._shared: ShareRegistry[str, _SharedSession] = ShareRegistry()  # by ``_recipe``
         self._unshared = itertools.count(1)  # tells apart the copies of share_weights: false
 
     def shared_sessions(self) -> dict[str, int]:
         """Each shared session's weights key and how many sessions use it (tests, status)."""
-        with self._shared_lock:
-            return {key: entry.users for key, entry in self._shared.items()}
+        return self._shared.users()
 
     def release_free_memory(self) -> None:
         """Shrink the shared CPU arena (if there is one) to what open sessions use. Called
@@ -376,50 +365,25 @@ class OrtBackend(Backend):
             return OrtSession(
                 path, session, settings.intra_op_threads, settings, share, None, own_arena
             )
-        with self._shared_lock:
-            entry = self._shared.get(recipe)
-            making = entry is None
-            if entry is None:
-                entry = self._shared[recipe] = _SharedSession()
-            entry.users += 1
-        if making:
-            try:
-                entry.session, nbytes = _measured(
-                    lambda: self._make_session(ort, path, settings, providers)
-                )
-                entry.weights = MemoryShare(recipe, path.name, settings.device, nbytes)
-            except BaseException as err:
-                entry.error = err
-                raise
-            finally:
-                if entry.error is not None:  # openers from now on try again
-                    with self._shared_lock:
-                        if self._shared.get(recipe) is entry:
-                            del self._shared[recipe]
-                    self._release(recipe, entry)
-                entry.ready.set()
-        else:
-            entry.ready.wait()
-            if entry.error is not None:
-                self._release(recipe, entry)
-                raise entry.error
+        lease = self._shared.acquire(  # made by the first opener, waited for by the others
+            recipe, functools.partial(self._make_shared, ort, path, settings, providers, recipe)
+        )
         return OrtSession(
             path,
-            entry.session,
+            lease.thing.session,
             settings.intra_op_threads,
             settings,
-            entry.weights,
-            on_close=functools.partial(self._release, recipe, entry),
+            lease.thing.weights,
+            on_close=functools.partial(self._shared.release, lease),  # the last closes it
             own_arena=own_arena,
         )
 
-    def _release(self, recipe: str, entry: _SharedSession) -> None:
-        """One user of a shared session is done; the last one's going closes it."""
-        with self._shared_lock:
-            entry.users -= 1
-            if entry.users == 0 and self._shared.get(recipe) is entry:
-                del self._shared[recipe]
-                entry.session = None
+    def _make_shared(
+        self, ort: Any, path: Path, settings: SessionSettings, providers: list[str], recipe: str
+    ) -> _SharedSession:
+        """The session every opener of ``recipe`` uses, with its weights as measured."""
+        session, nbytes = _measured(lambda: self._make_session(ort, path, settings, providers))
+        return _SharedSession(session, MemoryShare(recipe, path.name, settings.device, nbytes))
 
     def _providers(self, ort: Any) -> list[str]:
         """The providers a session asks for: those configured and installed (an error for a
@@ -439,10 +403,8 @@ class OrtBackend(Backend):
         """What makes two sessions of a file interchangeable: the file (where it is, and which
         version of it: a file replaced on disk is another model) and every setting a session is
         made with. Readable up to the file's name, then a digest."""
-        resolved = path.resolve()
-        stat = resolved.stat()
         made_with = (
-            str(resolved), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns,
+            *dataclasses.astuple(file_identity(path)),
             tuple(providers), sorted(self.options.provider_options.items()),
             settings.intra_op_threads, settings.cores, settings.device,
             settings.varying_shapes, self.options.model_dump_json(),

@@ -232,7 +232,7 @@ class Executor(ABC):
         whose memory goes back when it is answered (``worker.backends.base``)."""
         roles = self.sessions.keys() if self.one_off_roles is None else self.one_off_roles
         for role in roles:
-            self.sessions[role].settle()
+            self.sessions[role].memory.settle()
 
     def release_one_offs(self) -> bool:
         """After a batch is answered (the model worker calls this): each session that ran a
@@ -240,7 +240,7 @@ class Executor(ABC):
         any did."""
         released = False
         for session in self.sessions.values():
-            released = session.release_one_off() or released
+            released = session.memory.release_one_off() or released
         return released
 
     def warmup_sizes(self) -> Iterator[int]:
