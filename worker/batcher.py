@@ -16,15 +16,8 @@ Requests whose deadline has passed are handed back as ``expired`` and never run.
 
 The fairness rule, after priority: within one priority level, requests are taken from their
 **flows** (``Request.flow``: a stream's, or a connection's own for its plain requests) in
-weighted round-robin, by stride scheduling — each flow has a pass, the flow with the lowest
-goes next (ties: the older request) and its pass grows by 1/weight; a flow that was idle joins
-at the pass last served, with no credit saved up. So a 30 fps camera cannot starve a 5 fps
-camera of the same model, and a client with many slots in flight cannot starve one with few.
-The passes stay finite and comparable whatever the load: a weight is in
-[``MIN_WEIGHT``, ``MAX_WEIGHT``] (the wire refuses others: ``stream_open``), so a stride is at
-most 1000, and a level's passes are counted from the pass last served once it passes
-``REBASE_AT`` (``Level.rebase``), so a stride of 0.001 still moves a pass however long the
-queue has stayed busy.
+weighted round-robin by stride scheduling. ``worker.flows`` states that rule and its bounds on
+weights and passes; the batcher keeps a ``Level`` of it per priority, used under its lock.
 When the queue is full, the flow with the most queued requests gives way: its newest is
 refused RESOURCE_EXHAUSTED to make room for a flow with fewer (a full queue refuses the
 newcomer only when its own flow holds the most). A request that ``supersedes`` (a stream of
@@ -55,7 +48,6 @@ import contextlib
 import os
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -69,12 +61,10 @@ from duomo.ipc.errors import (
     UnavailableError,
 )
 from duomo.worker.batch_window import BatchWindow
+from duomo.worker.flows import Level
 from duomo.worker.request import Request
 
 log = structlog.get_logger("duomo.batcher")
-MIN_WEIGHT = 0.001  # a flow's weight (``Request.weight``): the range stream_open accepts
-MAX_WEIGHT = 1000.0
-REBASE_AT = float(1 << 32)  # a level's passes are counted afresh from here (``Level.rebase``)
 
 
 class IdleReader(Protocol):
@@ -137,94 +127,6 @@ class ReaderSeat:
         if not self.woken:
             self.woken = True
             os.eventfd_write(wake_fd, 1)
-
-
-class Level:
-    """One priority level's queue: a FIFO per flow, taken in weighted round-robin (the module
-    docstring's rule). Used under the batcher's lock."""
-
-    __slots__ = ("count", "flows", "passes", "served")
-
-    def __init__(self) -> None:
-        self.flows: dict[Hashable, deque[Request]] = {}  # the flows with requests queued
-        self.passes: dict[Hashable, float] = {}  # flow -> its pass (idle ones: while ahead)
-        self.served = 0.0  # the pass last served
-        self.count = 0
-
-    def append(self, request: Request) -> None:
-        flow = request.flow
-        queue = self.flows.get(flow)
-        if queue is None:
-            queue = self.flows[flow] = deque()
-            self.passes[flow] = max(self.served, self.passes.get(flow, 0.0))
-        queue.append(request)
-        self.count += 1
-
-    def oldest(self) -> Request:
-        """The request queued longest (the batching window runs from its arrival)."""
-        if len(self.flows) == 1:
-            return next(iter(self.flows.values()))[0]
-        return min((queue[0] for queue in self.flows.values()), key=_arrival)
-
-    def pop(self) -> Request:
-        """The next request by the round-robin rule."""
-        flows, passes = self.flows, self.passes
-        if len(flows) == 1:
-            flow = next(iter(flows))
-        else:
-            flow = min(flows, key=lambda f: (passes[f], flows[f][0].seq))
-        queue = flows[flow]
-        request = queue.popleft()
-        self.count -= 1
-        self.served = passes[flow]
-        passes[flow] = self.served + 1.0 / request.weight
-        if not queue:
-            del flows[flow]
-            if len(passes) > 2 * len(flows) + 64:  # forget idle flows no longer ahead
-                self.passes = {f: p for f, p in passes.items() if f in flows or p > self.served}
-        if self.served >= REBASE_AT:
-            self.rebase()
-        return request
-
-    def rebase(self) -> None:
-        """Count every pass from the pass last served (which becomes 0): the order is the
-        same, and a pass of 2^32 + a stride of 0.001 would otherwise lose the stride's last
-        digits to rounding (a queue that never empties keeps its level, and its passes, for
-        good)."""
-        served = self.served
-        self.passes = {
-            f: p - served for f, p in self.passes.items() if f in self.flows or p > served
-        }
-        self.served = 0.0
-
-    def remove_flow(self, flow: Hashable) -> list[Request]:
-        """Take out every queued request of ``flow``."""
-        queue = self.flows.pop(flow, None)
-        if queue is None:
-            return []
-        self.count -= len(queue)
-        return list(queue)
-
-    def remove_where(self, doomed: Callable[[Request], bool]) -> list[Request]:
-        removed: list[Request] = []
-        for flow, queue in list(self.flows.items()):
-            kept: deque[Request] = deque()
-            for request in queue:
-                (removed if doomed(request) else kept).append(request)
-            if not kept:
-                del self.flows[flow]
-            elif len(kept) != len(queue):
-                self.flows[flow] = kept
-        self.count -= len(removed)
-        return removed
-
-    def requests(self) -> Iterator[Request]:
-        for queue in self.flows.values():
-            yield from queue
-
-
-def _arrival(request: Request) -> tuple[float, int]:
-    return request.enqueued_s, request.seq
 
 
 @dataclass(slots=True)
@@ -332,11 +234,7 @@ class Batcher:
                 newest = (priority, level)
         assert newest is not None
         priority, level = newest
-        queue = level.flows[greediest]
-        victim = queue.pop()
-        level.count -= 1
-        if not queue:
-            del level.flows[greediest]
+        victim = level.pop_newest(greediest)
         if not level.count:
             del self._levels[priority]
         self._count -= 1

@@ -1,11 +1,11 @@
 """The messages that flow through a model: a ``Request`` in, an ``Outcome`` out.
 
-Created by whoever accepts work (the engine's in-process API, the supervisor's attachments),
-queued by its ``ServedModel`` and the ``Batcher``, completed exactly once by a ``ModelWorker``
-(with DEADLINE_EXCEEDED when the batcher found it expired): its model counts the outcome
-(``on_counted``), the request's ``on_done`` callback answers, then its model's ``on_finished``
-bookkeeping runs. The count comes first so that a metrics scrape made the moment a caller has
-its answer already counts it.
+Created by whoever accepts work (the engine's in-process API, through ``submit_to``; the
+supervisor's attachments), queued by its ``ServedModel`` and the ``Batcher``, completed exactly
+once by a ``ModelWorker`` (with DEADLINE_EXCEEDED when the batcher found it expired): its model
+counts the outcome (``on_counted``), the request's ``on_done`` callback answers, then its
+model's ``on_finished`` bookkeeping runs. The count comes first so that a metrics scrape made
+the moment a caller has its answer already counts it.
 """
 
 from __future__ import annotations
@@ -56,10 +56,10 @@ class Outcome:
 class Request:
     """One unit of work for one model. ``deadline_s`` is on the ``time.monotonic`` clock.
 
-    ``flow`` is whose request it is, for the batcher's round-robin between flows: a stream's
-    (its ``StreamState``), or a connection's own for its plain requests; ``weight`` is the
-    flow's share. ``supersedes``: queueing it answers the flow's queued requests SUPERSEDED
-    (a stream of policy ``latest``)."""
+    ``flow`` is whose request it is, for the batcher's round-robin between flows
+    (``worker.flows``): a stream's (its ``StreamState``), or a connection's own for its plain
+    requests; ``weight`` is the flow's share. ``supersedes``: queueing it answers the flow's
+    queued requests SUPERSEDED (a stream of policy ``latest``)."""
 
     payload: Any
     on_done: Callable[[Outcome], object]
@@ -127,3 +127,19 @@ class Request:
             release, self._on_batch_over = self._on_batch_over, None
         if release is not None:
             release()
+
+
+def submit_to(
+    enqueue: Callable[[Request], None],
+    payload: Any,
+    on_done: Callable[[Outcome], object],
+    priority: int,
+    deadline_s: float | None = None,
+) -> Request:
+    """The in-process API's request (``ServedModel.submit``, ``ServedPipeline.submit``): made
+    from ``payload`` with ``priority`` and ``deadline_s``, queued by ``enqueue`` (which raises
+    at once, nothing queued, when it is refused) and returned; ``on_done`` gets its outcome,
+    perhaps before this returns."""
+    request = Request(payload, on_done, priority, deadline_s)
+    enqueue(request)
+    return request
