@@ -63,10 +63,10 @@ from duomo.ipc.errors import (
     ResourceExhaustedError,
 )
 from duomo.ipc.stream import FrameTime
+from duomo.ipc.stream_settings import POLICIES
 
 log = structlog.get_logger("duomo.gateway.streams")
 
-POLICIES = ("latest", "fifo")
 MAX_NAME = 64
 MAX_UINT64 = 2**64 - 1
 MAX_HOLDERS = 16  # "<name>", "<name>@2" … "<name>@16"

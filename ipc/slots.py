@@ -1,20 +1,30 @@
-"""The producer's side of one attached model: its ring of slots and each slot's life.
+"""An attached model's slots: the pool that hands them out across the rings it maps, and each
+slot's life.
 
-``ModelHandle`` (what ``Client.model`` returns) hands out free slots, runs ``infer`` and
-``infer_async``; a ``Slot`` is written in place, submitted, waited for and released. What they
-need from their client is named in ``HandleClient`` (``ipc.client.Client`` implements it):
-sending a frame, waiting through the client's reading (``HandleClient.wait_for``, so nothing
-here reads the socket or spins), attaching and routing rings. This module does not import
-``ipc.client``; ``ipc.client`` imports it. Producers use both through ``ipc`` (``from ipc
-import Client``).
+``SlotPool`` (one behind each ``ipc.handle.ModelHandle``) owns the handle's rings — the
+current one and any being retired — and their free slots: it hands a free slot out
+(``take``), takes it back (``give_back``), re-attaches once a reload changed the model's
+layout, grows the ring for a larger frame, and answers its slots when the link routes a
+ring's notice to it (``answer``: the pool is the link's ``ipc.link.RingOwner``). A ``Slot`` is
+written in place, submitted, waited for and released; it uses only the pool's public methods,
+and the pool, in this module, is the one that sets a slot's private state (taken, moved,
+answered). What both need of the connection is ``HandleLink``, which ``ipc.link.ClientLink``
+implements with its own public methods: sending a frame, waiting through the link's reading
+(``HandleLink.wait_for``, so nothing here reads the socket or spins), attaching and routing
+rings. This module imports neither the link, the handle nor the client.
 
-A frame larger than the ring's area for it grows the ring, make-before-break: the handle asks
+A frame larger than the ring's area for it grows the ring, make-before-break: the pool asks
 the supervisor for a new ring whose area holds the frame (``attach`` with ``inputs``: input
 name -> bytes), moves the slot being written (and what it already holds) into it, and hands out
 only the new ring's slots from then on; the old ring is detached once its last slot in flight
 has been answered and released. Nothing waits for other slots, so this works the same under
 ``infer_async`` and on an event loop that is the client's reader (the gateway's). The larger
 ring is kept (and charged against the client's limits on ring memory) until the handle closes.
+
+Invariants: a slot is held by at most one caller, and in flight at most once; a ring is routed
+to its pool before any of its slots can be taken, and unmapped only once none of its slots is
+held or in flight (or the connection is gone); one ring change (re-attach, growth, trim) at a
+time.
 """
 
 from __future__ import annotations
@@ -26,10 +36,9 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import orjson
@@ -43,7 +52,7 @@ from duomo.ipc.errors import (
     error_for,
 )
 from duomo.ipc.framing import notice_packer
-from duomo.ipc.ring import SlotRing, TensorPlacement, read_tensors
+from duomo.ipc.ring import InputArea, RingLayout, SlotRing, TensorPlacement, read_tensors
 from duomo.ipc.wire import (
     DESCRIPTORS,
     MAX_SOURCE_COUNT,
@@ -66,10 +75,9 @@ NOTICE_GRACE_S = 5.0  # how long past its own deadline a request waits for the s
 log = logging.getLogger("duomo.client")
 
 
-class HandleClient(Protocol):
-    """What a ``ModelHandle`` and its slots need from the client they were attached through.
-    A private object of ``ipc.client.Client``'s implements it with the client's private
-    members (``Client._link``); none of this is the producer's API."""
+class HandleLink(Protocol):
+    """What a model handle, its pool and its slots need of the connection they were attached
+    through (``ipc.link.ClientLink`` is one); none of this is the producer's API."""
 
     def lost(self) -> BaseException | None:
         """Why the connection ended (None while it is open)."""
@@ -98,8 +106,8 @@ class HandleClient(Protocol):
         input -> the bytes its area must hold, past the model's default."""
         ...
 
-    def route_ring(self, handle: ModelHandle, ring_id: int, old_ring: int | None = None) -> None:
-        """Route ring ``ring_id``'s answers to ``handle`` (instead of ring ``old_ring``'s)."""
+    def route_ring(self, owner: SlotPool, ring_id: int, old_ring: int | None = None) -> None:
+        """Route ring ``ring_id``'s answers to ``owner`` (instead of ring ``old_ring``'s)."""
         ...
 
     def unroute_rings(self, ring_ids: Iterable[int]) -> None:
@@ -115,12 +123,22 @@ class HandleClient(Protocol):
         ...
 
     def async_started(self) -> None:
-        """An ``infer_async`` request is outstanding: someone must read while nobody waits."""
+        """A request answered on the reading thread (``infer_async``) is outstanding: someone
+        must read while nobody waits."""
         ...
 
     def async_finished(self) -> None:
-        """An ``infer_async`` request was answered."""
+        """A request counted by ``async_started`` was answered."""
         ...
+
+
+class RingInput(NamedTuple):
+    """One input of the current ring as a slot writes it (looked up on every request)."""
+
+    position: int  # in the layout's inputs
+    area: InputArea
+    dtype: np.dtype[Any]
+    code: int  # the dtype's wire code
 
 
 @dataclass
@@ -133,106 +151,95 @@ class _Retiring:
     out: int  # its slots still in flight or held
 
 
-class ModelHandle:
-    """One attached model: a ring of slots in shared memory (what ``Client.model`` returns).
+class SlotPool:
+    """The slots of one attached model, across the rings it maps (see the module docstring).
 
-    Each slot holds one request at a time, so the ring's size bounds the requests in flight:
-    ``infer`` and ``infer_async`` take a free slot and block while every slot is in flight.
-    A handle may be shared by threads.
-
-    When a reload changes the model's inputs or outputs, requests answer MODEL_CHANGED
-    (``ModelChangedError``); the handle then re-attaches by itself as soon as all its slots are
-    back (the next ``slot()`` does it), and ``infer`` retries its request once on the new ring.
-    A frame larger than the ring's area for it grows the ring (see the module docstring);
-    RESOURCE_EXHAUSTED when the supervisor's limits on ring memory leave no room for it.
-
-    Example:
-        classify = client.model("classify", slots=8)
-        result = classify.infer(image, timeout_s=0.5, priority=10)
-        futures = [classify.infer_async(f) for f in frames]  # at most 8 in flight
-        results = [f.result() for f in futures]
-        classify.close()
+    Made by ``ipc.handle.ModelHandle`` around the ring its client attached; shared by the
+    handle's threads and the link's reading thread (``answer``, ``fail_all``).
 
     Attributes:
-        client: The client it was attached through.
+        handle: The ``ipc.handle.ModelHandle`` it serves (each slot's ``handle``).
+        link: The connection (``HandleLink``).
         name: The model's name.
         ring_id: The current ring's id on the connection.
-        layout: The current ring's layout (``ipc.ring.RingLayout``): its slots, input areas,
-            outputs.
+        ring: The current ring's mapping.
+        layout: The current ring's layout.
+        inputs: The current ring's inputs by name, in the model's order.
     """
 
     def __init__(
-        self, client: Any, link: HandleClient, name: str, ring_id: int, ring: SlotRing
+        self, handle: Any, link: HandleLink, name: str, ring_id: int, ring: SlotRing
     ) -> None:
-        """Made by ``Client.model``, never directly: ``client`` (reached through ``link``)
-        has attached ring ``ring_id`` (mapped as ``ring``) for model ``name``."""
-        self.client = client  # (``ipc.Client``; this module does not import ``ipc.client``)
-        self._link = link
+        self.handle = handle  # (``ipc.handle`` imports this module, not the other way)
+        self.link = link
         self.name = name
         self._free_lock = threading.Lock()
         self._reattach_lock = threading.Lock()  # one ring change (re-attach, growth) at a time
         self._stale = False  # set by a MODEL_CHANGED answer: re-attach once the slots are back
         self._seq = itertools.count(1)
         self._grown: dict[str, int] = {}  # input -> bytes the ring was last grown to hold
-        self._retiring: dict[int, _Retiring] = {}  # by ring id; read by the client's reader
-        link.route_ring(self, ring_id)
+        self._retiring: dict[int, _Retiring] = {}  # by ring id; read by the link's reader
+        link.route_ring(self, ring_id)  # (before a slot of it can be taken)
         self._bind(ring_id, ring)
 
     def _bind(self, ring_id: int, ring: SlotRing) -> None:
         self.ring_id = ring_id
         self.ring = ring
-        self.layout = ring.layout
-        # name -> (index, area, dtype, wire code): looked up on every request
-        self._inputs = {
-            a.name: (i, a, np.dtype(a.dtype), dtype_code(np.dtype(a.dtype)))
+        self.layout: RingLayout = ring.layout
+        self.inputs = {
+            a.name: RingInput(i, a, np.dtype(a.dtype), dtype_code(np.dtype(a.dtype)))
             for i, a in enumerate(self.layout.inputs)
         }
         self._slots = [Slot(self, i) for i in range(self.layout.slots)]
         self._free = list(range(self.layout.slots))
 
-    def _slots_of(self, ring_id: int) -> list[Slot]:
-        """The slots of ring ``ring_id`` (the current one or one retiring), for its answers."""
+    # -- what the link routes here ----------------------------------------------------------
+
+    def answer(
+        self, ring_id: int, index: int, seq: int | None, error: DuomoError | None = None
+    ) -> bool:
+        """Slot ``index`` of ring ``ring_id`` (the current one or one retiring) is answered:
+        ``seq``, or None with the error the supervisor gave for it. Whether ``index`` names a
+        slot of a ring of this model's (else the answer is no slot's)."""
         if ring_id == self.ring_id:
-            return self._slots
-        retiring = self._retiring.get(ring_id)
-        return retiring.slots if retiring is not None else []
+            slots = self._slots
+        else:
+            retiring = self._retiring.get(ring_id)
+            slots = retiring.slots if retiring is not None else []
+        if 0 <= index < len(slots) and slots[index].ring_id == ring_id:  # (not one moved on)
+            slots[index]._done(seq, error)
+        return 0 <= index < self.layout.slots
 
-    def check_input(self, name: str, shape: tuple[int, ...]) -> None:
-        """Whether the model can ever take input ``name`` at ``shape``, asked before anything
-        is reserved for it (a gateway checks a request so before it reads the tensor).
+    def fail_all(self, error: DuomoError) -> None:
+        """Answer every slot ``error``, in flight or not (the connection is lost, or the handle
+        closes), and wake its waiters."""
+        with self._free_lock:
+            slots = [*self._slots, *(s for r in self._retiring.values() for s in r.slots)]
+        for slot in slots:
+            slot._done(None, error, force=True)
+        self.link.wake_waiters()
 
-        Raises:
-            InvalidArgumentError: The model has no input ``name``, or ``shape`` is past the
-                bound the model states (an image task's frame: 16384 pixels a side).
-        """
-        found = self._inputs.get(name)
-        if found is None:
-            raise InvalidArgumentError(f"{self.name!r} has no input {name!r}")
-        found[1].check(tuple(map(int, shape)))
+    def unmap(self) -> None:
+        """Unmap every ring (a view still held keeps its ring mapped until it goes)."""
+        with self._free_lock:
+            retiring = list(self._retiring.values())
+            self._retiring.clear()
+        for old in retiring:
+            for slot in old.slots:
+                if slot.ring_id == old.ring_id:
+                    slot._forget_views()
+            old.ring.close()
+        for slot in self._slots:
+            slot._forget_views()
+        self.ring.close()
 
-    def slot(self, timeout_s: float | None = None) -> Slot:
-        """A free slot, held until released (``with`` or ``release()``).
+    # -- handing slots out and taking them back ---------------------------------------------
 
-        Returns at once while a slot is free. While every slot is in flight it blocks until
-        one is released, for at most ``timeout_s``, reading the socket like any waiter, so
-        answers that free a slot arrive even when nobody else is waiting. ``timeout_s=0``
-        (or less) never waits: with no slot free it raises at once. A handle whose model
-        changed its layout first re-attaches once all its slots are back: two control round
-        trips (``detach``, ``attach``), even under ``timeout_s=0``.
-
-        Args:
-            timeout_s: The longest wait for a free slot, in seconds; None: no bound.
-
-        Returns:
-            The slot, held by the caller.
-
-        Raises:
-            DeadlineExceededError: No slot was free within ``timeout_s``.
-            UnavailableError: The connection is closed or lost.
-            DuomoError: A re-attach's refusal (as for ``Client.model``).
-        """
+    def take(self, timeout_s: float | None) -> Slot:
+        """A free slot, as ``ModelHandle.slot`` documents it (re-attaching first once the
+        model's layout changed and every slot is back)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        link = self._link
+        link = self.link
         while True:
             with self._free_lock:
                 if self._free and not self._stale:
@@ -250,32 +257,15 @@ class ModelHandle:
             link.wait_for(self._slot_or_reattach, deadline)
 
     def _slot_or_reattach(self) -> bool:
-        if self._link.lost() is not None:
+        if self.link.lost() is not None:
             return True
         if self._stale:
             return len(self._free) == len(self._slots)
         return bool(self._free)
 
-    def _reattach(self) -> None:
-        """Swap the ring for one with the model's new layout (no slot of the old is held)."""
-        with self._reattach_lock:
-            if not self._stale:
-                return  # another thread did it
-            old_id, old_ring, old_slots = self.ring_id, self.ring, self._slots
-            with contextlib.suppress(DuomoError):
-                self._link.request("detach", ring=old_id)
-            ring_id, ring = self._link.attach_ring(self.name, self.layout.slots)  # (not grown)
-            self._grown = {}
-            for slot in old_slots:
-                slot._forget_views()
-            old_ring.close()
-            self._link.route_ring(self, ring_id, old_ring=old_id)  # before a slot can be taken
-            with self._free_lock:
-                self._bind(ring_id, ring)
-                self._stale = False
-            log.info("re-attached %r after its layout changed (ring %d)", self.name, ring_id)
-
-    def _release(self, slot: Slot) -> None:
+    def give_back(self, slot: Slot) -> None:
+        """``slot`` is free again (released, and answered if it was in flight); the last of a
+        retiring ring's slots retires it."""
         retired = None
         with self._free_lock:
             if slot.ring_id == self.ring_id:
@@ -284,18 +274,45 @@ class ModelHandle:
                 retired = self._back(slot.ring_id)
         if retired is not None:
             self._retire(retired)
-        self._link.wake_waiters()
+        self.link.wake_waiters()
+
+    def next_seq(self) -> int:
+        """The sequence number of the next request submitted (32 bits, wrapping)."""
+        return next(self._seq) & 0xFFFFFFFF
+
+    def mark_stale(self) -> None:
+        """A request answered MODEL_CHANGED: re-attach once every slot is back."""
+        self._stale = True
+
+    def _reattach(self) -> None:
+        """Swap the ring for one with the model's new layout (no slot of the old is held)."""
+        with self._reattach_lock:
+            if not self._stale:
+                return  # another thread did it
+            old_id, old_ring, old_slots = self.ring_id, self.ring, self._slots
+            with contextlib.suppress(DuomoError):
+                self.link.request("detach", ring=old_id)
+            ring_id, ring = self.link.attach_ring(self.name, self.layout.slots)  # (not grown)
+            self._grown = {}
+            for slot in old_slots:
+                slot._forget_views()
+            old_ring.close()
+            self.link.route_ring(self, ring_id, old_ring=old_id)  # before a slot can be taken
+            with self._free_lock:
+                self._bind(ring_id, ring)
+                self._stale = False
+            log.info("re-attached %r after its layout changed (ring %d)", self.name, ring_id)
 
     # -- growth: a larger ring for a larger frame -------------------------------------------
 
-    def _grow(self, slot: Slot, needs: Mapping[str, int]) -> None:
+    def grow(self, slot: Slot, needs: Mapping[str, int]) -> None:
         """Move ``slot`` (held, not in flight) to a ring whose input areas hold ``needs``
-        (input -> bytes), attaching a larger one first unless the current ring holds them."""
+        (input -> bytes), attaching a larger one first unless the current ring holds them.
+        INVALID_ARGUMENT for an area of fixed size, RESOURCE_EXHAUSTED with no room."""
         with self._reattach_lock:
             capacity = {a.name: a.capacity for a in self.layout.inputs}
             larger = {n: b for n, b in needs.items() if b > capacity.get(n, 0)}
             if larger:
-                # INVALID_ARGUMENT (an area of fixed size), RESOURCE_EXHAUSTED (no room)
                 ring_id = self._swap_ring({**self._grown, **larger})
                 log.info("grew the ring of %r for %s bytes (ring %d)", self.name, larger, ring_id)
         if slot.ring_id != self.ring_id:
@@ -305,12 +322,12 @@ class ModelHandle:
         """(Under ``_reattach_lock``) Attach a ring whose input areas hold ``grown`` (input ->
         bytes; none: the model's default) and make it the current one; the old ring retires
         once its slots in flight are back. The new ring's id."""
-        ring_id, ring = self._link.attach_ring(self.name, self.layout.slots, grown)
+        ring_id, ring = self.link.attach_ring(self.name, self.layout.slots, grown)
         old = _Retiring(self.ring_id, self.ring, self._slots, 0)
         with self._free_lock:
             old.out = len(old.slots) - len(self._free)
             self._retiring[old.ring_id] = old  # first: its answers still find its slots
-            self._link.route_ring(self, ring_id)
+            self.link.route_ring(self, ring_id)
             self._bind(ring_id, ring)
             self._grown = grown
             retired = self._back(old.ring_id, count=0)
@@ -318,21 +335,9 @@ class ModelHandle:
             self._retire(retired)
         return ring_id
 
-    # -- giving memory back -------------------------------------------------------------------
-
     def trim(self) -> int:
-        """Give back the memory a burst of large frames left behind: a ring grown for them goes
-        back to the model's default layout (one ``attach`` round trip; the supervisor's charge
-        for it goes too), and the pages the free slots' inputs hold are released, in this
-        process and the supervisor alike (one memfd). For a caller that knows the handle has
-        been quiet (a gateway worker, after a quiet spell): the next frame faults in the pages
-        it writes, and a larger one grows the ring again. A slot held or in flight is left as
-        it is. Returns the bytes of input area released (pages never touched count too).
-
-        Raises:
-            DuomoError: The ``attach`` of the default ring was refused (the handle keeps its
-                grown ring).
-        """
+        """Give back what a burst of large frames left behind, as ``ModelHandle.trim``
+        documents it: the bytes of input area released."""
         with self._reattach_lock:
             if self._grown and not self._stale:
                 ring_id = self._swap_ring({})
@@ -343,7 +348,7 @@ class ModelHandle:
     def _move(self, slot: Slot, skip: Iterable[str]) -> None:
         """Move held ``slot`` to a free slot of the current ring, with the inputs written into
         it so far (but those in ``skip``, about to be written again)."""
-        link = self._link
+        link = self.link
         while True:
             with self._free_lock:
                 index = self._free.pop() if self._free else None
@@ -380,172 +385,21 @@ class ModelHandle:
     def _retire(self, retiring: _Retiring) -> None:
         """Detach and unmap a replaced ring whose slots are all back (any thread: nothing
         waits for the supervisor's reply)."""
-        self._link.detach_ring_later(retiring.ring_id)
+        self.link.detach_ring_later(retiring.ring_id)
         for slot in retiring.slots:
             if slot.ring_id == retiring.ring_id:  # (not one moved to a later ring)
                 slot._forget_views()
         retiring.ring.close()
 
-    def infer(self, data: Any, timeout_s: float | None = None, priority: int = 0) -> Any:
-        """Run one request and wait for its answer.
-
-        Blocks first for a free slot, without bound, while every slot is in flight (see
-        ``slot``), then for the answer: up to ``timeout_s`` plus ``NOTICE_GRACE_S`` (5 s) for
-        the supervisor's word, or without bound when there is no ``timeout_s``. A request
-        answered MODEL_CHANGED is sent again once, after the handle re-attached.
-
-        Args:
-            data: An image (a uint8 H×W×C or H×W array) for a one-input model, or a dict of
-                arrays by input name; copied into the slot (``Slot.write``).
-            timeout_s: The request's deadline in the supervisor, in seconds, in
-                (0, 86400]; a request still queued then is answered DEADLINE_EXCEEDED without
-                running. None or 0: none.
-            priority: In -32768..32767 (the supervisor clamps it to -1000..1000); higher
-                runs first, with aging.
-
-        Returns:
-            The result: a dict for structured tasks, ``{output: array}`` (copies) for raw
-            models.
-
-        Raises:
-            InvalidArgumentError: ``data``, ``timeout_s`` or ``priority`` is not valid for
-                this model, or the supervisor refused the request's inputs.
-            DeadlineExceededError: The deadline passed before it ran, or no answer came
-                within ``timeout_s`` plus the grace.
-            ResourceExhaustedError: The model's queue is full, or the ring cannot grow for a
-                larger frame.
-            ModelChangedError: The model's layout changed again after the retry.
-            UnavailableError: The connection is lost or closed, or the model is not serving.
-            DuomoError: Any other error of the model's (``InternalError``, ``NotFoundError``),
-                as its typed subclass.
-        """
-        return self._infer(data, timeout_s, priority)[0]
-
-    def infer_timed(
-        self, data: Any, timeout_s: float | None = None, priority: int = 0
-    ) -> tuple[Any, dict[str, int]]:
-        """``infer`` (the same arguments, blocking and errors), with the supervisor's stage
-        times for its answer.
-
-        Returns:
-            The result, and the stage times in µs by name: ``queue``, then ``preprocess``,
-            ``infer`` and ``postprocess``, which add up to its time in the executor.
-        """
-        result, timings = self._infer(data, timeout_s, priority)
-        return result, dict(zip(STAGES, timings))
-
-    def _infer(self, data: Any, timeout_s: float | None, priority: int) -> tuple[Any, list[int]]:
-        for retry in (False, True):
-            slot = self.slot()
-            try:  # (not ``with``: two calls fewer on every request)
-                slot.write(data)
-                slot.submit(timeout_s=timeout_s, priority=priority)
-                return slot.wait(copy=True), slot._timings  # (read before the release)
-            except ModelChangedError:
-                if retry:
-                    raise
-            finally:
-                slot.release()
-        raise AssertionError("unreachable")
-
-    def infer_async(
-        self, data: Any, timeout_s: float | None = None, priority: int = 0
-    ) -> Future[Any]:
-        """Submit one request and return a future for its answer.
-
-        Blocks only while every slot is in flight, without bound, until one is free (see
-        ``slot``; with ``N`` slots, the ``N+1``-th call waits for an answer), and for the
-        control round trip of a ring that must grow for ``data``; it never waits for the
-        answer. The future completes on the client's reading thread (a background thread
-        ``duomo-client``, or the event loop of ``Client.read_in_loop``), where its callbacks
-        run. Unlike ``infer`` it does not retry a MODEL_CHANGED answer.
-
-        Args:
-            data: As for ``infer``.
-            timeout_s: As for ``infer``: the request's deadline in the supervisor (the
-                future itself has none).
-            priority: As for ``infer``.
-
-        Returns:
-            A ``concurrent.futures.Future`` of ``infer``'s result, or of its typed error.
-
-        Raises:
-            InvalidArgumentError: ``data``, ``timeout_s`` or ``priority`` is not valid.
-            UnavailableError: The connection is closed or lost.
-            ResourceExhaustedError: The ring cannot grow for a larger frame.
-        """
-        future: Future[Any] = Future()
-        slot = self.slot()
-        link = self._link
-        try:
-            slot.write(data)
-
-            def done(s: Slot) -> None:
-                link.async_finished()
-                _resolve(future, s)
-
-            slot.on_done = done
-            link.async_started()
-            try:
-                slot.submit(timeout_s=timeout_s, priority=priority)
-            except BaseException:
-                slot.on_done = None
-                link.async_finished()
-                raise
-        except BaseException:
-            slot.release()
-            raise
-        return future
-
     def close(self) -> None:
-        """Detach the handle's rings and unmap them.
-
-        Blocks for one ``detach`` round trip per ring (each up to the client's
-        ``timeout_s``; their errors are ignored: a ring the supervisor freed already is
-        detached). Requests still in flight on this handle fail with ``UnavailableError``."""
+        """Detach every ring and unmap it, as ``ModelHandle.close`` documents it."""
         rings = [self.ring_id, *list(self._retiring)]
         for ring_id in rings:
             with contextlib.suppress(DuomoError):
-                self._link.request("detach", ring=ring_id)
-        self._link.unroute_rings(rings)
-        self._fail_all(UnavailableError(f"{self.name!r} was detached"))
-        self._unmap()
-
-    def _unmap(self) -> None:
-        with self._free_lock:
-            retiring = list(self._retiring.values())
-            self._retiring.clear()
-        for old in retiring:
-            for slot in old.slots:
-                if slot.ring_id == old.ring_id:
-                    slot._forget_views()
-            old.ring.close()
-        for slot in self._slots:
-            slot._forget_views()
-        self.ring.close()
-
-    def _fail_all(self, error: DuomoError) -> None:
-        with self._free_lock:
-            slots = [*self._slots, *(s for r in self._retiring.values() for s in r.slots)]
-        for slot in slots:
-            slot._done(None, error, force=True)
-        self._link.wake_waiters()
-
-
-def _resolve(future: Future[Any], slot: Slot) -> None:
-    """Complete an ``infer_async`` future from its answered slot (on the reading thread)."""
-    try:
-        result: Any = slot.wait(timeout_s=0, copy=True)
-        failed = False
-    except DuomoError as err:
-        result, failed = err, True
-    slot.release()  # before the callbacks run: one of them may want a slot of its own
-    if not future.set_running_or_notify_cancel():
-        return  # cancelled by the caller; nobody wants the answer
-    if failed:
-        future.set_exception(result)
-    else:
-        future.set_result(result)
+                self.link.request("detach", ring=ring_id)
+        self.link.unroute_rings(rings)
+        self.fail_all(UnavailableError(f"{self.name!r} was detached"))
+        self.unmap()
 
 
 class Slot:
@@ -570,10 +424,12 @@ class Slot:
             (``infer_async`` uses it); set after taking the slot, before ``submit``.
     """
 
-    def __init__(self, handle: ModelHandle, index: int) -> None:
-        self.handle = handle
+    def __init__(self, pool: SlotPool, index: int) -> None:
+        self.handle = pool.handle
+        self._pool = pool
+        self._link = pool.link
         self._answered = False  # set under _lock by whoever reads the answer
-        self._json = handle.layout.result == "json"  # else raw output tensors
+        self._json = pool.layout.result == "json"  # else raw output tensors
         self._seq = 0
         self._error: DuomoError | None = None
         self._in_flight = False
@@ -588,9 +444,9 @@ class Slot:
 
     def _bind_ring(self, index: int) -> None:
         """Be slot ``index`` of the handle's current ring (a slot moves when its ring grows)."""
-        ring = self.handle.ring
+        ring = self._pool.ring
         self.index = index
-        self.ring_id = self.handle.ring_id
+        self.ring_id = self._pool.ring_id
         self._ring = ring
         self._inputs: dict[str, TensorDesc] = {}  # written since the slot was taken
         # name -> (shape asked for, view, descriptor) of the last input() call: a producer that
@@ -640,9 +496,9 @@ class Slot:
             self._inputs[name] = cached[2]
             return cached[1]
         try:
-            index, area, dtype, code = self.handle._inputs[name]
+            index, area, dtype, code = self._pool.inputs[name]
         except KeyError:
-            raise InvalidArgumentError(f"{self.handle.name!r} has no input {name!r}") from None
+            raise InvalidArgumentError(f"{self._pool.name!r} has no input {name!r}") from None
         asked = shape
         shape = tuple(map(int, shape))
         gray = len(shape) == 2 and name == "image" and len(area.shape) == 3
@@ -652,8 +508,8 @@ class Slot:
             area.check(shape)
         nbytes = math.prod(shape) * dtype.itemsize
         if nbytes > self._ring.layout.inputs[index].capacity:
-            self.handle._grow(self, {name: nbytes})
-            index = self.handle._inputs[name][0]
+            self._pool.grow(self, {name: nbytes})
+            index = self._pool.inputs[name].position
         view = self._ring.input_view(self.index, index, dtype, shape)
         if gray:
             view = view[:, :, 0]
@@ -685,11 +541,11 @@ class Slot:
                 or an array for a model of several inputs.
             ResourceExhaustedError: No room to grow the ring.
         """
-        areas = self.handle.layout.inputs
+        areas = self._pool.layout.inputs
         items: Iterable[tuple[str, Any]]
         if isinstance(data, np.ndarray):
             if len(areas) != 1:
-                raise InvalidArgumentError(f"{self.handle.name!r} takes {len(areas)} inputs")
+                raise InvalidArgumentError(f"{self._pool.name!r} takes {len(areas)} inputs")
             items = ((areas[0].name, data),)
         elif isinstance(data, dict):
             items = data.items()
@@ -700,9 +556,9 @@ class Slot:
         capacities = self._ring.layout.inputs
         for name, array in items:
             array = np.asarray(array)
-            known = self.handle._inputs.get(name)
+            known = self._pool.inputs.get(name)
             if known is None:
-                raise InvalidArgumentError(f"{self.handle.name!r} has no input {name!r}")
+                raise InvalidArgumentError(f"{self._pool.name!r} has no input {name!r}")
             index, area, dtype, _ = known
             if array.dtype != dtype:
                 raise InvalidArgumentError(
@@ -712,7 +568,7 @@ class Slot:
                 needs[name] = array.nbytes
             arrays.append((name, array))
         if needs:
-            self.handle._grow(self, needs)
+            self._pool.grow(self, needs)
         for name, array in arrays:
             self.input(name, array.shape)[...] = array
 
@@ -777,12 +633,13 @@ class Slot:
         if self._in_flight:
             raise InvalidArgumentError("slot already submitted")
         written = self._inputs
-        if len(written) != len(self.handle._inputs):
-            missing = [name for name in self.handle._inputs if name not in written]
+        inputs = self._pool.inputs
+        if len(written) != len(inputs):
+            missing = [name for name in inputs if name not in written]
             raise InvalidArgumentError(f"inputs not written: {missing}")
         descriptors = self._descriptors
         if descriptors is None:
-            descriptors = pack_descriptors(written[n] for n in self.handle._inputs)
+            descriptors = pack_descriptors(written[n] for n in inputs)
             self._descriptors = descriptors
         if timeout_s and not 0 < timeout_s <= MAX_TIMEOUT_US / 1e6:  # (NaN fails too)
             raise InvalidArgumentError(
@@ -793,7 +650,7 @@ class Slot:
             raise InvalidArgumentError(
                 f"priority must be an integer in {PRIORITY_MIN}..{PRIORITY_MAX}, not {priority!r}"
             )
-        self._seq = next(self.handle._seq) & 0xFFFFFFFF
+        self._seq = self._pool.next_seq()
         timeout_us = int(timeout_s * 1e6) if timeout_s else 0
         count, block = descriptors
         self._header[DESCRIPTORS] = block
@@ -805,7 +662,7 @@ class Slot:
             self._error = None
             self._in_flight = True
         try:
-            self.handle._link.send_frame(self._notice(self._seq))
+            self._link.send_frame(self._notice(self._seq))
         except BaseException:
             self._in_flight = False
             raise
@@ -828,7 +685,7 @@ class Slot:
             except Exception:  # a user's callback must not break the connection for everyone
                 log.exception("slot callback failed")
         if release:  # released while in flight: it comes back now
-            self.handle._release(self)
+            self._pool.give_back(self)
 
     def answered(self) -> bool:
         """Whether the submitted request has its answer (then ``wait`` returns at once)."""
@@ -868,12 +725,12 @@ class Slot:
         if not self._answered:
             # without a timeout here, the request's own deadline (with its grace), if it has one
             deadline = self._deadline_s if timeout_s is None else time.monotonic() + timeout_s
-            self.handle._link.wait_for(self.answered, deadline, by_frame=True)
+            self._link.wait_for(self.answered, deadline, by_frame=True)
         if not self._answered:
-            lost = self.handle._link.lost()
+            lost = self._link.lost()
             if lost is not None:
                 raise UnavailableError(f"lost the supervisor: {lost}")
-            raise DeadlineExceededError(f"no answer from {self.handle.name!r} in time")
+            raise DeadlineExceededError(f"no answer from {self._pool.name!r} in time")
         if self._error is not None:
             raise self._failed(self._error)
         state, seq, status, result_len, *timings = unpack_done(self._header)
@@ -887,7 +744,7 @@ class Slot:
         if self._json:
             return orjson.loads(area[:result_len])
         used = min(result_len, len(area))
-        names = self.handle.layout.outputs
+        names = self._pool.layout.outputs
         result = self._result
         if result is None or not result.describes(area, used):
             result = self._result = read_tensors(area, len(names), used)
@@ -895,7 +752,7 @@ class Slot:
 
     def _failed(self, error: DuomoError) -> DuomoError:
         if isinstance(error, ModelChangedError):
-            self.handle._stale = True  # the handle re-attaches once its slots are back
+            self._pool.mark_stale()  # the pool re-attaches once its slots are back
         return error
 
     def release(self) -> None:
@@ -908,7 +765,7 @@ class Slot:
             if self._in_flight:
                 self._release_when_done = True
                 return
-        self.handle._release(self)
+        self._pool.give_back(self)
 
     def __enter__(self) -> Slot:
         return self

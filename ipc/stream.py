@@ -2,8 +2,12 @@
 
 ``Client.stream`` opens one (the supervisor's ``stream_open``) and attaches a ring per model;
 ``Stream.send`` hands it a frame and returns at once, never waiting for the models, and
-``Stream.answers`` yields each frame's answers as they come (``StreamAnswer``). Used by
-producers directly, and by the video source (``duomo.video``).
+``Stream.answers`` yields each frame's answers as they come (``StreamAnswer``; the records in
+and out are ``ipc.stream_records``', re-exported here). Used by producers directly, and by the
+video source (``duomo.video``). What it is opened with is one
+``ipc.stream_settings.StreamSettings``, checked before anything is sent; what it needs of the
+connection is ``StreamLink`` (``ipc.link.ClientLink`` is one) and a way to attach a model
+(``Client.model``): this module imports neither the client nor the link.
 
 Each model has a lane: the stream's own slots for it (taken once and kept), and the frames
 waiting for one of them. A frame goes into a free slot at once (its header's stream block says
@@ -34,135 +38,75 @@ stream include every frame it was handed, sent or not.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import functools
 import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from duomo.ipc.errors import (
     DuomoError,
-    InvalidArgumentError,
     ModelChangedError,
     SupersededError,
     UnavailableError,
 )
+from duomo.ipc.stream_records import Filler, FrameTime, StreamAnswer
+from duomo.ipc.stream_settings import StreamSettings
 from duomo.ipc.wire import MAX_SOURCE_COUNT
 
 if TYPE_CHECKING:
-    from duomo.ipc.client import Client
-    from duomo.ipc.slots import ModelHandle, Slot
+    from duomo.ipc.handle import ModelHandle
+    from duomo.ipc.slots import Slot
 
-POLICIES = ("latest", "fifo")
-DEFAULT_SLOTS = 3
-DEFAULT_BACKLOG = 256  # fifo: frames that may wait at the source per model
-
-
-@dataclass(frozen=True)
-class Filler:
-    """A frame that writes itself into the slot: ``fill(out)`` writes an image of ``shape``
-    and ``dtype`` into the slot's input view ``out`` (a decoder converting its colours straight
-    into shared memory, say: the frame's one copy). Called once per model, on the thread that
-    sends or refills."""
-
-    shape: tuple[int, ...]
-    dtype: np.dtype[Any] | type
-    fill: Callable[[np.ndarray], object]
+__all__ = [
+    "Filler",
+    "FrameTime",
+    "Stream",
+    "StreamAnswer",
+    "StreamLink",
+    "close_stream",
+    "open_stream",
+]
 
 
-CLOCKS = ("camera", "arrival", "caller")
-
-
-@dataclass(frozen=True, slots=True)
-class FrameTime:
-    """When a frame was captured, on the wall clock, and where that time came from.
-
-    Attributes:
-        at: The capture time, UNIX seconds (UTC).
-        clock: ``"camera"`` (the camera's own clock: an RTSP stream's RTCP sender reports),
-            ``"arrival"`` (when the decoder, or the producer, received the frame) or
-            ``"caller"`` (what a remote caller said: the gateway's ``captured_us``).
-        pts: The frame's presentation time in its stream, seconds (None: not known).
-    """
-
-    at: float
-    clock: str = "arrival"
-    pts: float | None = None
-
-    @classmethod
-    def of_monotonic(cls, captured: float, pts: float | None = None) -> FrameTime:
-        """The wall-clock time of ``captured`` (``time.monotonic`` seconds), as received."""
-        return cls(time.time() - (time.monotonic() - captured), "arrival", pts)
+class StreamLink(Protocol):
+    """What a ``Stream`` needs of the connection it runs on (``ipc.link.ClientLink`` is one):
+    whether it is open, control round trips (``stream_open``, ``stream_close``), and the count
+    of the requests whose answers come on the reading thread, so that someone reads while
+    nobody waits."""
 
     @property
-    def rfc3339(self) -> str:
-        """``at`` as RFC 3339 in UTC with milliseconds: ``2026-12-06T21:40:00.123Z``."""
-        moment = datetime.datetime.fromtimestamp(self.at, datetime.timezone.utc)
-        return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    def connected(self) -> bool:
+        """Whether the connection is open."""
+        ...
+
+    def request(self, op: str, timeout_s: float | None = None, **fields: Any) -> dict[str, Any]:
+        """One control round trip (``Client.request``)."""
+        ...
+
+    def async_started(self) -> None:
+        """A frame was submitted: its answer comes on the reading thread."""
+        ...
+
+    def async_finished(self) -> None:
+        """A frame counted by ``async_started`` is done with (answered, or not sent)."""
+        ...
 
 
-@dataclass(frozen=True, slots=True)
-class StreamAnswer:
-    """One model's answer to one frame of a stream.
+def open_stream(link: StreamLink, name: str, settings: StreamSettings) -> int:
+    """Open stream ``name`` in the supervisor (``stream_open``): its id, for the slot
+    headers' stream block. The errors are ``Client.open_stream``'s."""
+    return int(link.request("stream_open", name=name, **settings.to_dict())["stream"])
 
-    Attributes:
-        stream: The stream's name.
-        frame: The frame number.
-        model: The model that answered.
-        age_ms: Answer time minus capture time (the monotonic clock), in ms.
-        outcome: ``"OK"``, ``"SUPERSEDED"`` (a newer frame took its place: not an error) or
-            the error's code name (``"RESOURCE_EXHAUSTED"``, ``"UNAVAILABLE"``, …).
-        result: The model's result when ``outcome`` is OK (a dict for structured tasks,
-            ``{output: array}`` for raw models).
-        error: The error's message, for an error outcome.
-        captured: The capture time, seconds on ``time.monotonic``.
-        when: The capture time on the wall clock, its clock and the frame's pts (None:
-            derived from ``captured`` as its arrival).
-    """
 
-    stream: str
-    frame: int
-    model: str
-    age_ms: float
-    outcome: str
-    result: Any = None
-    error: str | None = None
-    captured: float = 0.0
-    when: FrameTime | None = None
-
-    @property
-    def ok(self) -> bool:
-        """Whether the model answered with a result (``outcome`` is OK)."""
-        return self.outcome == "OK"
-
-    def to_json(self) -> dict[str, Any]:
-        """The JSON line ``duomo stream`` writes (a contract): ``stream``, ``frame``,
-        ``model``, ``age_ms``, ``captured_at`` (RFC 3339, UTC, ms), ``clock`` (``camera``,
-        ``arrival`` or ``caller``), ``pts`` (seconds, or null), then ``result`` or
-        ``outcome`` (and ``error`` for an error)."""
-        when = self.when or FrameTime.of_monotonic(self.captured)
-        line: dict[str, Any] = {
-            "stream": self.stream,
-            "frame": self.frame,
-            "model": self.model,
-            "age_ms": round(self.age_ms, 3),
-            "captured_at": when.rfc3339,
-            "clock": when.clock,
-            "pts": None if when.pts is None else round(when.pts, 6),
-        }
-        if self.outcome == "OK":
-            line["result"] = self.result
-        else:
-            line["outcome"] = self.outcome
-            if self.error is not None:
-                line["error"] = self.error
-        return line
+def close_stream(link: StreamLink, stream_id: int) -> None:
+    """Close stream ``stream_id`` in the supervisor (``stream_close``: it turns ``ended``)."""
+    link.request("stream_close", stream=stream_id)
 
 
 @dataclass(slots=True)
@@ -201,6 +145,17 @@ class _SourceCounts:
         lane.superseded += self.superseded
         lane.refused += self.refused
         lane.skipped += self.skipped
+
+
+@dataclass(slots=True)
+class _Sent:
+    """One frame submitted to one model: answered once, by its slot's answer or by the
+    failure to send it (``Stream._settle``)."""
+
+    model: str
+    lane: _Lane
+    item: _Frame
+    settled: bool = False
 
 
 class _Lane:
@@ -244,36 +199,22 @@ class Stream:
 
     def __init__(
         self,
-        client: Client,
+        link: StreamLink,
+        attach: Callable[[str, int], ModelHandle],
         name: str,
-        models: Sequence[str],
-        policy: str = "latest",
-        weight: float = 1.0,
-        fps: float | None = None,
-        max_fps: float | None = None,
-        every: int | None = None,
-        stall_after_s: float = 5.0,
-        slots: int = DEFAULT_SLOTS,
-        backlog: int = DEFAULT_BACKLOG,
-        timeout_s: float | None = None,
+        settings: StreamSettings,
     ) -> None:
-        """Made by ``Client.stream``, which documents the arguments."""
-        if policy not in POLICIES:
-            raise InvalidArgumentError(f"policy must be one of {list(POLICIES)}, not {policy!r}")
-        if max_fps is not None and not max_fps > 0:
-            raise InvalidArgumentError(f"max_fps must be above 0, not {max_fps!r}")
-        if every is not None and not (isinstance(every, int) and every >= 1):
-            raise InvalidArgumentError(f"every must be an integer ≥ 1, not {every!r}")
-        if not (isinstance(slots, int) and slots >= 1) or backlog < 1:
-            raise InvalidArgumentError("slots and backlog must be at least 1")
-        self.client = client
+        """Made by ``Client.stream``, which documents the settings: opens stream ``name`` on
+        ``link`` and attaches each of its models with ``attach`` (``Client.model``); on a
+        failure nothing stays open."""
         self.name = name
-        self.models = tuple(models)
-        self.policy = policy
-        self.timeout_s = timeout_s
-        self._period = 1.0 / max_fps if max_fps else 0.0
-        self._every = every or 1
-        self._backlog = backlog
+        self.models = settings.models
+        self.policy = settings.policy
+        self.timeout_s = settings.timeout_s
+        self._link = link
+        self._period = 1.0 / settings.max_fps if settings.max_fps else 0.0
+        self._every = settings.every or 1
+        self._backlog = settings.backlog
         self._due = 0.0
         self._offered = 0  # frames offered to send (``every`` counts them)
         self._numbers = itertools.count()
@@ -282,15 +223,16 @@ class Stream:
         self._arrived = threading.Condition(self._lock)
         self._closed = False  # no more frames are taken
         self._stopped = False  # nothing more is written (closing, after the drain)
-        self.stream_id = client.open_stream(name, self.models, policy, weight, fps, stall_after_s)
+        self.stream_id = open_stream(link, name, settings)
         self._lanes: dict[str, _Lane] = {}
+        slots = settings.slots
         try:
             for model in self.models:
-                self._lanes[model] = _Lane(client.model(model, slots=slots), slots)
+                self._lanes[model] = _Lane(attach(model, slots), slots)
         except BaseException:  # (a model not served, no room for a ring): nothing stays open
             self._close_lanes()
             with contextlib.suppress(DuomoError):
-                client.close_stream(self.stream_id)
+                close_stream(link, self.stream_id)
             raise
         self._refill_wanted = threading.Event()
         self._refiller: threading.Thread | None = None
@@ -402,7 +344,6 @@ class Stream:
         """Write ``item`` into ``slot`` and submit it, carrying ``counts``; a failure is the
         frame's answer (once: a connection lost during the submit may have answered it
         already, through the slot), and ``counts`` ride on the next frame instead."""
-        link = lane.handle._link
         try:
             data = item.data
             if isinstance(data, Filler):
@@ -421,19 +362,28 @@ class Stream:
         except DuomoError as err:
             self._failed(model, lane, slot, item, err, counts)
             return
-        slot.on_done = functools.partial(self._on_answer, model, lane, item)
-        link.async_started()
+        sent = _Sent(model, lane, item)
+        slot.on_done = functools.partial(self._on_answer, sent)
+        self._link.async_started()
         try:
             slot.submit(timeout_s=self.timeout_s)
         except BaseException as err:
-            with slot._lock:  # (``Slot._done`` takes the callback under it)
-                answered, slot.on_done = slot.on_done is None, None
-            if answered:  # the connection's loss answered it, and gave the slot back
+            if not self._settle(sent):  # the connection's loss answered it, and gave it back
                 raise
-            link.async_finished()
             if not isinstance(err, DuomoError):
                 raise
             self._failed(model, lane, slot, item, err, counts)
+
+    def _settle(self, sent: _Sent) -> bool:
+        """Whether this is the first word on ``sent`` — its answer, or the failure to send
+        it — and so the one that answers the frame and gives its slot back (once: a connection
+        lost during the submit answers the slot as well)."""
+        with self._lock:
+            if sent.settled:
+                return False
+            sent.settled = True
+        self._link.async_finished()
+        return True
 
     def _failed(
         self,
@@ -453,10 +403,12 @@ class Stream:
         if isinstance(err, UnavailableError):
             raise err
 
-    def _on_answer(self, model: str, lane: _Lane, item: _Frame, slot: Slot) -> None:
+    def _on_answer(self, sent: _Sent, slot: Slot) -> None:
         """A slot's answer, on the client's reading thread: record it, give the slot back to
         the lane, and wake the refill thread if frames wait."""
-        lane.handle._link.async_finished()
+        if not self._settle(sent):  # (the failure to send it answered it already)
+            return
+        model, lane, item = sent.model, sent.lane, sent.item
         now = time.monotonic()
         outcome, result, error = "OK", None, None
         try:
@@ -560,7 +512,7 @@ class Stream:
         self._closed = True
         deadline = time.monotonic() + drain_s
         self._refill_wanted.set()
-        while time.monotonic() < deadline and self.client.connected:
+        while time.monotonic() < deadline and self._link.connected:
             with self._arrived:
                 if self._quiet():
                     break
@@ -582,7 +534,7 @@ class Stream:
         while any(lane.pumping for lane in self._lanes.values()):  # (a write under way)
             time.sleep(0.001)
         with contextlib.suppress(DuomoError):  # (gone: the supervisor ended it already)
-            self.client.close_stream(self.stream_id)
+            close_stream(self._link, self.stream_id)
         self._close_lanes()  # frames in flight are answered UNAVAILABLE
 
     def _close_lanes(self) -> None:

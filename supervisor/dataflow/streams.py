@@ -19,6 +19,10 @@ stream block). A stream opened again under its name carries its counts on (they 
 counters) but starts its rates and ages afresh, and shows only the models it feeds now (a model
 it no longer feeds keeps its counts, hidden, for when it feeds it again).
 
+What a stream shows is its ``StreamStatus`` record (``ipc.status_records``), made here
+(``StreamState.status``; every stream's: the registry's ``snapshot``) and read as it is by the
+supervisor's ``status`` and by ``/metrics``.
+
 Each frame and answer also feeds its model's load (``worker.stream_load``: what the streams
 offer a model against what it serves them), and ``tick`` checks each model's load, which logs
 one line per change of its capacity state.
@@ -50,11 +54,12 @@ from typing import Any
 import structlog
 
 from duomo.ipc.errors import ErrorCode, InvalidArgumentError, ResourceExhaustedError, echoed
+from duomo.ipc.status_records import StreamModelFigures, StreamStatus
+from duomo.ipc.stream_settings import StreamSettings
 from duomo.worker.stream_load import StreamLoad
 
 log = structlog.get_logger("duomo.streams")
 
-POLICIES = ("latest", "fifo")
 STATES = ("starting", "running", "blocked", "stalled", "ended")
 MAX_NAME = 64
 RATE_WINDOW_S = 5.0
@@ -65,7 +70,6 @@ BLOCKED_FOR_S = 1.0
 LOST_TO_LOAD = frozenset(
     {ErrorCode.SUPERSEDED, ErrorCode.RESOURCE_EXHAUSTED, ErrorCode.DEADLINE_EXCEEDED}
 )
-DEFAULT_STALL_AFTER_S = 5.0
 
 
 def check_name(name: str) -> str:
@@ -98,26 +102,10 @@ class ModelFigures:
         self.ages_s.clear()
 
 
-@dataclass(frozen=True)
-class StreamSettings:
-    """What a producer opens a stream with (``stream_open``): the models it feeds, its policy,
-    its weight in the batchers' round-robin, its nominal frame rate and its stall bound."""
-
-    models: tuple[str, ...]
-    policy: str = "latest"
-    weight: float = 1.0
-    fps: float | None = None
-    stall_after_s: float = DEFAULT_STALL_AFTER_S
-
-    @property
-    def supersedes(self) -> bool:
-        """A newer frame takes a queued one's place (policy ``latest``)."""
-        return self.policy == "latest"
-
-    @property
-    def blocked_for_s(self) -> float:
-        """How long a superseded or refused frame keeps the stream ``blocked``."""
-        return max(BLOCKED_FOR_S, 3 / self.fps) if self.fps else BLOCKED_FOR_S
+def blocked_for_s(settings: StreamSettings) -> float:
+    """How long a superseded or refused frame keeps a stream opened with ``settings``
+    ``blocked``: at least ``BLOCKED_FOR_S``, or 3 nominal frame periods."""
+    return max(BLOCKED_FOR_S, 3 / settings.fps) if settings.fps else BLOCKED_FOR_S
 
 
 class StreamState:
@@ -219,44 +207,45 @@ class StreamState:
         settings = self.settings
         if now - self.last_frame_s > settings.stall_after_s:
             return "stalled"
-        if now - self.last_trouble_s < settings.blocked_for_s:
+        if now - self.last_trouble_s < blocked_for_s(settings):
             return "blocked"
         return "running" if self.any_answer else "starting"
 
-    def figures(self, now: float) -> dict[str, Any]:
-        """Its status record (``ipc.status_records.StreamStatus``'s fields)."""
+    def status(self, now: float) -> StreamStatus:
+        """Its status record: its liveness now, its settings, and its figures per model it
+        feeds now."""
         state = self.state(now)
         span = max(min(RATE_WINDOW_S, now - self.opened_s), 1e-3)
         with self._lock:
-            per_model = {}
+            per_model: dict[str, StreamModelFigures] = {}
             for model in self.settings.models:  # (a model it no longer feeds: not shown)
                 f = self._figures[model]
                 _trim(f.arrivals, now)
                 _trim(f.answers, now)
                 _trim_ages(f.ages_s, now)
                 ages = sorted(age for _, age in f.ages_s)
-                per_model[model] = {
-                    "frames_in": f.frames_in,
-                    "answered": f.answered,
-                    "superseded": f.superseded,
-                    "refused": f.refused,
-                    "skipped": f.skipped,
-                    "input_fps": round(len(f.arrivals) / span, 3),
-                    "answered_fps": round(len(f.answers) / span, 3),
-                    "age_ms_p50": _percentile_ms(ages, 0.50),
-                    "age_ms_p99": _percentile_ms(ages, 0.99),
-                }
-        return {
-            "name": self.name,
-            "state": state,
-            "since_s": round(max(now - self.state_since_s, 0.0), 3),
-            "policy": self.settings.policy,
-            "weight": self.settings.weight,
-            "fps_nominal": self.settings.fps,
-            "stall_after_s": self.settings.stall_after_s,
-            "client": self.client,
-            "models": per_model,
-        }
+                per_model[model] = StreamModelFigures(
+                    frames_in=f.frames_in,
+                    answered=f.answered,
+                    superseded=f.superseded,
+                    refused=f.refused,
+                    skipped=f.skipped,
+                    input_fps=round(len(f.arrivals) / span, 3),
+                    answered_fps=round(len(f.answers) / span, 3),
+                    age_ms_p50=_percentile_ms(ages, 0.50),
+                    age_ms_p99=_percentile_ms(ages, 0.99),
+                )
+        return StreamStatus(
+            name=self.name,
+            state=state,
+            since_s=round(max(now - self.state_since_s, 0.0), 3),
+            policy=self.settings.policy,
+            weight=self.settings.weight,
+            fps_nominal=self.settings.fps,
+            stall_after_s=self.settings.stall_after_s,
+            client=self.client,
+            models=per_model,
+        )
 
 
 def _trim(times: deque[float], now: float) -> None:
@@ -296,11 +285,7 @@ class StreamRegistry:
         """Open stream ``name`` (INVALID_ARGUMENT if a live stream has it;
         RESOURCE_EXHAUSTED at ``max_streams`` live streams). An ended stream of that name is
         opened again, its counts carried on."""
-        check_name(name)
-        if settings.policy not in POLICIES:
-            raise InvalidArgumentError(
-                f"policy must be one of {list(POLICIES)}, not {settings.policy!r}"
-            )
+        check_name(name)  # (``settings`` were checked when made: ``ipc.stream_settings``)
         now = time.monotonic() if now is None else now
         with self._lock:
             stream = self._by_name.get(name)
@@ -366,9 +351,9 @@ class StreamRegistry:
         stream.state_since_s = now
         log.info("stream state", stream=stream.name, state=state, was=was, **extra)
 
-    def snapshot(self, now: float | None = None) -> list[dict[str, Any]]:
-        """Every stream's status record, by name."""
+    def snapshot(self, now: float | None = None) -> tuple[StreamStatus, ...]:
+        """Every stream's status record, by name (``status``, ``/metrics``)."""
         now = time.monotonic() if now is None else now
         with self._lock:
             streams = sorted(self._by_name.values(), key=lambda s: s.name)
-        return [stream.figures(now) for stream in streams]
+        return tuple(stream.status(now) for stream in streams)

@@ -73,24 +73,23 @@ the control-job thread alike.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from pydantic import ValidationError
 
 from duomo.ipc.errors import DuomoError, InternalError, InvalidArgumentError, echoed
 from duomo.ipc.record_reading import StatusRecordError
 from duomo.ipc.source_records import SourceReport
+from duomo.ipc.stream_settings import StreamSettings
 from duomo.supervisor.config import pydantic_problems
-from duomo.supervisor.dataflow.streams import DEFAULT_STALL_AFTER_S, StreamSettings
 from duomo.supervisor.sources.definition import SourceDefinition
-from duomo.worker.batcher import MAX_WEIGHT, MIN_WEIGHT
 
 Reply = dict[str, Any]
+T = TypeVar("T")
 MAX_SLOTS = 64  # in one ring
 DEFAULT_SLOTS = 4
-MAX_STREAM_MODELS = 16  # models one stream feeds
 
 
 class Fields:
@@ -125,26 +124,6 @@ class Fields:
         bounds = f" in {low}..{high}" if low is not None and high is not None else ""
         raise self._wrong(name, f"an integer{bounds}")
 
-    def number(
-        self,
-        name: str,
-        default: float | None = None,
-        low: float = 0.0,
-        high: float = 1e9,
-        least: float | None = None,
-    ) -> float | None:
-        """A positive number in (``low``, ``high``], or with ``least`` in [``least``,
-        ``high``]; ``default`` when absent."""
-        value = self._message.get(name)
-        if value is None:
-            return default
-        if type(value) in (int, float) and (
-            least <= value <= high if least is not None else low < value <= high
-        ):
-            return float(value)
-        bounds = f"[{least:g}, {high:g}]" if least is not None else f"({low:g}, {high:g}]"
-        raise self._wrong(name, f"a number in {bounds}")
-
     def object(self, name: str) -> dict[str, Any]:
         value = self._message.get(name)
         if isinstance(value, dict):
@@ -162,17 +141,14 @@ class Fields:
             return value
         raise self._wrong(name, f"a list of at most {most} objects")
 
-    def names(self, name: str, most: int) -> tuple[str, ...]:
-        """A non-empty list of at most ``most`` distinct strings."""
-        value = self._message.get(name)
-        if (
-            isinstance(value, list)
-            and 0 < len(value) <= most
-            and all(isinstance(v, str) for v in value)
-            and len(set(value)) == len(value)
-        ):
-            return tuple(value)
-        raise self._wrong(name, f"a list of 1..{most} distinct names")
+    def record(self, read: Callable[[Mapping[str, Any]], T]) -> T:
+        """A record its owner reads from the whole message, by the owner's rules (a stream's
+        settings: ``ipc.stream_settings.StreamSettings.from_dict``, the producer's own
+        check); its INVALID_ARGUMENT names this operation like a field's."""
+        try:
+            return read(self._message)
+        except InvalidArgumentError as err:
+            raise InvalidArgumentError(f"malformed {self.op!r} message: {err.message}") from None
 
     def flag(self, name: str) -> bool:
         value = self._message.get(name, False)
@@ -331,17 +307,7 @@ class StreamOpen(ControlMessage):
 
     @classmethod
     def parse(cls, fields: Fields) -> StreamOpen:
-        return cls(
-            name=fields.text("name"),
-            settings=StreamSettings(
-                models=fields.names("models", most=MAX_STREAM_MODELS),
-                policy=fields.optional_text("policy") or "latest",
-                weight=fields.number("weight", 1.0, least=MIN_WEIGHT, high=MAX_WEIGHT) or 1.0,
-                fps=fields.number("fps", None, high=1000.0),
-                stall_after_s=fields.number("stall_after_s", DEFAULT_STALL_AFTER_S, high=86400.0)
-                or DEFAULT_STALL_AFTER_S,
-            ),
-        )
+        return cls(name=fields.text("name"), settings=fields.record(StreamSettings.from_dict))
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from duomo.ipc.source_urls import check_url, mask_url
-from duomo.worker.batcher import MAX_WEIGHT, MIN_WEIGHT
+from duomo.ipc.stream_settings import MAX_WEIGHT, MIN_WEIGHT
 from duomo.worker.config_model import NAME_PATTERN, StrictModel
 
 MAX_FEEDS = 16  # models one source feeds (a stream's bound)
