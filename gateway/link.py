@@ -128,15 +128,14 @@ class SupervisorLink:
         loop = asyncio.get_running_loop()
         client = await loop.run_in_executor(None, functools.partial(Client, self.socket_path))
         try:
-            listed = await loop.run_in_executor(None, client.models)
-            models = [ModelInfo.from_dict(info) for info in listed]
+            models = await loop.run_in_executor(None, client.models)
             handles = {}
             for info in models:  # attach what is loaded now; the rest when first asked for
                 if info.loaded and info.state in ("READY", "DEGRADED"):
                     handles[info.name] = await loop.run_in_executor(
                         None, functools.partial(client.model, info.name, self.slots)
                     )
-            status = SupervisorStatus.from_dict(await loop.run_in_executor(None, client.status))
+            status = await loop.run_in_executor(None, client.status)
         except BaseException:
             client.close()
             raise

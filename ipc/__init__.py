@@ -12,7 +12,8 @@ and needs nothing heavier than numpy, so a producer starts in milliseconds. ``Cl
 ``ModelHandle`` and ``Slot``) is imported from ``ipc.client`` on first use, so a process that
 only needs the errors (``import ipc.errors``) does not load the client library. The records of
 the supervisor's ``models`` and ``status`` replies (``ModelInfo``, ``SupervisorStatus`` …) are
-in ``ipc.status_records``: a producer reads ``SupervisorStatus.from_dict(client.status())``.
+in ``ipc.status_records``: ``client.models()`` returns the ``ModelInfo`` records and
+``client.status()`` the ``SupervisorStatus`` (``.to_dict()``: the JSON on the wire).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Reading the supervisor's replies about itself, key by key: what ``duomo.ipc.model_records``
-and ``duomo.ipc.status_records`` build their ``from_dict`` on.
+"""Reading one JSON object of the supervisor's replies as one record, key by key: the error every
+reader of those replies raises (``StatusRecordError``), and the reader that ``ipc.records``
+derives each record's ``from_dict`` on (a field whose wire form differs reads through it too).
 
 A key that is missing, or holds a value of the wrong type, raises ``StatusRecordError`` naming
 the record and the key: never a default, so a renamed key fails loudly instead of showing 0 or
@@ -8,12 +9,11 @@ the record and the key: never a default, so a renamed key fails loudly instead o
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from typing import Any
 
 from duomo.ipc.errors import InternalError
 
-T = TypeVar("T")
 JSON = dict[str, Any]
 
 
@@ -31,74 +31,33 @@ class RecordReader:
         self.record = record
         self.data = data
 
-    def _get(self, key: str) -> Any:
+    def value(self, key: str) -> Any:
+        """The value at ``key``, whatever it is; the error when the key is missing."""
         if key not in self.data:
             raise StatusRecordError(f"status record {self.record}: missing key {key!r}")
         return self.data[key]
 
     def wrong(self, key: str, expected: str) -> StatusRecordError:
+        """The error for the value at ``key``, which is not ``expected``."""
         value = self.data.get(key)
         return StatusRecordError(
             f"status record {self.record}: key {key!r} must be {expected}, not {value!r:.80}"
         )
 
-    def integer(self, key: str) -> int:
-        value = self._get(key)
-        if type(value) is not int:
-            raise self.wrong(key, "an integer")
-        return value
-
-    def optional_integer(self, key: str) -> int | None:
-        return None if self._get(key) is None else self.integer(key)
-
-    def number(self, key: str) -> float:
-        value = self._get(key)
-        if type(value) not in (int, float):
-            raise self.wrong(key, "a number")
+    def optional_number(self, key: str) -> float | None:
+        value = self.value(key)
+        if value is not None and type(value) not in (int, float):
+            raise self.wrong(key, "a number or null")
         return value  # (an integer stays one: read back, the wire is unchanged)
 
-    def optional_number(self, key: str) -> float | None:
-        return None if self._get(key) is None else self.number(key)
-
-    def text(self, key: str) -> str:
-        value = self._get(key)
-        if not isinstance(value, str):
-            raise self.wrong(key, "a string")
-        return value
-
-    def optional_text(self, key: str) -> str | None:
-        return None if self._get(key) is None else self.text(key)
-
-    def flag(self, key: str) -> bool:
-        value = self._get(key)
-        if not isinstance(value, bool):
-            raise self.wrong(key, "true or false")
-        return value
-
-    def optional_flag(self, key: str) -> bool | None:
-        return None if self._get(key) is None else self.flag(key)
-
     def object(self, key: str) -> dict[str, Any]:
-        value = self._get(key)
+        value = self.value(key)
         if not isinstance(value, Mapping):
             raise self.wrong(key, "an object")
         return dict(value)
 
-    def optional_object(self, key: str) -> dict[str, Any] | None:
-        return None if self._get(key) is None else self.object(key)
-
     def array(self, key: str) -> list[Any]:
-        value = self._get(key)
+        value = self.value(key)
         if not isinstance(value, list):
             raise self.wrong(key, "a list")
         return value
-
-    def records(self, key: str, read: Callable[[Any], T]) -> tuple[T, ...]:
-        return tuple(read(item) for item in self.array(key))
-
-
-def read_counts(reader: RecordReader, key: str) -> dict[str, int]:
-    counts = reader.object(key)
-    if not all(type(v) is int for v in counts.values()):
-        raise reader.wrong(key, "an object of integer counts")
-    return counts

@@ -2,10 +2,9 @@
 decodes (``SourceReport``, in its ``source_report`` message), and what the supervisor shows about
 each source (``SourceStatus``: ``duomo source list --json``, ``GET /v1/sources``, status).
 
-Both are flat records of scalars; their dict form is derived from the dataclass fields, once
-(``FlatRecord``): ``to_dict`` writes every field by its name, ``from_dict`` reads each by its
-declared type through ``RecordReader`` — a key missing or of the wrong type is an error naming
-the record and the key, never a default.
+Both are flat records of scalars whose dict form is derived from their fields (``ipc.records``):
+every field by its name, each read by its declared type — a key missing or of the wrong type is
+an error naming the record and the key, never a default.
 
 Written by ``video.source_worker`` (reports) and ``supervisor.sources.fleet`` (status); read by
 the supervisor, the CLI (``duomo source``) and the gateway.
@@ -14,50 +13,14 @@ the supervisor, the CLI (``duomo source``) and the gateway.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, TypeVar, get_type_hints
 
-from duomo.ipc.record_reading import JSON, RecordReader
-
-R = TypeVar("R", bound="FlatRecord")
+from duomo.ipc.records import Record
 
 SOURCE_STATES = ("connecting", "playing", "reconnecting", "failed", "stopped")
 
-_READERS = {
-    int: RecordReader.integer,
-    int | None: RecordReader.optional_integer,
-    float: RecordReader.number,
-    float | None: RecordReader.optional_number,
-    str: RecordReader.text,
-    str | None: RecordReader.optional_text,
-    bool: RecordReader.flag,
-}
-
-
-class FlatRecord:
-    """A dataclass of scalars whose dict form is its fields by name."""
-
-    _readers: ClassVar[dict[str, Any]]
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        cls._readers = {}  # filled on first use, once the class is a dataclass
-
-    def to_dict(self) -> JSON:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
-
-    @classmethod
-    def from_dict(cls: type[R], data: object) -> R:
-        readers = cls._readers
-        if not readers:
-            hints = get_type_hints(cls)
-            for field in dataclasses.fields(cls):  # type: ignore[arg-type]
-                readers[field.name] = _READERS[hints[field.name]]
-        r = RecordReader(cls.__name__, data)
-        return cls(**{name: read(r, name) for name, read in readers.items()})
-
 
 @dataclasses.dataclass(frozen=True)
-class SourceReport(FlatRecord):
+class SourceReport(Record):
     """One source as the worker decoding it sees it (``video.health`` has the states, and
     ``video.figures`` the counts: decoded = sent + dropped + detached + corrupt)."""
 
@@ -88,7 +51,7 @@ NO_REPORT = SourceReport(
 
 
 @dataclasses.dataclass(frozen=True)
-class SourceStatus(FlatRecord):
+class SourceStatus(Record):
     """One managed source as the supervisor shows it: its definition (the URL masked), where it
     comes from (``config`` or ``runtime``), the worker decoding it (``worker``: its pid, None
     while it waits for one) and what that worker last reported (``connecting`` and zeros before

@@ -22,8 +22,6 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from duomo import Client, Slot
 from duomo.supervisor.operators.image_files import read_image
 
@@ -82,7 +80,7 @@ def main() -> int:
     parser.add_argument("--frames", type=int, default=4)
     args = parser.parse_args()
     with Client(args.socket) as client:
-        models = [m["name"] for m in client.models()]
+        models = [m.name for m in client.models()]
         print(f"producer pid {__import__('os').getpid()}: supervisor serves {models}")
         for name in FEEDS:
             if name in models:

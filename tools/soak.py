@@ -128,20 +128,20 @@ def quiet_snapshot(socket: str) -> dict[str, Any]:
     while True:
         with Client(socket) as client:
             status = client.status()
-        if len(status["clients"]) == 0 and status["mapped_rings"] == 0:
+        if len(status.clients) == 0 and status.mapped_rings == 0:
             break
         if time.monotonic() > deadline:
             raise RuntimeError("producers did not detach within 60 s")
         time.sleep(0.2)
     # rings the supervisor still maps (memfd segments have no name: its own maps show them)
-    maps = Path(f"/proc/{status['pid']}/maps").read_text().splitlines()
+    maps = Path(f"/proc/{status.pid}/maps").read_text().splitlines()
     segments = sorted({line.split()[4] for line in maps if "/memfd:duomo-ring" in line})
-    return {"rss_bytes": status["rss_bytes"], "open_fds": status["open_fds"], "shm": segments}
+    return {"rss_bytes": status.rss_bytes, "open_fds": status.open_fds, "shm": segments}
 
 
 def rss_of(socket: str) -> int:
     with Client(socket) as client:
-        return int(client.status()["rss_bytes"])
+        return client.status().rss_bytes
 
 
 def soak(socket: str, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -198,7 +198,7 @@ def soak(socket: str, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
             "errors": errors,
             "lost": counts["sent"] - answered,
         }
-    flaky = status["models"]["flaky"]
+    flaky = status.models["flaky"]
     return {
         "seconds": seconds,
         "models": per_model,
@@ -207,9 +207,9 @@ def soak(socket: str, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
         },
         "reloads": reloads,
         "flaky": {
-            "reinitializations": flaky["reinitializations"],
-            "state": flaky["state"],
-            "outcomes": flaky["outcomes"],
+            "reinitializations": flaky.reinitializations,
+            "state": flaky.state,
+            "outcomes": flaky.outcomes,
         },
         "rss_after_warmup_bytes": rss_warm,
         "rss_end_bytes": rss_end,
@@ -223,13 +223,13 @@ def cycles(socket: str, model: str, count: int) -> dict[str, Any]:
     """Unload and load ``model`` ``count`` times; resident memory before and after."""
     with Client(socket, timeout_s=30) as client:
         client.request("load", model=model, timeout_s=600)  # it may have been evicted
-        start = int(client.status()["rss_bytes"])
+        start = client.status().rss_bytes
         t0 = time.monotonic()
         for _ in range(count):
             client.request("unload", model=model, timeout_s=600)
             client.request("load", model=model, timeout_s=600)
         took = time.monotonic() - t0
-        end = int(client.status()["rss_bytes"])
+        end = client.status().rss_bytes
     return {
         "model": model,
         "cycles": count,

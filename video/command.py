@@ -204,8 +204,8 @@ def _show_figures(preview: PreviewServer, sources: list[VideoSource]) -> None:
     states: dict[str, str] = {}
     client = sources[0].client  # (None while the supervisor is being reconnected)
     with contextlib.suppress(DuomoError):
-        shown = {} if client is None else client.status()
-        states = {s["name"]: s["state"] for s in shown.get("streams", [])}
+        streams = () if client is None else client.status().streams
+        states = {stream.name: stream.state for stream in streams}
     for source in sources:
         figures = source.figures.snapshot()
         figures["source"] = figures["state"]

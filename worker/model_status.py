@@ -1,20 +1,26 @@
 """What ``status`` shows of one served model: its state, instances, queue, counters, recent
-history and its streams' load, as the plain dict the control protocol sends (its shape is the
-wire's: keep it).
+history and its streams' load, as its ``ModelStatus`` record (``ipc.model_records``), which
+travels as a record up to the wire.
 
 A read-only view over a ``ServedModel`` (``worker.served_model``), taken on the caller's thread
 without the model's locks: each field is read whole, and a count read mid-change is at most one
-behind. Called by the engine (``Engine.status`` adds memory, compute share and config flags);
-``stream_capacity`` also by the metrics scrape (``supervisor.operators.metrics``).
+behind. Called by the engine (``Engine.model_status`` hands it what the engine keeps: memory,
+idle spin, config flags and compute share); ``stream_capacity`` also by the metrics scrape
+(``supervisor.operators.metrics``).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from typing import Any
 
-from duomo.ipc.model_records import ModelCapacity
+from duomo.ipc.model_records import (
+    ComputeShare,
+    ModelCapacity,
+    ModelMemory,
+    ModelStatus,
+    Placement,
+)
 from duomo.worker.served_model import ServedModel
 
 
@@ -47,50 +53,73 @@ def stream_capacity(model: ServedModel, now: float) -> ModelCapacity:
     )
 
 
-def instance_placements(model: ServedModel) -> list[dict[str, Any]]:
+def instance_placements(model: ServedModel) -> tuple[Placement, ...]:
     """Each instance's device, threads, pinned cores and batches served."""
     batches = {w.index: w.batches for w in model.instances.workers}
-    return [
-        {
-            "device": place.device,
-            "intra_op_threads": place.intra_op_threads,
-            "cores": list(place.cores),
-            "batches": batches.get(i, 0),
-        }
+    return tuple(
+        Placement(
+            device=place.device,
+            intra_op_threads=place.intra_op_threads,
+            cores=tuple(place.cores),
+            batches=batches.get(i, 0),
+        )
         for i in range(model.spec.instances)
         for place in (model.spec.placement(i),)
-    ]
+    )
 
 
-def model_status(model: ServedModel) -> dict[str, Any]:
+def model_status(
+    model: ServedModel,
+    *,
+    memory: ModelMemory,
+    idle_spin: dict[str, int],
+    preload: bool | None,
+    evictable: bool | None,
+    compute: ComputeShare | None = None,
+) -> ModelStatus:
+    """The model's status record. What the engine keeps of it comes in as arguments: its
+    ``memory`` against its budget (the memory ledger's), its idle workers' ``idle_spin`` counts,
+    its config flags (None: no longer in the config) and its share of its compute gates'
+    time (None: the ``load`` reply's, which has none)."""
     sessions = [s for on in model.instances.sessions_by_device().values() for s in on]
     depth = model.batcher.depth
     now = time.monotonic()
-    return {
-        "state": model.state.value,
-        "instances": model.spec.instances,
-        "max_batch": model.spec.max_batch,
-        "batch_window_ms": (
+    figures = model.stats.snapshot()
+    return ModelStatus(
+        state=model.state.value,
+        instances=model.spec.instances,
+        max_batch=model.spec.max_batch,
+        batch_window_ms=(
             round(model.window.window_s * 1e3, 3) if model.window is not None else None
         ),
-        "devices": list(model.spec.devices),
-        "intra_op_threads": model.spec.placement(0).intra_op_threads,
-        "placement": instance_placements(model),
-        "queue_depth": depth,
-        "in_flight": max(0, model.pending - depth),
-        "io_buffer_bytes": sum(s.buffer_bytes for s in sessions),
-        "io_buffer_growths": sum(s.buffer_growths for s in sessions),
-        "consecutive_failures": model.consecutive_failures,
-        "restarts_in_window": model.restarts.count(now),
-        "loads": model.loads,
-        "evictions": model.evictions,
-        "reinitializations": model.reinitializations,
-        "restart_attempts": dict(model.restart_attempts),
-        "predictive": model.predictions.to_dict(),
-        "abandoned_workers": sum(1 for w in model.instances.abandoned if w.alive),
-        "last_error": model.last_error,
-        "idle_s": round(now - model.last_used_s, 1) if model.last_used_s else None,
-        "history": list(model.history),
-        **model.stats.snapshot(),
-        "capacity": stream_capacity(model, now).to_dict(),
-    }
+        devices=tuple(model.spec.devices),
+        intra_op_threads=model.spec.placement(0).intra_op_threads,
+        placement=instance_placements(model),
+        queue_depth=depth,
+        in_flight=max(0, model.pending - depth),
+        io_buffer_bytes=sum(s.memory.buffer_bytes for s in sessions),
+        io_buffer_growths=sum(s.memory.buffer_growths for s in sessions),
+        consecutive_failures=model.consecutive_failures,
+        restarts_in_window=model.restarts.count(now),
+        loads=model.loads,
+        evictions=model.evictions,
+        reinitializations=model.reinitializations,
+        restart_attempts=dict(model.restart_attempts),
+        predictive=model.predictions.to_dict(),
+        abandoned_workers=sum(1 for w in model.instances.abandoned if w.alive),
+        last_error=model.last_error,
+        idle_s=round(now - model.last_used_s, 1) if model.last_used_s else None,
+        history=tuple(model.history),
+        requests=figures.requests,
+        outcomes=figures.outcomes,
+        refused=figures.refused,
+        latency=figures.latency,
+        batch_sizes=figures.batch_sizes,
+        totals=figures.totals,
+        memory=memory,
+        idle_spin=idle_spin,
+        preload=preload,
+        evictable=evictable,
+        capacity=stream_capacity(model, now),
+        compute=compute,
+    )

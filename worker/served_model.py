@@ -36,6 +36,7 @@ import numpy as np
 import structlog
 
 from duomo.ipc.errors import DeadlineExceededError, UnavailableError
+from duomo.ipc.model_records import StateChange
 from duomo.worker.backends.base import Backend, DeviceRoom
 from duomo.worker.batch_window import BatchWindow
 from duomo.worker.batcher import Batcher, IdleReader
@@ -50,7 +51,7 @@ from duomo.worker.model_spec import (
     PredictedLoads,
 )
 from duomo.worker.model_worker import Activity, ModelWorker
-from duomo.worker.request import Outcome, Request
+from duomo.worker.request import Outcome, Request, submit_to
 from duomo.worker.stats import Buckets, ModelStats
 from duomo.worker.thread_budget import ComputeGate, GateMember
 
@@ -124,7 +125,7 @@ class ServedModel:
         self.predictions = PredictedLoads()  # preload_policy: predictive
         self.restart_attempts = dict.fromkeys(RESTART_CAUSES, 0)  # by cause, since built
         self.restarts = RestartHistory(spec.health)
-        self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
+        self.history: deque[StateChange] = deque(maxlen=HISTORY)
         self._pending = 0  # accepted and not yet answered: queued + being processed
         self._pending_lock = threading.Lock()
         # device memory its budgets leave it on each device, as of its last ``load``
@@ -138,7 +139,7 @@ class ServedModel:
         if state is self.state:
             return
         previous, self.state = self.state, state
-        self.history.append({"at": round(time.time(), 3), "state": state.value, "reason": reason})
+        self.history.append(StateChange(round(time.time(), 3), state.value, reason))
         level = "warning" if state in (ModelState.DEGRADED, ModelState.FAILED) else "info"
         getattr(log, level)(
             "model state", model=self.spec.name, state=state.value, was=previous.value,
@@ -340,15 +341,10 @@ class ServedModel:
         priority: int | None = None,
         deadline_s: float | None = None,
     ) -> Request:
-        """Queue one request; raises at once if the model refuses it or its queue is full."""
-        request = Request(
-            payload=payload,
-            on_done=on_done,
-            priority=self.spec.priority if priority is None else priority,
-            deadline_s=deadline_s,
-        )
-        self.enqueue(request)
-        return request
+        """Queue one request (``submit_to``); raises at once if the model refuses it or its
+        queue is full. Without a ``priority``, the model's."""
+        priority = self.spec.priority if priority is None else priority
+        return submit_to(self.enqueue, payload, on_done, priority, deadline_s)
 
     def enqueue(self, request: Request) -> None:
         """Queue ``request`` (its ``enqueued_s`` is when it arrived); raises at once if the model

@@ -2,7 +2,8 @@
 cumulative counts and times since the model was built, and the load its streams put on it
 (``streams``: ``worker.stream_load``).
 
-Written by the model's workers (and the batcher's expiry path), read by ``status``, the
+Written by the model's workers (and the batcher's expiry path), read by ``status`` (``snapshot``:
+its ``RequestFigures`` record, which ``worker.model_status`` puts in the model's), the
 benchmark and, through ``status``, the gateway's statistics endpoints; ``counters`` is the
 metrics scrape's view (``supervisor.operators.metrics``). Latencies are kept in a bounded window of
 recent requests, so percentiles describe current behaviour and memory stays flat however long the
@@ -22,11 +23,11 @@ import time
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from duomo.ipc.errors import ErrorCode
+from duomo.ipc.model_records import TimedCount, Totals
 from duomo.worker.request import Outcome
 from duomo.worker.stream_load import StreamLoad
 
@@ -80,6 +81,20 @@ class Counters:
     executions: int
     request_seconds: HistogramState
     batch_sizes: HistogramState
+
+
+@dataclass(frozen=True)
+class RequestFigures:
+    """A model's (or a pipeline's) request figures, ``ModelStatus``'s fields of the same names:
+    requests answered after being queued, those by outcome, refusals at admission, latency
+    percentiles per stage in ms ({} before the first success), batch sizes and the totals."""
+
+    requests: int
+    outcomes: dict[str, int]
+    refused: dict[str, int]
+    latency: dict[str, dict[str, float]]
+    batch_sizes: dict[str, int]
+    totals: Totals
 
 
 class ModelStats:
@@ -175,17 +190,16 @@ class ModelStats:
         p99_ms = self.recent_p99_ms()
         return None if p99_ms is None else p99_ms / 1e3
 
-    def snapshot(self) -> dict[str, Any]:
-        """A JSON-ready view: counts, p50/p90/p99 per stage in ms, batch sizes."""
+    def snapshot(self) -> RequestFigures:
+        """Its request figures as ``status`` shows them: counts, p50/p90/p99 per stage in ms,
+        batch sizes and the cumulative totals."""
         with self._lock:
             outcomes = dict(self._outcomes)
             refused = dict(self._refused)
             batches = {str(k): v for k, v in sorted(self._batches.items())}
             samples = np.array(self._samples, dtype=np.float64).reshape(-1, len(STAGES))
-            totals: dict[str, Any] = {
-                kind: {"count": count, "ns": ns} for kind, (count, ns) in self._totals.items()
-            }
-            totals.update(
+            totals = Totals(
+                timed={kind: TimedCount(count, ns) for kind, (count, ns) in self._totals.items()},
                 inference_count=self._items,
                 execution_count=self._executions,
                 last_inference_ms=self._last_ms,
@@ -196,11 +210,11 @@ class ModelStats:
             for i, stage in enumerate(STAGES):
                 p50, p90, p99 = (float(v) for v in table[:, i])
                 latency[stage] = {"p50_ms": p50, "p90_ms": p90, "p99_ms": p99}
-        return {
-            "requests": sum(outcomes.values()),
-            "outcomes": outcomes,
-            "refused": refused,
-            "latency": latency,
-            "batch_sizes": batches,
-            "totals": totals,
-        }
+        return RequestFigures(
+            requests=sum(outcomes.values()),
+            outcomes=outcomes,
+            refused=refused,
+            latency=latency,
+            batch_sizes=batches,
+            totals=totals,
+        )

@@ -35,6 +35,7 @@ import structlog
 
 from duomo.ipc.errors import ResourceExhaustedError
 from duomo.ipc.host_memory import M_ARENA_MAX, M_MMAP_THRESHOLD, set_malloc_options
+from duomo.ipc.model_records import WeightCopy
 from duomo.supervisor.config import LoadedConfig, ResolvedModel
 from duomo.worker.backends.base import DeviceRoom, MemoryShare
 from duomo.worker.model_spec import SERVING
@@ -298,14 +299,14 @@ class MemoryLedger:
             share.key: share
             for on in sessions.values()
             for s in on
-            for share in (s.weights, s.shared_work)
+            for share in (s.memory.weights, s.memory.shared_work)
             if share is not None
         }
         before = set(held)
         made = sum(w.nbytes for k, w in shares.items() if k not in before and not w.on_device)
         footprint = Footprint(
             max(0, host_bytes - made),
-            {d: sum(s.device_bytes for s in on) for d, on in sessions.items()},
+            {d: sum(s.memory.device_bytes for s in on) for d, on in sessions.items()},
             Counter(model.spec.placement(i).device for i in range(model.spec.instances)),
             tuple(shares.values()),
         )
@@ -386,21 +387,21 @@ class MemoryLedger:
         shares = found.shares_on(device, self._kind(device)) if found else ()
         return sum(w.nbytes for w in shares if w.kind == "weights")
 
-    def weights_of(self, name: str) -> list[dict[str, Any]]:
+    def weights_of(self, name: str) -> tuple[WeightCopy, ...]:
         """The copies of weights ``name`` uses, as ``status`` shows them: file, device, bytes,
         and the other loaded models that use the same copy."""
         found = self.footprints.get(name)
         shown = []
         for share in found.weights if found else ():
             held = self.weights_held(share.device).get(share.key)
-            users = [n for n in held[1] if n != name] if held else []
+            users = tuple(n for n in held[1] if n != name) if held else ()
             shown.append(
-                {
-                    "file": share.file, "device": share.device, "bytes": share.nbytes,
-                    "on_device": share.on_device, "shared_with": users,
-                }
+                WeightCopy(
+                    file=share.file, device=share.device, bytes=share.nbytes,
+                    on_device=share.on_device, shared_with=users,
+                )
             )  # fmt: skip
-        return shown
+        return tuple(shown)
 
     def device_memory(self) -> dict[int, MemoryUse]:
         """Per configured device id: the bytes charged to its loaded models against its budget

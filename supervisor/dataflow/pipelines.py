@@ -7,7 +7,8 @@ owns no thread and no queue. ``enqueue`` queues a request per whole-frame step o
 the pipeline request's priority, deadline and stream (its flow, weight and ``latest`` policy); when
 a step with objects answers (on its model's worker thread), each object that passes a later step's
 filters becomes a request to that step's model: its payload is a view of the frame already in
-the slot, cropped to the object's box, or the frame with the object's landmarks — nothing goes
+the slot, cropped to the object's box, or the frame with the object's landmarks (the worker's
+image work: ``worker.executors.object_crops``; here, which objects: ``select``) — nothing goes
 back to the producer between steps, and a second-stage model batches chips of many frames and
 streams together in its own batcher. No step waits for another: a callback queues and returns,
 so no worker ever holds its device's compute gate while another step runs.
@@ -28,7 +29,6 @@ from its last result (marked ``"reused": true``) until that many frames passed o
 from __future__ import annotations
 
 import functools
-import math
 import threading
 import time
 import weakref
@@ -36,35 +36,24 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-import cv2
 import numpy as np
 import structlog
 
 from duomo.ipc.errors import DuomoError, InternalError, InvalidArgumentError, UnavailableError
+from duomo.ipc.model_records import ModelStatus
+from duomo.ipc.status_records import PipelineObjects, PipelineStatus, PipelineStepStatus
 from duomo.supervisor.dataflow.object_tracker import IouTracker, Kept, Track, box_area
 from duomo.supervisor.dataflow.pipeline_config import ForEach, PipelineConfig, StepConfig
 from duomo.supervisor.dataflow.streams import StreamState
 from duomo.worker.executors.base import SlotSpec
+from duomo.worker.executors.object_crops import object_box, object_payload
 from duomo.worker.model_spec import ModelState
-from duomo.worker.request import Outcome, Request
+from duomo.worker.request import Outcome, Request, submit_to
 from duomo.worker.served_model import ServedModel
 from duomo.worker.stats import Buckets, ModelStats
 
 log = structlog.get_logger("duomo.pipeline")
 OBJECT_BOUNDS = (0, 1, 2, 4, 8, 16, 32)  # objects per frame
-
-
-@dataclass(frozen=True, slots=True)
-class StepCounts:
-    """One step's counts since the pipeline was built (``status``, ``/metrics``)."""
-
-    name: str
-    model: str
-    for_each: str | None
-    runs: int  # requests the step sent to its model
-    skipped: int  # frames on which it had no object to run on
-    reused: int  # results it answered from a tracked object's last one
-    errors: int  # of its requests, those answered with an error
 
 
 class _Figures:
@@ -183,13 +172,11 @@ class ServedPipeline:
         priority: int | None = None,
         deadline_s: float | None = None,
     ) -> Request:
-        """Queue one request (the in-process API); ``on_done`` gets the outcome. Without a
-        ``priority``, its first step's model's."""
+        """Queue one request (the in-process API: ``submit_to``); ``on_done`` gets the outcome.
+        Without a ``priority``, its first step's model's."""
         if priority is None:
             priority = self._root_model().spec.priority
-        request = Request(payload, on_done, priority, deadline_s)
-        self.enqueue(request)
-        return request
+        return submit_to(self.enqueue, payload, on_done, priority, deadline_s)
 
     def enqueue(self, request: Request) -> None:
         """Queue ``request``'s whole-frame steps (from any thread; returns at once). Raises,
@@ -239,49 +226,61 @@ class ServedPipeline:
 
     # -- what status shows ---------------------------------------------------------------------
 
-    def step_counts(self) -> list[StepCounts]:
+    def step_counts(self) -> tuple[PipelineStepStatus, ...]:
+        """Each step's counts since the pipeline was built (``status``, ``/metrics``): the
+        requests it sent to its model, the frames on which it had no object to run on, the
+        results it answered from a tracked object's last one, and its requests answered with an
+        error."""
         counts = []
         for step in self.steps:
             f = self._figures[step.name]
             over = step.for_each.step if step.for_each else None
             counts.append(
-                StepCounts(step.name, step.model, over, f.runs, f.skipped, f.reused, f.errors)
+                PipelineStepStatus(
+                    step.name, step.model, over, f.runs, f.skipped, f.reused, f.errors
+                )
             )
-        return counts
+        return tuple(counts)
 
-    def status(self) -> dict[str, Any]:
-        counters = self.stats.counters()
-        outcomes = counters.outcomes
-        total = self.stats.snapshot()["latency"].get("total", {})
-        objects = self.objects.read()
-        answered = sum(outcomes.values())
+    def status(self) -> PipelineStatus:
+        """Its status record: its state, requests (errors counted as a model's: failed and
+        refused, SUPERSEDED in neither), latency, objects per frame and each step's counts."""
+        figures = self.stats.snapshot()
+        outcomes = figures.outcomes
         ok, superseded = outcomes.get("ok", 0), outcomes.get("superseded", 0)
-        refused = sum(counters.refused.values())  # (as a model's: failed and refused)
+        total = figures.latency.get("total", {})
+        objects = self.objects.read()
         edges = [*(str(b) for b in OBJECT_BOUNDS), "+Inf"]
-        return {
-            "name": self.name,
-            "state": self.state_name(),
-            "requests": answered,
-            "errors": answered - ok - superseded + refused,
-            "latency_ms": {"p50": total.get("p50_ms"), "p99": total.get("p99_ms")},
-            "objects": {
-                "count": int(objects.total),
-                "frames": objects.cumulative[-1],
-                "buckets": [[le, n] for le, n in zip(edges, objects.cumulative, strict=True)],
-            },
-            "steps": [
-                {
-                    "name": c.name,
-                    "model": c.model,
-                    "for_each": c.for_each,
-                    "runs": c.runs,
-                    "skipped": c.skipped,
-                    "reused": c.reused,
-                    "errors": c.errors,
-                }
-                for c in self.step_counts()
-            ],
-        }
+        return PipelineStatus(
+            name=self.name,
+            state=self.state_name(),
+            requests=figures.requests,
+            errors=figures.requests - ok - superseded + sum(figures.refused.values()),
+            latency_p50_ms=total.get("p50_ms"),
+            latency_p99_ms=total.get("p99_ms"),
+            objects=PipelineObjects(
+                count=int(objects.total),
+                frames=objects.cumulative[-1],
+                buckets=tuple(zip(edges, objects.cumulative, strict=True)),
+            ),
+            steps=self.step_counts(),
+        )
+
+    def model_status(self, root: ModelStatus) -> ModelStatus:
+        """What it shows where one model's status is read (``status`` of its name alone: the
+        gateway's statistics): its first step's model's record ``root`` with the pipeline's own
+        state and request figures (no batch sizes: it runs no batch of its own)."""
+        figures = self.stats.snapshot()
+        return replace(
+            root,
+            state=self.state_name(),
+            requests=figures.requests,
+            outcomes=figures.outcomes,
+            refused=figures.refused,
+            latency=figures.latency,
+            batch_sizes={},
+            totals=figures.totals,
+        )
 
 
 def _unset(outcome: Outcome) -> None:
@@ -297,24 +296,6 @@ def _score(item: Mapping[str, Any]) -> float:
     return float(score) if isinstance(score, (int, float)) else 1.0
 
 
-def _box(item: Mapping[str, Any]) -> tuple[float, float, float, float] | None:
-    """The object's box, [x1, y1, x2, y2]; the bounds of its points when its box is a polygon
-    (an OCR line's four corners)."""
-    box = item.get("box")
-    if not isinstance(box, (list, tuple)) or not box:
-        return None
-    try:
-        if isinstance(box[0], (list, tuple)):
-            xs, ys = [float(p[0]) for p in box], [float(p[1]) for p in box]
-            return min(xs), min(ys), max(xs), max(ys)
-        if len(box) == 4:
-            x1, y1, x2, y2 = (float(v) for v in box)
-            return x1, y1, x2, y2
-    except (TypeError, ValueError, IndexError):
-        return None
-    return None
-
-
 def select(objects: Sequence[Mapping[str, Any]], each: ForEach) -> list[int]:
     """The indices of the objects a ``for_each`` runs on, in their order: score and size at
     least the minimum, then the ``largest`` N by box area."""
@@ -323,48 +304,18 @@ def select(objects: Sequence[Mapping[str, Any]], each: ForEach) -> list[int]:
         if _score(item) < each.min_score:
             continue
         if each.min_size > 0:
-            box = _box(item)
+            box = object_box(item)
             if box is None or min(box[2] - box[0], box[3] - box[1]) < each.min_size:
                 continue
         chosen.append(i)
     if each.largest is not None and len(chosen) > each.largest:
 
         def area(i: int) -> float:
-            box = _box(objects[i])
+            box = object_box(objects[i])
             return 0.0 if box is None else max(0.0, box[2] - box[0]) * max(0.0, box[3] - box[1])
 
         chosen = sorted(sorted(chosen, key=area, reverse=True)[: each.largest])
     return chosen
-
-
-def object_payload(frame: Any, item: Mapping[str, Any], each: ForEach) -> Any:
-    """What one object's request is given: the frame cropped to its box (a view, widened by
-    ``margin``, resized when ``resize`` is set), or the frame with its landmarks."""
-    if not isinstance(frame, np.ndarray) or frame.ndim not in (2, 3):
-        raise InvalidArgumentError("the frame is not an image: for_each needs one")
-    if each.input != "box":
-        field = "box" if each.input == "quad" else each.input
-        points = item.get(field)
-        if points is None:
-            raise InvalidArgumentError(f"the object has no {field}")
-        try:
-            return {"image": frame, each.input: np.asarray(points, dtype=np.float32)}
-        except (TypeError, ValueError):
-            raise InvalidArgumentError(f"the object's {field} is not a list of points") from None
-    box = _box(item)
-    if box is None:
-        raise InvalidArgumentError("the object has no box")
-    x1, y1, x2, y2 = box
-    dx, dy = (x2 - x1) * each.margin, (y2 - y1) * each.margin
-    height, width = frame.shape[:2]
-    left, top = max(0, math.floor(x1 - dx)), max(0, math.floor(y1 - dy))
-    right, bottom = min(width, math.ceil(x2 + dx)), min(height, math.ceil(y2 + dy))
-    if right - left < 1 or bottom - top < 1:
-        raise InvalidArgumentError(f"the object's box {list(box)} is outside the frame")
-    crop = frame[top:bottom, left:right]
-    if each.resize is not None:
-        crop = cv2.resize(crop, each.resize, interpolation=cv2.INTER_LINEAR)
-    return crop
 
 
 class _Run:
@@ -459,7 +410,7 @@ class _Run:
         tracker = pipeline.tracker(self.request, step.name)
         frame_no, tracks = 0, None
         if tracker is not None:
-            boxes = [_box(o) or (0.0, 0.0, 0.0, 0.0) for o in objects]
+            boxes = [object_box(o) or (0.0, 0.0, 0.0, 0.0) for o in objects]
             frame_no, tracks = tracker.update(boxes)
             for item, track in zip(objects, tracks):
                 item["track_id"] = track.id

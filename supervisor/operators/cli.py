@@ -20,6 +20,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -27,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+import duomo
 from duomo.ipc.client import Client
 from duomo.ipc.command_line import (
     EXIT_FAILED,
@@ -38,12 +41,14 @@ from duomo.ipc.command_line import (
 from duomo.ipc.errors import DuomoError, ErrorCode, NotFoundError
 from duomo.ipc.logs import LEVELS, configure_logging
 from duomo.ipc.runtime_dir import default_socket_path
-from duomo.ipc.status_records import ModelStatus, SupervisorStatus
+from duomo.ipc.status_records import ModelStatus
 from duomo.supervisor.config import ConfigError, LoadedConfig, ResolvedModel, load_config
 from duomo.supervisor.operators.source_commands import add_parser as add_source_parser
 from duomo.video import camera_sim
 
 DEFAULT_CONFIG = Path("configs/default.yaml")
+# ``duomo bench`` runs the benchmark from the checkout: where it was called, for relative paths
+BENCH_CALLER_DIR_ENV = "DUOMO_BENCH_CALLER_DIR"
 
 
 def _load(path: Path) -> LoadedConfig | None:
@@ -227,140 +232,19 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.interval is not None:
         print("duomo status: --interval goes with --watch", file=sys.stderr)
         return EXIT_INVALID
+    from duomo.supervisor.operators.status_table import render_status
+
     try:
         with Client(args.socket, timeout_s=10) as client:
-            shown = client.status()
-        status = SupervisorStatus.from_dict(shown)  # (a key missing fails here, loudly)
+            status = client.status()  # (a key missing fails here, loudly)
     except DuomoError as err:
         print(f"duomo status: {err.message}", file=sys.stderr)
         return EXIT_FAILED
     if args.json:
-        print(json.dumps(shown, indent=2))
+        print(json.dumps(status.to_dict(), indent=2))
     else:
         print(render_status(status))
     return EXIT_OK
-
-
-# the model table of ``duomo status``: (title, alignment, least width); a column grows to its
-# widest cell (a long model name, a model on many devices), so the table stays aligned
-STATUS_COLUMNS = (
-    ("model", "<", 12), ("state", "<", 14), ("dev", "<", 5), ("inst", ">", 4),
-    ("queue", ">", 5), ("busy", ">", 4), ("ok", ">", 7), ("errors", ">", 6),
-    ("superseded", ">", 10), ("p50 ms", ">", 8), ("p99 ms", ">", 8), ("MiB", ">", 6),
-    ("rst", ">", 3), ("share", ">", 11), ("batches", "<", 0),
-)  # fmt: skip
-
-
-def _aligned(
-    columns: Sequence[tuple[str, str, int]], rows: Sequence[tuple[list[str], str | None]]
-) -> list[str]:
-    """The title line and one line per row, each followed by its note line if it has one;
-    columns one space apart (two before the last), as wide as their widest cell."""
-    widths = [
-        max(least, len(title), *(len(cells[i]) for cells, _ in rows))
-        for i, (title, _, least) in enumerate(columns)
-    ]
-
-    def line(cells: Sequence[str]) -> str:
-        shown = [f"{c:{a}{w}}" for c, (_, a, _), w in zip(cells, columns, widths)]
-        return (" ".join(shown[:-1]) + "  " + shown[-1]).rstrip()
-
-    out = [line([title for title, _, _ in columns])]
-    for cells, note in rows:
-        out.append(line(cells))
-        if note is not None:
-            out.append(note)
-    return out
-
-
-def _shared_weights(status: SupervisorStatus) -> list[str]:
-    """A line per copy of weights that several loaded models use (the MEM column counts it for
-    each; the device's line, once)."""
-    copies: dict[tuple[str, int, int], set[str]] = {}
-    for name, m in status.models.items():
-        for w in m.memory.weights:
-            if w.shared_with:
-                copies.setdefault((w.file, w.device, w.bytes), set()).update({name, *w.shared_with})
-    return [
-        f"  weights shared on device {device}: {file} {nbytes / 2**20:.0f} MiB, one copy for "
-        f"{', '.join(sorted(users))}"
-        for (file, device, nbytes), users in sorted(copies.items())
-    ]
-
-
-def render_status(status: SupervisorStatus) -> str:
-    """``duomo status``'s text: the process, each device, the model table (its columns:
-    docs/operations.md), the streams table and the models' capacity when there are streams
-    (``stream_table``), the pipelines table when there are pipelines (``pipeline_table``), the
-    managed sources when there are some (``source_table``), limits, gateway workers and
-    clients."""
-    from duomo.supervisor.operators import (  # (beside the models)
-        pipeline_table,
-        source_table,
-        stream_table,
-    )
-
-    rss_mb = status.rss_bytes / 2**20
-    lines = [
-        f"supervisor pid {status.pid} on {status.socket}, up {status.uptime_s:.0f}s, "
-        f"{rss_mb:.0f} MiB resident, thread budget {status.thread_budget}",
-    ]
-    for device in status.devices:
-        budget, total = device.budget_bytes, device.total_bytes
-        limit = f" of {budget / 2**20:.0f} MiB budget" if budget else ""
-        size = f"; {total / 2**20:.0f} MiB in all" if total else ""
-        cores = device.cores
-        pinned = f", cores {','.join(map(str, cores))}" if cores else ""
-        threads = device.thread_budget
-        budget_note = f", thread budget {threads}" if threads and len(status.devices) > 1 else ""
-        lines.append(
-            f"device {device.id} ({device.kind}{pinned}{budget_note}): "
-            f"{device.used_bytes / 2**20:.0f} MiB charged to loaded models{limit}{size}"
-        )
-    lines += _shared_weights(status)
-    rows: list[tuple[list[str], str | None]] = []  # a model's cells, and its last error
-    for name, m in status.models.items():
-        batches = " ".join(f"{k}:{v}" for k, v in m.batch_sizes.items()) or "-"
-        charged = m.memory.charged_bytes
-        size = f"{charged / 2**20:.0f}" if charged is not None else "-"
-        compute = m.compute
-        share = f"{compute.share:.0%} (w {compute.weight:g})" if compute is not None else "-"
-        devices = ",".join(str(d) for d in m.devices or [0])
-        cells = [
-            name, m.state, devices, str(m.instances), str(m.queue_depth),
-            str(m.in_flight), str(m.ok), str(m.errors), str(m.superseded),
-            f"{m.latency_ms('p50') or 0:.1f}", f"{m.latency_ms('p99') or 0:.1f}", size,
-            str(m.restarts_in_window), share, batches,
-        ]  # fmt: skip
-        error = m.last_error if m.state != "READY" else None
-        rows.append((cells, f"  {name}: {error}" if error else None))
-    lines += _aligned(STATUS_COLUMNS, rows)
-    streams = stream_table.render(status.streams)
-    lines += ["", *streams] if streams else []
-    capacity = stream_table.render_capacity(status.models)
-    lines += ["", *capacity] if capacity else []
-    pipelines = pipeline_table.render(status.pipelines)
-    lines += ["", *pipelines] if pipelines else []
-    sources = source_table.render(status.sources)
-    lines += ["", *sources] if sources else []
-    limits = status.limits
-    lines.append(
-        f"clients {len(status.clients)} of {limits['max_connections']}, "
-        f"{status.shm_bytes / 2**20:.1f} of {limits['shm_total_bytes'] / 2**20:.0f} MiB "
-        f"of ring memory committed, {status.connections_refused} connection(s) refused, "
-        f"{status.clients_cut_off} cut off"
-    )
-    for g in status.gateways:
-        lines.append(
-            f"gateway worker {g.worker} (pid {g.pid}): {g.condition}, http {g.http}, "
-            f"grpc {g.grpc}, {g.restarts} restart(s)"
-        )
-    for c in status.clients:
-        rings = ", ".join(f"{r.model}×{r.slots}" for r in c.rings) or "no models"
-        lent = " (read by its idle worker)" if c.lent else ""
-        waiting = f", {c.unread_bytes} bytes of answers unread" if c.unread_bytes else ""
-        lines.append(f"client {c.id} (pid {c.pid}): {rings}{lent}{waiting}")
-    return "\n".join(lines)
 
 
 def cmd_gateway(args: argparse.Namespace) -> int:
@@ -693,8 +577,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_source_parser(sub, _socket_arg)
 
-    # ``duomo bench`` has its own parser, loaded only when it runs (``main``): the benchmark
-    # lives with the tools of a source checkout, which are not installed
+    # ``duomo bench`` has its own parser, the benchmark's, in its own process (``run_bench``):
+    # the benchmark lives with the tools of a source checkout, which are not installed
     bench = sub.add_parser(
         "bench", add_help=False,
         help="Duomo vs the engine limit, one process per model, Triton and Mosec "
@@ -722,24 +606,28 @@ def _socket_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def run_bench(argv: list[str]) -> int:
-    """``duomo bench ARGS``: the benchmark (``tools.bench.run``), imported only now, from the
-    source checkout this Duomo runs from (``duomo/`` beside ``tools/``); a clear error where
-    Duomo was installed without one."""
-    checkout = Path(__file__).resolve().parents[1]  # (the link duomo/supervisor resolved)
-    if (checkout / "tools" / "bench" / "run.py").is_file() and str(checkout) not in sys.path:
-        sys.path.insert(0, str(checkout))  # the console script's path has only its venv's
-    try:
-        from tools.bench.run import main as bench_main
-    except ModuleNotFoundError as err:
-        if err.name not in ("tools", "tools.bench", "tools.bench.run"):
-            raise
+    """``duomo bench ARGS``: the benchmark, ``python -m tools.bench.run ARGS`` run from the
+    source checkout this Duomo is installed from (``duomo/`` beside ``tools/``) with
+    ``BENCH_CALLER_DIR_ENV`` naming the directory the relative paths of ARGS are read from; its
+    exit status. A clear error, exit 2, where Duomo was installed without a checkout (``tools/``
+    is never installed)."""
+    checkout = Path(duomo.__file__).resolve().parents[1]  # (the checkout's duomo/, or a wheel's)
+    if not (checkout / "tools" / "bench" / "run.py").is_file():
         print(
             "duomo bench: the benchmark runs from a source checkout of Duomo (make bench); "
             "tools/ is not installed",
             file=sys.stderr,
         )
-        return 2
-    return bench_main(argv)
+        return EXIT_INVALID
+    bench = subprocess.Popen(
+        [sys.executable, "-m", "tools.bench.run", *argv], cwd=checkout,
+        env={**os.environ, BENCH_CALLER_DIR_ENV: os.getcwd()},
+    )  # fmt: skip
+    try:
+        status = bench.wait()
+    except KeyboardInterrupt:  # the bench had the same ^C: it stops what it started, then exits
+        status = bench.wait()
+    return status if status >= 0 else 128 - status  # killed by a signal: 128 + its number
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -15,12 +15,13 @@ ratio over the failures and successes counts only errors. Each model's capacity 
 streams (``worker.stream_load``, read through ``worker.model_status.stream_capacity``) is a set
 of gauges: over or not, the frames per second offered and served, and the age bound.
 
-Streams (``duomo_stream_*``, from ``supervisor.dataflow.streams``' registry) have their series from
-the moment they open, per ``stream`` and the ``model``s it feeds; an ended stream keeps them (its
-state ``ended``) until the registry forgets it to open another past ``limits.max_streams``,
-which bounds the ``stream`` label's values. A stream opened again under its name carries its
-counts on and drops the series of a model it no longer feeds. Its answer-age quantiles appear
-with its first answer in the last 60 s.
+Streams (``duomo_stream_*``, from ``supervisor.dataflow.streams``' registry: the
+``StreamStatus`` records ``status`` shows) have their series from the moment they open, per
+``stream`` and the ``model``s it feeds; an ended stream keeps them (its state ``ended``) until the
+registry forgets it to open another past ``limits.max_streams``, which bounds the ``stream``
+label's values. A stream opened again under its name carries its counts on and drops the series
+of a model it no longer feeds. Its answer-age quantiles appear with its first answer in the last
+60 s.
 
 Managed sources have ``duomo_source_*`` (``supervisor.operators.source_metrics``).
 
@@ -28,7 +29,8 @@ Pipelines (``duomo_pipeline_*``, from ``engine.pipelines``) have their series fr
 at zero, like the models: a request counter by ``code`` (every ``ErrorCode`` name, ``OK``
 among them), the latency of its successful requests and its objects per frame as histograms,
 and per ``step`` its runs (labelled with the step's ``model`` too), skipped frames, reused
-sub-results and failed sub-results. Read without a lock, as the models' are.
+sub-results and failed sub-results (its ``PipelineStepStatus`` records, as ``status`` shows
+them). Read without a lock, as the models' are.
 """
 
 from __future__ import annotations
@@ -48,7 +50,6 @@ from prometheus_client.utils import floatToGoString
 
 from duomo.ipc.errors import ErrorCode
 from duomo.ipc.source_records import SourceStatus
-from duomo.ipc.status_records import StreamStatus
 from duomo.supervisor.core.engine import Engine
 from duomo.supervisor.dataflow.streams import STATES, StreamRegistry
 from duomo.supervisor.operators.source_metrics import source_families
@@ -378,8 +379,7 @@ class DuomoCollector(Collector):
             "age_ms", "Answer age (answer time minus capture time) of the stream's answers in "
             "the last 60 s, in ms, at the quantile.", [*sm, "quantile"],
         )  # fmt: skip
-        for record in self.streams.snapshot():
-            stream = StreamStatus.from_dict(record)
+        for stream in self.streams.snapshot():  # (the records ``status`` shows)
             for each in STATES:
                 state.add_metric([stream.name, each], 1.0 if each == stream.state else 0.0)
             for model, f in stream.models.items():

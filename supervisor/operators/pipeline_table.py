@@ -3,7 +3,7 @@ step, each cell read from the ``status`` reply's ``pipelines`` (``ipc.status_rec
 ``PipelineStatus``).
 
 ``rows`` makes the cells, which both views show; ``render`` lays them out as the plain text of
-``duomo status`` (``supervisor.operators.cli``'s ``render_status``), and
+``duomo status`` (``supervisor.operators.status_table``'s ``render_status``), and
 ``supervisor.operators.status_watch`` puts them in its rich table, colouring the state as a model's.
 With no pipeline there is no table. Every row names its pipeline (``grep faces``); the pipeline's
 own figures (state, requests, errors, latency, objects per frame) are on its first step's row only,

@@ -142,7 +142,7 @@ class StatusPoller:
         try:
             if self._client is None:
                 self._client = Client(self.socket, timeout_s=self.timeout_s)
-            status = SupervisorStatus.from_dict(self._client.status())
+            status = self._client.status()
         except (DuomoError, OSError) as err:  # (a reply of the wrong shape too: it says why)
             self.close()
             return Frame(self.socket, problem=getattr(err, "message", None) or str(err))

@@ -5,10 +5,11 @@ model, each cell read from the ``status`` reply's ``streams`` (``ipc.status_reco
 
 ``rows`` and ``capacity_rows`` make the cells, which both views show; ``render`` and
 ``render_capacity`` lay them out as the plain text of ``duomo status``
-(``supervisor.operators.cli``'s ``render_status``), and ``supervisor.operators.status_watch`` puts
-them in its rich tables, colouring the states with ``STATE_STYLES`` and ``CAPACITY_STYLES``. With no
-stream there is no table. A stream fed to several models has a row per model, each repeating the
-stream's name, state and policy, so that every row reads alone (``grep gate-3``).
+(``supervisor.operators.status_table``'s ``render_status``), and
+``supervisor.operators.status_watch`` puts them in its rich tables, colouring the states with
+``STATE_STYLES`` and ``CAPACITY_STYLES``. With no stream there is no table. A stream fed to
+several models has a row per model, each repeating the stream's name, state and policy, so that
+every row reads alone (``grep gate-3``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What the status tables of named rows share: their columns, and their plain-text layout.
 
 Used by ``supervisor.operators.stream_table`` and ``supervisor.operators.pipeline_table`` (each
-makes its rows' cells), by ``supervisor.operators.cli``'s ``render_status`` through their
+makes its rows' cells), by ``supervisor.operators.status_table``'s ``render_status`` through their
 ``render``, and by ``supervisor.operators.status_watch``, which puts the same cells in a rich table.
 """
 

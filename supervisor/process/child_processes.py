@@ -6,15 +6,15 @@ stopped on the way out.
 ``command(index)``, each given ``--ready-fd FD`` to report ``READY`` (``ipc.readiness``) within
 ``START_TIMEOUT_S``. A worker that exits is started again after ``RESTART_BACKOFF_S`` (doubling, at
 most ``RESTART_BACKOFF_MAX_S``); more than ``max_restarts`` restarts of one worker within
-``RESTART_WINDOW_S`` and it stays down (``status`` shows it, the log says why). ``on_exit(index)``
-and ``on_started(index, pid)``, when given, are called on the watcher thread when a worker is seen
-to have exited and when one (re)starts: the source fleet moves a dead worker's sources to the
-others at once, and gives the restarted worker new ones.
+``RESTART_WINDOW_S`` and it stays down (``gave_up``: ``status`` shows it, the log says why).
+``on_exit(index)`` and ``on_started(index, pid)``, when given, are called on the watcher thread
+when a worker is seen to have exited and when one (re)starts: the source fleet moves a dead
+worker's sources to the others at once, and gives the restarted worker new ones.
 
 Threads: ``start`` and ``stop`` run on the caller's; one watcher thread polls the processes every
-``WATCH_PERIOD_S`` and is the one writer of their state once ``start`` returned (``status`` reads
-it as it is; ``stop`` waits for the watcher before it touches it). Used by
-``supervisor.process.gateways`` and ``supervisor.sources.workers``.
+``WATCH_PERIOD_S`` and is the one writer of their state once ``start`` returned (their readers,
+the gateways' ``status``, read it as it is; ``stop`` waits for the watcher before it touches it).
+Used by ``supervisor.process.gateways`` and ``supervisor.sources.workers``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import structlog
 
@@ -225,21 +224,3 @@ class ChildProcesses:
         with contextlib.suppress(subprocess.TimeoutExpired):
             worker.process.wait(10)
         worker.process = None
-
-    def status(self) -> list[dict[str, Any]]:
-        """Each worker: its index, pid, whether it runs, its restarts, whether it was given up
-        on, and its last exit code."""
-        shown = []
-        for w in self.workers:
-            process = w.process  # (read once: the watcher may replace it meanwhile)
-            shown.append(
-                {
-                    "worker": w.index,
-                    "pid": process.pid if process is not None else None,
-                    "running": process is not None and process.poll() is None,
-                    "restarts": len(w.restarts),
-                    "gave_up": w.gave_up,
-                    "last_exit": w.last_exit,
-                }
-            )
-        return shown

@@ -17,13 +17,13 @@ from __future__ import annotations
 import socket
 import sys
 from pathlib import Path
-from typing import Any
 
 import structlog
 from pydantic import Field, field_validator, model_validator
 
 from duomo.ipc.endpoints import is_loopback, parse_endpoint
 from duomo.ipc.logs import log_args
+from duomo.ipc.status_records import GatewayWorkerStatus
 from duomo.supervisor.process.child_processes import ChildProcesses, stop_orphans
 from duomo.worker.config_model import StrictModel
 
@@ -159,8 +159,22 @@ class GatewayProcesses:
         """Every worker stopped (each finishes what it serves first)."""
         self.children.stop()
 
-    def status(self) -> list[dict[str, Any]]:
-        return [
-            {**shown, "http": self.config.http, "grpc": self.config.grpc}
-            for shown in self.children.status()
-        ]
+    def status(self) -> tuple[GatewayWorkerStatus, ...]:
+        """Each worker's status record: its index, pid, whether it runs, its restarts, whether
+        it was given up on, its last exit code, and the endpoints it serves."""
+        shown = []
+        for w in self.children.workers:
+            process = w.process  # (read once: the watcher may replace it meanwhile)
+            shown.append(
+                GatewayWorkerStatus(
+                    worker=w.index,
+                    pid=process.pid if process is not None else None,
+                    running=process is not None and process.poll() is None,
+                    restarts=len(w.restarts),
+                    gave_up=w.gave_up,
+                    last_exit=w.last_exit,
+                    http=self.config.http,
+                    grpc=self.config.grpc,
+                )
+            )
+        return tuple(shown)

@@ -48,13 +48,9 @@ from duomo.ipc.errors import (
 from duomo.ipc.runtime_dir import ensure_private_dir, key_path, pid_path, write_key
 from duomo.ipc.status_records import (
     ClientStatus,
-    DeviceStatus,
-    GatewayWorkerStatus,
     ModelInfo,
     ModelStatus,
-    PipelineStatus,
     RingStatus,
-    StreamStatus,
     SupervisorStatus,
     TensorRecord,
 )
@@ -337,12 +333,12 @@ class Supervisor:
 
     def _process_view(self) -> ProcessView:
         reactor = self.reactor
-        gateways = self.gateways.status() if self.gateways is not None else []
+        gateways = self.gateways.status() if self.gateways is not None else ()
         return ProcessView(
             clients_attached=sum(1 for c in reactor.connections if c.authenticated)
             if reactor is not None
             else 0,
-            gateway_workers_running=sum(1 for g in gateways if g["running"]),
+            gateway_workers_running=sum(1 for g in gateways if g.running),
             resident_bytes=self._process.memory_info().rss,
         )
 
@@ -491,7 +487,7 @@ class Supervisor:
 
     def _on_load(self, caller: Caller, request: Load) -> None:
         self.engine.servable(request.model)  # NotFoundError at once
-        self._later(caller, request, lambda: {"load": self.engine.load(request.model)})
+        self._later(caller, request, lambda: {"load": self.engine.load(request.model).to_dict()})
 
     def _on_unload(self, caller: Caller, request: Unload) -> None:
         self.engine.servable(request.model)  # NotFoundError at once
@@ -564,26 +560,21 @@ class Supervisor:
         )
 
     def model_status(self, name: str) -> ModelStatus:
-        """``name``'s status alone (NotFoundError when it is not served). A pipeline's is its
-        first step's model's with the pipeline's state and request figures (what the gateway's
+        """``name``'s status alone (NotFoundError when it is not served, or was removed by a
+        reload meanwhile). A pipeline's is its own (``ServedPipeline.model_status``: its first
+        step's model's with the pipeline's state and request figures, what the gateway's
         statistics read)."""
         served = self.engine.servable(name)
         if isinstance(served, ServedPipeline):
-            root = self.engine.status()["models"].get(served.root.model)
-            if root is None:
-                raise NotFoundError(f"no model named {echoed(served.root.model)}")
-            figures = {**served.stats.snapshot(), "batch_sizes": {}}
-            return ModelStatus.from_dict({**root, "state": served.state.value, **figures})
-        shown = self.engine.status()["models"].get(name)
-        if shown is None:  # (removed by a reload meanwhile)
-            raise NotFoundError(f"no model named {echoed(name)}")
-        return ModelStatus.from_dict(shown)
+            return served.model_status(self.engine.model_status(served.root.model))
+        return self.engine.model_status(name)
 
     def status(self, asking: Connection | None = None) -> SupervisorStatus:
         """The supervisor's state. ``clients`` leaves out the connection ``asking`` when it holds
         no ring: the ``duomo status`` command (or its ``--watch`` view) is no client of the
-        models; a producer that asks sees its own rings. The engine's view (a dict, as the
-        engine keeps it) is read into its records here, so a key it renames fails at once."""
+        models; a producer that asks sees its own rings. Assembled from the records their owners
+        make: the engine's (devices, models, pipelines), the gateways', the streams' and the
+        managed sources'; the clients' are made here."""
         process = self._process
         clients = []
         for conn in self.reactor.connections if self.reactor else []:
@@ -607,7 +598,6 @@ class Supervisor:
                 )
             )
         engine = self.engine.status()
-        gateways = self.gateways.status() if self.gateways is not None else []
         return SupervisorStatus(
             pid=os.getpid(),
             socket=str(self.socket_path),
@@ -622,13 +612,13 @@ class Supervisor:
             clients_cut_off=self.reactor.cut_off_total if self.reactor else 0,
             control_jobs_waiting=self.control_jobs.waiting,
             limits=self.limits.to_dict(),
-            gateways=tuple(GatewayWorkerStatus.from_dict(g) for g in gateways),
-            thread_budget=engine["thread_budget"],
-            devices=tuple(DeviceStatus.from_dict(d) for d in engine["devices"]),
-            models={n: ModelStatus.from_dict(m) for n, m in engine["models"].items()},
-            pipelines={n: PipelineStatus.from_dict(p) for n, p in engine["pipelines"].items()},
+            gateways=self.gateways.status() if self.gateways is not None else (),
+            thread_budget=engine.thread_budget,
+            devices=engine.devices,
+            models=engine.models,
+            pipelines=engine.pipelines,
             clients=tuple(clients),
-            streams=tuple(StreamStatus.from_dict(s) for s in self.streams.snapshot()),
+            streams=self.streams.snapshot(),
             sources=self.sources.status(),
         )
 
