@@ -177,7 +177,6 @@ def _errors_section(errors: Any) -> list[str]:
 
 def render() -> str:
     """The page, as the code's docstrings are now."""
-    sys.path.insert(0, str(ROOT))
     import duomo.ipc as ipc
     import duomo.ipc.errors
 

@@ -28,8 +28,6 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from duomo.supervisor.operators.environment import probe
 from duomo.worker.backends.acl_backend import AclBackend, AclSession, atc_sidecar
 from duomo.worker.backends.base import SessionSettings

@@ -2,7 +2,7 @@
 gateway (HTTP and gRPC) and against Triton (the ``duomo bench`` peer: its Python backend running
 the same executor), on one model, side by side.
 
-    python tools/bench_perf_analyzer.py [--model classify] [--shape 400,600,3] [--interval-ms 5000]
+    python -m tools.bench_perf_analyzer [--model classify] [--shape 400,600,3] [--interval-ms 5000]
 
 It installs perf_analyzer once into ``.bench/envs/pa51`` (``tritonclient[all]==2.51.0``, the
 last wheel whose binary runs on glibc 2.36, and the CUDA runtime it links; the binary also
@@ -26,11 +26,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from tools.bench.servers import DuomoServers, TritonServer, free_port
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from tools.bench.servers import DuomoServers, TritonServer, free_port  # noqa: E402
-
 ENV = ROOT / ".bench" / "envs" / "pa51"
 CONFIG = ROOT / "configs" / "default.yaml"
 

@@ -125,16 +125,16 @@ def open_loop(sock: Path, rate: float, seconds: float) -> dict[str, Any]:
         for future in outstanding:
             future.exception(60)
         elapsed = time.perf_counter() - started
-        status = client.status()["models"]["mlp"]
-    totals = status["totals"]
+        status = client.status().models["mlp"]
+    totals = status.totals
     ordered = sorted(latencies)
     return {
         "answers_per_s": len(latencies) / elapsed,
         "p50_ms": ordered[len(ordered) // 2] * 1e3 if ordered else None,
         "p99_ms": ordered[int(0.99 * (len(ordered) - 1))] * 1e3 if ordered else None,
         "errors": errors,
-        "mean_batch": totals["inference_count"] / max(1, totals["execution_count"]),
-        "window_ms": status.get("batch_window_ms"),
+        "mean_batch": totals.inference_count / max(1, totals.execution_count),
+        "window_ms": status.batch_window_ms,
     }
 
 

@@ -1,7 +1,7 @@
 """A camera producer process of the camera benchmark (``tools.bench.cameras``).
 
 ``python -m tools.bench.camera_producer KIND`` with a JSON spec on stdin, the protocol of
-``tools.bench.run.Child``: it loads, prints ``ready``, reads the window (wall-clock start and
+``tools.bench.children.Child``: it loads, prints ``ready``, reads the window (wall-clock start and
 end), plays until the window ends and prints one JSON line with its figures. KIND is:
 
 - ``source`` — Duomo's video source: one process, one ``Client``, one ``duomo.video``
@@ -54,7 +54,7 @@ class Window:
 
     @classmethod
     def await_start(cls) -> Window:
-        """The window from ``tools.bench.run`` (``await_window``), on the monotonic clock; the
+        """The window from ``tools.bench.cameras`` (``await_window``), on the monotonic clock; the
         hang watchdog armed for ``HANG_AFTER_S`` past its end."""
         start_at, end_at = await_window()
         faulthandler.dump_traceback_later(end_at - time.time() + HANG_AFTER_S, exit=True)

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.bench.camera_clip import make_clip
-from tools.bench.run import Child, open_window
+from tools.bench.children import Child, open_window
 from tools.bench.sampler import TreeSampler
 from tools.bench.servers import DuomoServers, ModeServers, TritonServer
 

@@ -3,11 +3,11 @@ by itself on one thread, which also gives every image's expected answer and the 
 and the ``engine`` mode (all models at once, one thread per instance, the same thread plan and
 compute gate as the supervisor: the limit Duomo is measured against).
 
-Run by ``tools.bench.run`` as a child process, ``python -m tools.bench.inprocess alone|engine``
-with a JSON spec on stdin, so its memory and CPU are measured like any server's. Protocol: the
-child loads, prints ``ready``, reads the window (``{"start_at": …, "end_at": …}``, wall-clock
-seconds) from stdin, and prints one JSON object with its figures when done. The peers' apps
-(``tools.bench.peer_apps``) build their executors with ``open_executor`` too.
+Run by ``tools.bench.mixed_load`` as a child process, ``python -m tools.bench.inprocess
+alone|engine`` with a JSON spec on stdin, so its memory and CPU are measured like any server's.
+Protocol: the child loads, prints ``ready``, reads the window (``{"start_at": …, "end_at": …}``,
+wall-clock seconds) from stdin, and prints one JSON object with its figures when done. The
+peers' apps (``tools.bench.peer_apps``) build their executors with ``open_executor`` too.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def run_timed(executor: Executor, image: Any) -> tuple[Any, int]:
 
 
 def await_window() -> tuple[float, float]:
-    """The child's side of the window protocol (``tools.bench.run.Child``): say ``ready``, read
+    """The child's side of the window protocol (``tools.bench.children.Child``): say ``ready``, read
     the window's start and end (wall-clock seconds)."""
     print("ready", flush=True)
     window = json.loads(sys.stdin.readline())

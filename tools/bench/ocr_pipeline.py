@@ -25,9 +25,9 @@ below 1 than the A trials are apart. Every answer is checked against the first A
 answer for that image (the text of each line, its score within 1e-5, its box): a mismatch is
 counted as ``wrong``.
 
-The producer's side is ``python -m tools.bench.ocr_pipeline produce`` (``tools.bench.run.Child``'s
-protocol). The result is one JSON file, ``--out`` (default: tools/bench/results/<today>/
-ocr_pipeline/result.json).
+The producer's side is ``python -m tools.bench.ocr_pipeline produce`` (the protocol of
+``tools.bench.children.Child``). The result is one JSON file, ``--out`` (default:
+tools/bench/results/<today>/ocr_pipeline/result.json).
 """
 
 from __future__ import annotations
@@ -212,7 +212,7 @@ def run_trial(
 ) -> dict[str, Any]:
     """One trial of ``kind`` in a fresh supervisor on ``config``."""
     from duomo.ipc.client import Client
-    from tools.bench.run import Child, open_window
+    from tools.bench.children import Child, open_window
     from tools.bench.sampler import TreeSampler
     from tools.bench.servers import DuomoServers
 
@@ -242,7 +242,7 @@ def run_trial(
         results = [c.result() for c in children]
         client = Client(socket, timeout_s=TIMEOUT_S)
         try:
-            status = client.status()
+            status = client.status().to_dict()  # (the JSON ``duomo status --json`` prints)
         finally:
             client.close()
     finally:

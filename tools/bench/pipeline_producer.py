@@ -1,9 +1,9 @@
 """A producer process of the pipeline benchmark (``tools.bench.pipelines``).
 
 ``python -m tools.bench.pipeline_producer KIND`` with a JSON spec on stdin, the protocol of
-``tools.bench.run.Child``: it connects, prints ``ready``, reads the window (wall-clock start and
-end), sends frames closed loop (the next frame once the last one is answered) until the window
-ends and prints one JSON line with its figures. KIND is:
+``tools.bench.children.Child``: it connects, prints ``ready``, reads the window (wall-clock start
+and end), sends frames closed loop (the next frame once the last one is answered) until the
+window ends and prints one JSON line with its figures. KIND is:
 
 - ``pipeline`` — ``client.model("faces").infer(frame)``: the Duomo pipeline, one request per
   frame, every face's embedding and attributes in its answer;

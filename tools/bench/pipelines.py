@@ -51,9 +51,9 @@ import numpy as np
 import yaml
 
 from tools.bench import peers
+from tools.bench.children import Child, open_window
 from tools.bench.report import percentile
-from tools.bench.run import Child, open_window
-from tools.bench.sampler import TreeSampler
+from tools.bench.sampler import TreeSampler, wait_quiet
 from tools.bench.servers import DuomoServers, ModeServers, TritonServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -208,7 +208,7 @@ def _status(socket: Path) -> dict[str, Any]:
     from duomo.ipc.client import Client
 
     with Client(socket, timeout_s=30) as client:
-        return client.status()
+        return client.status().to_dict()  # (the JSON ``duomo status --json`` prints)
 
 
 def _counts(status: dict[str, Any]) -> dict[str, Any]:
@@ -377,25 +377,6 @@ def chain_trial(
     return {"variant": kind, "faces": faces, **figures}
 
 
-def others_busy(seconds: float = 1.0) -> float:
-    """Cores the machine kept busy over ``seconds`` (nothing of this run's is running)."""
-    from tools.bench.sampler import machine_cores, machine_cpu
-
-    before = machine_cpu()
-    time.sleep(seconds)
-    return machine_cores(before, machine_cpu())["machine_busy_cores"]
-
-
-def wait_quiet(settings: PipelineSettings) -> dict[str, float]:
-    """Before a trial, wait up to ``quiet_wait_s`` for the shared machine's other work to fall
-    below ``quiet_below`` cores: how long it waited and what it saw last."""
-    started = time.monotonic()
-    busy = others_busy()
-    while busy >= settings.quiet_below and time.monotonic() - started < settings.quiet_wait_s:
-        busy = others_busy()
-    return {"waited_s": round(time.monotonic() - started, 1), "busy_before": round(busy, 2)}
-
-
 AGAIN = ", again (others' work ran beside it)"  # the label of a trial run again (``disturbed``)
 
 
@@ -403,7 +384,7 @@ def _attempt(label: str, run: Any, **fields: Any) -> dict[str, Any]:
     """``run()`` once the machine is quiet enough (``wait_quiet``), or what went wrong (the run
     goes on; the report says it)."""
     settings = fields.pop("settings")
-    quiet = wait_quiet(settings)
+    quiet = wait_quiet(settings.quiet_below, settings.quiet_wait_s)
     try:
         return {**dict(run()), "quiet": quiet, "round": fields.get("round")}
     except (RuntimeError, OSError) as err:

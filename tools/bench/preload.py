@@ -64,7 +64,7 @@ def footprint_mb(folder: Path) -> float:
     cli("start", "-c", str(write_config(folder, "lru", None)), "--socket", str(sock))
     try:
         with Client(sock) as client:
-            return float(client.status()["models"]["m1"]["memory"]["charged_bytes"]) / 2**20
+            return float(client.status().models["m1"].memory.charged_bytes or 0) / 2**20
     finally:
         cli("stop", "--socket", str(sock))
 
@@ -92,11 +92,11 @@ def run(config: Path, sock: Path, names: list[str], gap_s: float) -> dict[str, A
             samples: list[tuple[bool, float]] = []
             for name in names:
                 time.sleep(gap_s)
-                waited = client.status()["models"][name]["state"] != "READY"
+                waited = client.status().models[name].state != "READY"
                 started = time.perf_counter()
                 handles[name].infer(image)
                 samples.append((waited, time.perf_counter() - started))
-            predictive = {n: m["predictive"] for n, m in client.status()["models"].items()}
+            predictive = {n: m.predictive for n, m in client.status().models.items()}
     finally:
         cli("stop", "--socket", str(sock))
     ready = [s for waited, s in samples if not waited]

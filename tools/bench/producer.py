@@ -13,9 +13,9 @@ long it spent in the executor for each request (``Reply.compute_s``), so the pro
 second figure that no difference in compute speed between processes enters: the p50 of the
 round trip minus that time.
 
-Run by ``tools.bench.run`` as ``python -m tools.bench.producer`` with a JSON spec on stdin; the
-same protocol as ``tools.bench.inprocess``: ``ready``, then the window on stdin, then one JSON
-line with its tally and its own CPU seconds (or the probe's figures).
+Run by ``tools.bench.mixed_load`` as ``python -m tools.bench.producer`` with a JSON spec on
+stdin; the same protocol as ``tools.bench.inprocess``: ``ready``, then the window on stdin, then
+one JSON line with its tally and its own CPU seconds (or the probe's figures).
 """
 
 from __future__ import annotations

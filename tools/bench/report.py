@@ -8,7 +8,7 @@ for) next to Duomo's; the targets.
 Written into one folder as ``report.json`` (figures and every raw round), ``report.md`` and two
 PNG charts (``throughput.png``, ``latency.png``).
 
-Called by ``tools.bench.run`` with the raw rounds.
+Called by ``tools.bench.mixed_load`` with the raw rounds.
 """
 
 from __future__ import annotations

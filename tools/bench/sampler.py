@@ -1,12 +1,13 @@
 """Memory and CPU of a mode's server processes (the roots ``duomo bench`` started and all their
 descendants), sampled on a thread while the load runs.
 
-Used by ``tools.bench.run`` around every measured window: resident memory is the peak of the sum
-over the tree (sampled every ``period_s``), plus the proportional set size at the end of the
-window (shared pages split between the processes that map them); CPU is the tree's user + system
-time over the window, in cores; and the whole machine's cores busy (every process and the
+Used by every part of the benchmark around its measured windows: resident memory is the peak
+of the sum over the tree (sampled every ``period_s``), plus the proportional set size at the end
+of the window (shared pages split between the processes that map them); CPU is the tree's user +
+system time over the window, in cores; and the whole machine's cores busy (every process and the
 kernel) and stolen by the hypervisor over the same window, which show whether a layout left a
-core idle and whether the host took one away meanwhile.
+core idle and whether the host took one away meanwhile. Before a trial, ``wait_quiet`` waits for
+the shared machine's other work to die down (``tools.bench.pipelines``, ``tools.bench.sharing``).
 """
 
 from __future__ import annotations
@@ -125,3 +126,20 @@ class TreeSampler:
             "cpu_cores": cpu / elapsed if elapsed > 0 else 0.0,
             **machine,
         }
+
+
+def others_busy(seconds: float = 1.0) -> float:
+    """Cores the machine kept busy over ``seconds`` (nothing of this run's is running)."""
+    before = machine_cpu()
+    time.sleep(seconds)
+    return machine_cores(before, machine_cpu())["machine_busy_cores"]
+
+
+def wait_quiet(below_cores: float, wait_s: float) -> dict[str, float]:
+    """Before a trial, wait up to ``wait_s`` for the shared machine's other work to fall below
+    ``below_cores`` cores: how long it waited and what it saw last."""
+    started = time.monotonic()
+    busy = others_busy()
+    while busy >= below_cores and time.monotonic() - started < wait_s:
+        busy = others_busy()
+    return {"waited_s": round(time.monotonic() - started, 1), "busy_before": round(busy, 2)}

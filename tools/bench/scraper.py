@@ -1,6 +1,6 @@
 """Scraping Duomo's ``/metrics`` while a benchmark mode runs, as Prometheus would. Used by
-``tools.bench.run`` for the ``duomo-scraped`` mode, whose work against ``duomo``'s in the same
-run is what a scrape costs serving (the report's target).
+``tools.bench.mixed_load`` for the ``duomo-scraped`` mode, whose work against ``duomo``'s in the
+same run is what a scrape costs serving (the report's target).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ reach them.
 
 - ``duomo``: one supervisor serving every model of the workload (``duomo start`` on a config made
   from the workload's supervisor config, only those models); ``duomo-scraped``: the same with
-  its ``/metrics`` on, which ``tools.bench.run`` scrapes every ``scrape_every_s`` (the A/B of
+  its ``/metrics`` on, which ``tools.bench.mixed_load`` scrapes every ``scrape_every_s`` (the A/B of
   what a scrape costs, interleaved with ``duomo`` in one run);
 - ``duomo-http`` / ``duomo-grpc``: the same supervisor with its KServe v2 gateway (one worker),
   reached over HTTP (binary tensors) or gRPC (raw contents): like for like with the peers;
@@ -15,8 +15,9 @@ reach them.
 - the overhead's floors (``FloorServer``, next to ``duomo``'s probe only): one bare
   ``tools.bench.floor`` process per model, with one thread or (``handoff``) two.
 
-Used by ``tools.bench.run``; every server listens on loopback or a private Unix socket only, and
-``stop`` ends every process it started (SIGTERM to the process group, then SIGKILL).
+Used by ``tools.bench.mixed_load`` and the other parts; every server listens on loopback or a
+private Unix socket only, and ``stop`` ends every process it started (SIGTERM to the process
+group, then SIGKILL).
 """
 
 from __future__ import annotations

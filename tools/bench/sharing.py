@@ -31,9 +31,9 @@ from typing import Any
 
 import yaml
 
-from tools.bench.pipelines import others_busy
-from tools.bench.run import model_specs, open_window, producer_children, run_alone
-from tools.bench.sampler import TreeSampler, tree_pss, tree_rss
+from tools.bench.children import open_window
+from tools.bench.mixed_load import model_specs, producer_children, run_alone
+from tools.bench.sampler import TreeSampler, tree_pss, tree_rss, wait_quiet
 from tools.bench.servers import DuomoServers
 from tools.bench.tally import merge
 from tools.bench.workload import Workload
@@ -109,17 +109,7 @@ def _status(servers: DuomoServers) -> dict[str, Any]:
 
     socket = next(iter(servers.sockets.values()))
     with Client(socket, timeout_s=30) as client:
-        return dict(client.status())
-
-
-def wait_quiet(settings: SharingSettings) -> dict[str, float]:
-    """Wait up to ``quiet_wait_s`` for the machine's other work to fall below ``quiet_below``
-    cores: how long it waited and what it saw last."""
-    started = time.monotonic()
-    busy = others_busy()
-    while busy >= settings.quiet_below and time.monotonic() - started < settings.quiet_wait_s:
-        busy = others_busy()
-    return {"waited_s": round(time.monotonic() - started, 1), "busy_before": round(busy, 2)}
+        return client.status().to_dict()  # (the JSON ``duomo status --json`` prints)
 
 
 def trial(
@@ -184,7 +174,7 @@ def run_sharing(
     models = model_specs(workload, alone)
     trials: list[dict[str, Any]] = []
     for r, setting in trial_order(settings.rounds):
-        quiet = wait_quiet(settings)
+        quiet = wait_quiet(settings.quiet_below, settings.quiet_wait_s)
         _log(f"round {r + 1}/{settings.rounds}: sharing {setting}, instances "
              f"{settings.instances} on every model")  # fmt: skip
         try:

@@ -31,14 +31,12 @@ from pathlib import Path
 
 import numpy as np
 
+from duomo.gateway.http_front import HttpFront, HttpOptions
+from duomo.gateway.link import SupervisorLink
+from duomo.gateway.regions import Regions
+from duomo.ipc.client import Client
+
 ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT))
-
-from duomo.gateway.http_front import HttpFront, HttpOptions  # noqa: E402
-from duomo.gateway.link import SupervisorLink  # noqa: E402
-from duomo.gateway.regions import Regions  # noqa: E402
-from duomo.ipc.client import Client  # noqa: E402
-
 BLOCK, SETTLE = 40, 8
 
 
@@ -173,8 +171,8 @@ def main() -> int:
                                lambda: answers(ports["uvicorn (asyncio)"])))  # fmt: skip
         processes.append(start([*gateway, f"127.0.0.1:{uv}", "--loop", "uvloop"],
                                lambda: answers(uv)))  # fmt: skip
-        processes.append(start([sys.executable, __file__, "--serve-aiohttp",
-                                str(ports["aiohttp"]), str(sock)],
+        processes.append(start([sys.executable, "-m", "tools.bench.experiments.bench_http_stack",
+                                "--serve-aiohttp", str(ports["aiohttp"]), str(sock)],
                                lambda: answers(ports["aiohttp"])))  # fmt: skip
         client = Client(sock, timeout_s=60)
         handle = client.model(args.model, slots=1)

@@ -45,8 +45,6 @@ from typing import Any
 import numpy as np
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-
 from duomo.ipc.client import Client
 from duomo.supervisor.process.daemon import start_background, wait_for_exit
 

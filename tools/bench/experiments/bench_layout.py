@@ -29,9 +29,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[3]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
 WORKLOAD = ROOT / "configs" / "bench" / "mixed.yaml"
 CORES = len(os.sched_getaffinity(0))
 SETTLE_S = 2.0  # the machine's counters start this long into the window, end this long before
@@ -103,7 +100,7 @@ def _run(
 ) -> dict[str, Any]:
     """Start ``processes``, give them one window of ``seconds``, read the machine's CPU across
     it (``together`` only): each model's answers/s and the machine's cores."""
-    from tools.bench.run import Child, open_window
+    from tools.bench.children import Child, open_window
     from tools.bench.sampler import machine_cores, machine_cpu
 
     children: list[Child] = []
@@ -171,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.child:  # tools.bench.run.Child's protocol: spec on stdin, one JSON line back
+    if args.child:  # tools.bench.children.Child's protocol: spec on stdin, one JSON line back
         print(json.dumps(_child(json.loads(sys.stdin.readline()))), flush=True)
         return 0
     result = measure(args.rounds, args.seconds)
