@@ -18,7 +18,7 @@ loaded-only keys, ``ModelStatus.compute``, ``SupervisorStatus.streams``, ``.pipe
 record                  what it holds                         made by                   read by
 ======================  ====================================  ========================  ============
 ``ModelInfo``           one model of the ``models`` reply:    ``supervisor.process.     gateway
-                        name, task, backend, state,           server`` (models)         (``model_
+                        name, task, backend, state,           control_handlers``        (``model_
                         max_batch; once loaded its slot                                 view``),
                         inputs and outputs                                              producers
                         (``TensorRecord``)

@@ -66,9 +66,9 @@ past ``limits.control_queue`` (or ``control_queue_per_client``) waiting, RESOURC
 once.
 
 Each operation is one dataclass whose ``parse`` reads its fields; ``parse_control`` picks it
-by ``op`` (the supervisor's ``handle`` then dispatches on ``op`` to its handler).
-``error_reply`` and ``internal_reply`` are the failure replies, on the reactor thread and on
-the control-job thread alike.
+by ``op`` (``ControlHandlers.handle``, ``supervisor.process.control_handlers``, then dispatches
+on ``op`` to its handler). ``error_reply`` and ``internal_reply`` are the failure replies, on
+the reactor thread and on the control-job thread alike.
 """
 
 from __future__ import annotations

@@ -3,10 +3,10 @@ config section, its defaults read off the machine, and the ledger of ring memory
 
 Read by ``Supervisor`` at start and at every reload (``resolve_limits``), and enforced by the
 reactor (connections, the listen backlog, authentication and idle timeouts, each connection's
-unread backlog) and by ``Supervisor`` on ``attach`` (slots and ring memory, through
-``RingLedger``) and for slow control messages (``ControlJobs``' queue). Every refusal names the
-limit and the numbers that passed it; docs/operations.md ("Security and limits") states each
-limit with its default.
+unread backlog), by the control handlers (``supervisor.process.control_handlers``) on ``attach``
+(slots and ring memory, through ``RingLedger``) and for slow control messages (``ControlJobs``'
+queue). Every refusal names the limit and the numbers that passed it; docs/operations.md
+("Security and limits") states each limit with its default.
 
 Ring memory (the rings' sealed memfd segments: shared memory charged to the supervisor's
 memory cgroup, not to a /dev/shm mount) is charged by what the supervisor commits when it

@@ -1,13 +1,13 @@
 """The reactor: one thread that multiplexes the listening socket and every client connection.
 
 Owned by ``Supervisor``. It accepts connections, authenticates them (challenge–response, see
-``ipc.framing``), decodes frames, answers control messages through the supervisor's handler and
-turns "slot ready" notices into queued requests through its ``Intake``
-(``supervisor.process.intake``, which hands each to ``Attachment.submit``). It never runs a model:
-the only slow thing it does is create a shared-memory segment on ``attach``. It waits in
-``epoll`` itself (not through ``selectors``): a notice's way from the socket to its model's queue
-is every request's path, and each Python call on it costs about a microsecond when it runs cold
-after an inference.
+``ipc.framing``), decodes frames, answers control messages through ``ControlHandlers.handle``
+(``supervisor.process.control_handlers``) and turns "slot ready" notices into queued requests
+through its ``Intake`` (``supervisor.process.intake``, which hands each to
+``Attachment.submit``). It never runs a model: the only slow thing it does is create a
+shared-memory segment on ``attach``. It waits in ``epoll`` itself (not through ``selectors``): a
+notice's way from the socket to its model's queue is every request's path, and each Python call
+on it costs about a microsecond when it runs cold after an inference.
 
 **Lending.** A connection whose rings all attach one model (the usual producer) is lent to
 that model's idle worker, which reads it itself with the same intake

@@ -23,7 +23,8 @@ worker. State changes are logged once each, from the reports.
 Workers start with the supervisor when there are sources to play, else with the first one added
 (on a thread of their own: the reactor never waits for a process). Thread-safety: one lock; the
 reactor thread calls ``report``, ``add``, ``remove`` and ``status``, the watcher thread the
-worker callbacks, the control-job thread ``reload``. Used by ``supervisor.process.server``.
+worker callbacks, the control-job thread ``reload``. Owned by ``supervisor.process.server``; the
+source messages reach it through ``supervisor.process.control_handlers``.
 """
 
 from __future__ import annotations
