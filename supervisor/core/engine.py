@@ -20,6 +20,7 @@ The rooms of a model's life, each its own module:
   ``worker.model_status``);
 - ``supervisor.dataflow.pipelines.ServedPipeline``: a pipeline (the config's ``pipelines:``), served
   under its name beside the models (``servable``), its steps' requests queued on them;
+- ``supervisor.core.engine_status``: what ``status`` shows of the engine, its models and devices;
 - ``supervisor.core.placement`` (where models compute: a thread plan and compute gate per pool of
   cores, a gate per accelerator, each instance's device) and ``supervisor.core.memory.MemoryLedger``
   (what memory models are charged, per device, and which idle ones make room).
@@ -33,7 +34,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -47,12 +47,12 @@ from duomo.ipc.errors import (
     echoed,
 )
 from duomo.ipc.host_memory import resident_bytes
-from duomo.ipc.model_records import ComputeShare, ModelMemory, ModelStatus
-from duomo.ipc.records import Record
-from duomo.ipc.status_records import DeviceStatus, PipelineStatus
+from duomo.ipc.model_records import ModelStatus
 from duomo.supervisor.config import LoadedConfig, ResolvedModel
+from duomo.supervisor.core import engine_status
 from duomo.supervisor.core.background_loads import BackgroundLoads
 from duomo.supervisor.core.device_telemetry import DeviceTelemetry
+from duomo.supervisor.core.engine_status import EngineStatus
 from duomo.supervisor.core.idle_spin import IdleSpin
 from duomo.supervisor.core.memory import Footprint, MemoryLedger, MemoryUse, mb
 from duomo.supervisor.core.placement import HOST, Placements
@@ -60,7 +60,6 @@ from duomo.supervisor.core.registry import ModelRegistry
 from duomo.supervisor.dataflow.pipelines import ServedPipeline
 from duomo.worker.executors.image_ops import limit_opencv_threads
 from duomo.worker.model_spec import SERVING, DeviceMemoryError, ModelState
-from duomo.worker.model_status import model_status
 from duomo.worker.model_worker import Activity
 from duomo.worker.request import Outcome
 from duomo.worker.served_model import ServedModel
@@ -68,20 +67,6 @@ from duomo.worker.thread_budget import ComputeGate, ThreadPlan
 
 log = structlog.get_logger("duomo.engine")
 LOAD_TIMEOUT_S = 300.0
-GateShares = dict[int, dict[str, dict[str, float]]]  # gate id -> model -> weight, share
-
-
-@dataclass(frozen=True)
-class EngineStatus(Record):
-    """The engine's part of ``status`` (``Engine.status``), each record made by its owner: the
-    thread budget in all, each device (``DeviceStatus``), each model (``ModelStatus``, by
-    ``worker.model_status``) and each pipeline (``PipelineStatus``, by its ``ServedPipeline``).
-    The supervisor puts them in its ``SupervisorStatus`` (``to_dict``: the same keys as there)."""
-
-    thread_budget: int
-    devices: tuple[DeviceStatus, ...]
-    models: dict[str, ModelStatus]
-    pipelines: dict[str, PipelineStatus]
 
 
 class Engine:
@@ -162,7 +147,7 @@ class Engine:
                     self._load(model, keep=names)
             except (RuntimeError, ValueError) as err:
                 raise UnavailableError(str(err)) from None
-            return self._model_status(names[0], models[0], shares=None)
+            return engine_status.model_status(self, names[0], models[0], shares=None)
 
     def unload(self, name: str) -> dict[str, Any]:
         """Unload one model and free its memory; it stays unloaded until ``load``."""
@@ -443,76 +428,18 @@ class Engine:
 
     def model_status(self, name: str) -> ModelStatus:
         """``name``'s status record alone (NotFoundError when it is not served)."""
-        return self._model_status(name, self.model(name), self._gate_shares())
-
-    def _model_status(
-        self, name: str, model: ServedModel, shares: GateShares | None
-    ) -> ModelStatus:
-        """The model's own status (``worker.model_status``) with what the engine keeps of it:
-        its memory against its budget, its idle workers' spin counts, its config flags and its
-        share of its compute gates' time (``shares``: every gate's; None: none, the ``load``
-        reply's)."""
-        resolved = self.loaded.models.get(name)
-        last = self.memory.measured.get(name)
-        use = self.memory.model_memory(name, model)
-        charged = [u.used_bytes for u in use.values() if u.used_bytes is not None]
-        memory = ModelMemory(
-            loaded=model.holds_memory,
-            measured=last.to_dict() if last else None,
-            charged_bytes=sum(charged) if charged else None,
-            charged_bytes_by_device={str(d): u.used_bytes for d, u in use.items()},
-            budget_bytes=next(iter(use.values())).budget_bytes,
-            weights=self.memory.weights_of(name),
+        return engine_status.model_status(
+            self, name, self.model(name), engine_status.gate_shares(self)
         )
-        return model_status(
-            model,
-            memory=memory,
-            idle_spin=self.idle_spin.counts(name),
-            preload=resolved.config.preload if resolved else None,
-            evictable=resolved.config.evictable if resolved else None,
-            compute=None if shares is None else _compute_share(name, model, shares),
-        )
-
-    def _gate_shares(self) -> GateShares:
-        """Every compute gate's shares by model, by the gate's id (read once per status)."""
-        return {id(gate): gate.shares() for gate in self.placements.gates()}
 
     def device_memory(self) -> dict[int, MemoryUse]:
         """Per device: what its loaded models are charged against its budget (``/metrics``)."""
         return self.memory.device_memory()
 
-    def devices(self) -> tuple[DeviceStatus, ...]:
-        """``status``'s devices: memory charged against the budget, and what each device
-        reports of itself (its total memory, ``telemetry``)."""
-        shown = []
-        for id_, use in self.device_memory().items():
-            reading = self.telemetry.read(id_)
-            device = self.loaded.config.device(id_)
-            shown.append(
-                DeviceStatus(
-                    id=id_,
-                    kind=device.kind,
-                    cores=None if device.cores is None else tuple(device.cores),
-                    thread_budget=self.placements.thread_budget_of(device),
-                    used_bytes=use.used_bytes or 0,  # (a device's: always counted)
-                    budget_bytes=use.budget_bytes,
-                    total_bytes=reading.total_bytes,
-                    telemetry=reading.to_dict(),
-                )
-            )
-        return tuple(shown)
-
     def status(self) -> EngineStatus:
-        """Its part of ``status``: the thread budget, and each device's, model's and pipeline's
-        record, as each owner makes it."""
-        served = list(self.models.items())  # (once: a reload may change the registry meanwhile)
-        shares = self._gate_shares()
-        return EngineStatus(
-            thread_budget=self.placements.total_budget,
-            devices=self.devices(),
-            models={name: self._model_status(name, m, shares) for name, m in served},
-            pipelines={name: p.status() for name, p in list(self.pipelines.items())},
-        )
+        """Its part of ``status`` (``supervisor.core.engine_status``): the thread budget, and
+        each device's, model's and pipeline's record, as each owner makes it."""
+        return engine_status.engine_status(self)
 
     def close(self, grace_s: float = 30.0) -> int:
         """Stop every model (finishing queued work within ``grace_s`` in all), release the
@@ -536,19 +463,6 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _compute_share(name: str, model: ServedModel, shares: GateShares) -> ComputeShare:
-    """``name``'s ``compute_weight`` and its share of each of its gates' compute time."""
-    mine = {
-        d: shares.get(id(member.gate), {}).get(name, {}).get("share", 0.0)
-        for d, member in model.gates.items()
-    }
-    return ComputeShare(
-        weight=model.spec.compute_weight,
-        share=next(iter(mine.values()), 0.0),
-        share_by_device={str(d): share for d, share in mine.items()},
-    )
 
 
 def _models_of(loaded: LoadedConfig, names: Iterable[str]) -> list[str]:
