@@ -3,9 +3,10 @@
 #                 config (with its KServe v2 gateway), feed it frames from a producer in another
 #                 process, send one request through tritonclient, one through the pipeline
 #                 faces, show its status, stop it
-#   make test   - install, fetch the models, lint, type-check and run the whole test suite
-#                 (it first installs the programs the tests drive: see TOOLS; a test that
-#                 skips fails with CI=true, as in CI: tests/conftest.py)
+#   make test   - install, fetch the models, lint, type-check and run the whole test suite, on
+#                 three workers and then the tests that need the machine alone (it first
+#                 installs the programs the tests drive: see TOOLS; a test that skips fails
+#                 with CI=true, as in CI: tests/conftest.py)
 #   make unit   - the unit tier alone (tests/unit), in seconds: no models, no Debian tools; the
 #                 edit-test loop
 #   make bench  - the benchmark of docs/benchmarks.md (installs Triton and Mosec into .bench/)
@@ -86,8 +87,16 @@ tools: $(BIN)/kubectl
 		echo "make test: install these Debian packages: $(PACKAGES) (their tests skip without them, and fail with CI=true)"; \
 	fi
 
+# The suite in two parts (tests/conftest.py): every test not marked serial on TEST_WORKERS
+# pytest-xdist workers, each test file whole on one worker; then those marked serial, one at a
+# time with nothing of the suite beside them. Both parts always run; either failing fails the
+# target. Three workers on CI's two cores: the parallel part's tests wait for about a quarter of
+# their time (paced models, back-offs, periodic keepers), and a third worker fills it.
+TEST_WORKERS ?= 3
+
 test: models lint tools
-	$(BIN)/python -m pytest -q -rs
+	$(BIN)/python -m pytest -q -rs -n $(TEST_WORKERS) -m "not serial"; status=$$?; \
+	$(BIN)/python -m pytest -q -rs -m serial || status=1; exit $$status
 
 unit: $(STAMP) $(BIN)/kubectl   # (test_manifests.py renders with the venv's kubectl)
 	$(BIN)/python -m pytest tests/unit -q -rs

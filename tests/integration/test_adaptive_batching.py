@@ -18,7 +18,8 @@ import pytest
 from duomo.ipc.client import Client
 from tests.integration.harness import faulty_model, running_supervisor, write_config
 
-pytestmark = pytest.mark.integration
+# serial: the window follows an open-loop stream's timing (tests/conftest.py)
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 X = np.array([[1, 2, 3, 4]], dtype=np.float32)
 AUTO = {"max_batch": 8, "max_delay_ms": "auto", "instances": 1}
 
@@ -49,7 +50,7 @@ def window_during(watcher: Client, model: str, after_s: float) -> Future[float]:
     def read() -> None:
         time.sleep(after_s)
         try:
-            seen.set_result(watcher.status()["models"][model]["batch_window_ms"])
+            seen.set_result(watcher.status().models[model].batch_window_ms)
         except BaseException as err:
             seen.set_exception(err)
 
@@ -69,11 +70,11 @@ def test_a_fixed_cost_gets_a_window_and_a_linear_one_does_not(tmp_path: Path) ->
             assert stream(client, "fixed", 3.0, rate=150) > 0
             while_linear = window_during(watcher, "linear", after_s=2.0)
             assert stream(client, "linear", 3.0, rate=150) > 0
-        models = client.status()["models"]
+        models = client.status().models
     fixed_seen, linear_seen = models["fixed"], models["linear"]
     assert while_fixed.result(30) > 0, fixed_seen
     assert while_linear.result(30) == 0, linear_seen
-    assert linear_seen["batch_window_ms"] == 0, linear_seen
-    totals = fixed_seen["totals"]
-    assert totals["inference_count"] / totals["execution_count"] > 2  # fuller batches
-    assert fixed_seen["outcomes"] == {"ok": fixed_seen["requests"]}
+    assert linear_seen.batch_window_ms == 0, linear_seen
+    totals = fixed_seen.totals
+    assert totals.inference_count / totals.execution_count > 2  # fuller batches
+    assert fixed_seen.outcomes == {"ok": fixed_seen.requests}

@@ -148,6 +148,7 @@ def test_the_corrupt_path_has_exactly_its_damaged_frames_flagged(sim: CameraSim,
     assert {frame.size for frame in frames} == {(320, 240)}, "concealed, not dropped"
 
 
+@pytest.mark.serial  # the camera's clock against arrival, within 50 ms
 def test_sender_reports_give_the_hosts_clock_plus_the_offset_within_50_ms(
     clips: dict[str, Path],
 ) -> None:

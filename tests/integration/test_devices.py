@@ -54,8 +54,9 @@ def two_devices(**extra: Any) -> list[dict[str, Any]]:
 
 
 def model_status(sup: SupervisorProcess, name: str) -> dict[str, Any]:
+    """``name``'s status, as its JSON."""
     with Client(sup.socket) as client:
-        return dict(client.status()["models"][name])
+        return client.status().models[name].to_dict()
 
 
 def batches_by_device(sup: SupervisorProcess, name: str) -> dict[int, int]:
@@ -80,8 +81,8 @@ def test_a_model_on_two_devices_serves_from_both_and_a_busy_one_sends_work_to_th
         assert [p["device"] for p in shown["placement"]] == [0, 1]
         assert [p["cores"] for p in shown["placement"]] == [[c] for c in usable_cores()[:2]]
         with Client(sup.socket) as client:
-            devices = {d["id"]: d for d in client.status()["devices"]}
-        assert devices[0]["thread_budget"] == devices[1]["thread_budget"] == 1
+            devices = {d.id: d for d in client.status().devices}
+        assert devices[0].thread_budget == devices[1].thread_budget == 1
         with Client(sup.socket, timeout_s=60) as client:
             handle = client.model("m", slots=8)
             # batches run on both: eight at a time keep both instances busy
@@ -134,7 +135,7 @@ def test_a_budget_on_one_device_evicts_only_there(tmp_path: Path) -> None:
         states = {n: model_status(sup, n)["state"] for n in "abcd"}
         assert states == {"a": "UNLOADED", "b": "READY", "c": "READY", "d": "READY"}
         assert model_status(sup, "c")["evictions"] == 0
-        used = {d["id"]: d["used_bytes"] for d in client.status()["devices"]}
+        used = {d.id: d.used_bytes for d in client.status().devices}
         assert used[0] <= 150 << 20 and 40 << 20 < used[1] <= 150 << 20, used
 
 
@@ -166,7 +167,7 @@ def test_an_unpinned_device_runs_on_the_cores_no_device_holds(tmp_path: Path) ->
     with Engine(load_config(config)) as engine:
         (worker,) = engine.model("classify").instances.workers
         assert os.sched_getaffinity(worker.native_id) == set(rest)
-        budgets = {d["id"]: d["thread_budget"] for d in engine.status()["devices"]}
+        budgets = {d.id: d.thread_budget for d in engine.status().devices}
         assert budgets == {0: 1, 1: len(rest)}
 
 
@@ -199,6 +200,6 @@ def test_a_reload_keeps_the_devices_fixed_at_start_but_takes_a_new_budget(tmp_pa
             engine.reload(load_config(config))
         write_config(tmp_path, [], extra=[entry], devices=two_devices(memory_budget_mb=500))
         engine.reload(load_config(config))
-        budgets = {d["id"]: d["budget_bytes"] for d in engine.status()["devices"]}
+        budgets = {d.id: d.budget_bytes for d in engine.status().devices}
         assert budgets == {0: 500 << 20, 1: 500 << 20}
         assert engine.infer("m", X, timeout_s=10)["y"][0, 0] == 3.0

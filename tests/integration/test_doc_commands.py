@@ -68,8 +68,9 @@ CAMERA = (
     "sources file through duomo stream"
 )
 MANAGED = (
-    "needs a camera on the documented address: test_managed_sources.py adds, lists, shows, "
-    "tails and removes sources through duomo source and /v1/sources, with a supervisor's own"
+    "needs a camera on the documented address: test_managed_sources.py adds, lists, shows and "
+    "removes sources through duomo source and /v1/sources, with a supervisor's own, and reads "
+    "their answers' tail; test_source_health.py runs duomo source tail"
 )
 # (a regular expression the whole command matches, why it is not run here)
 NOT_RUN: list[tuple[str, str]] = [
@@ -81,7 +82,8 @@ NOT_RUN: list[tuple[str, str]] = [
     (r"make bench", "20–25 minutes; test_bench.py runs `duomo bench` on the smoke workload"),
     (
         r"\.venv/bin/duomo bench --cameras(-only --out \S+)?",
-        "5 minutes (with --cameras, 25–30) of a whole machine; test_bench.py runs `duomo bench`",
+        "5 minutes (with --cameras, 25–30) of a whole machine; test_bench.py runs `duomo bench` "
+        "on the smoke workload and both halves of the camera part in miniature",
     ),
     (
         r"\.venv/bin/duomo bench --sharing(-only --out \S+)?",
@@ -96,8 +98,9 @@ NOT_RUN: list[tuple[str, str]] = [
     ),
     (
         r"\.venv/bin/duomo bench --pipelines(-only --out \S+)?",
-        "6–12 minutes (with --pipelines, 30) of a whole machine, Triton included; "
-        "test_pipelines.py and test_pipeline_gateway.py run the pipeline",
+        "6–12 minutes (with --pipelines, 30) of a whole machine, Triton included; test_bench.py "
+        "runs both halves of the pipeline part in miniature (Triton left out), "
+        "test_pipelines.py and test_pipeline_gateway.py the pipeline itself",
     ),
     (
         r"\.venv/bin/python -m tools\.bench\.ocr_pipeline .*",
@@ -151,6 +154,9 @@ def doc_commands() -> list[tuple[str, str]]:
 
 
 COMMANDS = doc_commands()
+# started on the demo config's fixed ports (8000–8002): never beside the other test that binds
+# them, test_supervisor.py's start and stop (the demo_ports lock, tests/conftest.py)
+ON_THE_DEMO_PORTS = {"make demo"}
 
 
 def test_the_documents_give_commands() -> None:
@@ -158,7 +164,15 @@ def test_the_documents_give_commands() -> None:
 
 
 @pytest.mark.skip_by_design
-@pytest.mark.parametrize(("page", "command"), COMMANDS, ids=[c for _, c in COMMANDS])
+@pytest.mark.parametrize(
+    ("page", "command"),
+    [
+        pytest.param(
+            page, c, id=c, marks=[pytest.mark.demo_ports] if c in ON_THE_DEMO_PORTS else []
+        )
+        for page, c in COMMANDS
+    ],
+)
 def test_every_command_is_run_or_says_why_not(page: str, command: str) -> None:
     why = next((why for pattern, why in NOT_RUN if re.fullmatch(pattern, command)), None)
     if why is not None:

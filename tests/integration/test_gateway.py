@@ -551,10 +551,10 @@ def test_two_workers_share_the_ports_and_the_registered_regions(
         shm.set_shared_memory_region(region, [x])
         with running_supervisor(config) as sup:
             with Client(sup.socket) as client:
-                workers = client.status()["gateways"]
-                gateway_clients = {c["pid"] for c in client.status()["clients"] if c["rings"]}
-            assert len(workers) == 2 and all(w["running"] for w in workers)
-            assert {w["pid"] for w in workers} == gateway_clients  # each holds its own rings
+                workers = client.status().gateways
+                gateway_clients = {c.pid for c in client.status().clients if c.rings}
+            assert len(workers) == 2 and all(w.running for w in workers)
+            assert {w.pid for w in workers} == gateway_clients  # each holds its own rings
             httpclient.InferenceServerClient(http_at).register_system_shared_memory(
                 "in", "/duomo_test_workers", x.nbytes
             )
@@ -565,9 +565,9 @@ def test_two_workers_share_the_ports_and_the_registered_regions(
                 np.testing.assert_array_equal(answer.as_numpy("y"), 2 * x + 1)
             with Client(sup.socket) as client:
                 answered = [
-                    sum(r["answered"] for r in c["rings"])
-                    for c in client.status()["clients"]
-                    if c["pid"] in gateway_clients
+                    sum(r.answered for r in c.rings)
+                    for c in client.status().clients
+                    if c.pid in gateway_clients
                 ]
             assert len(answered) == 2 and min(answered) > 0, answered  # both served
     finally:
@@ -578,14 +578,14 @@ def test_a_killed_gateway_worker_is_restarted(tmp_path: Path, demo_config: objec
     config, http_at, _ = gateway_config(tmp_path, [])
     with running_supervisor(config) as sup:
         with Client(sup.socket) as client:
-            (worker,) = client.status()["gateways"]
+            (worker,) = client.status().gateways
         assert affine_infer(http_at) == 3.0
-        subprocess.run(["kill", "-9", str(worker["pid"])], check=True)
+        subprocess.run(["kill", "-9", str(worker.pid)], check=True)
 
         def restarted() -> bool:
             with Client(sup.socket) as client:
-                (now,) = client.status()["gateways"]
-            return bool(now["running"] and now["pid"] != worker["pid"] and now["restarts"] == 1)
+                (now,) = client.status().gateways
+            return bool(now.running and now.pid != worker.pid and now.restarts == 1)
 
         poll(restarted, timeout_s=60)
         poll(lambda: _serves(http_at), timeout_s=30)

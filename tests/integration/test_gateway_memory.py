@@ -105,7 +105,7 @@ def hostile_burst(gw: Gateway) -> None:
 
 def test_a_worker_gives_back_what_a_hostile_burst_made_it_allocate(lone: Gateway) -> None:
     with Client(lone.sup.socket) as client:
-        [pid] = [worker["pid"] for worker in client.status()["gateways"]]
+        [pid] = [worker.pid for worker in client.status().gateways]
     warm = np.random.default_rng(1).integers(0, 255, (480, 640, 3), np.uint8)
     for _ in range(10):  # what it holds to serve at all: normal requests first
         assert image_request(lone, warm) == 200

@@ -51,9 +51,9 @@ class Gateway:
         self.sup, self.http, self.grpc = sup, http, grpc
 
     def streams(self) -> dict[str, dict[str, Any]]:
-        """The supervisor's stream records by name."""
+        """The supervisor's stream records by name, as their JSON."""
         with Client(self.sup.socket, timeout_s=30) as client:
-            return {s["name"]: s for s in client.status().get("streams", [])}
+            return {s.name: s.to_dict() for s in client.status().streams}
 
 
 @pytest.fixture(scope="module")
@@ -288,7 +288,7 @@ async def table_scenario(socket_path: Path) -> None:
     with Client(socket_path, timeout_s=30) as other:
         loop = asyncio.get_running_loop()
         status = await loop.run_in_executor(None, other.status)
-        assert not {"t-a", "t-b", "t-c"} & {s["name"] for s in status.get("streams", [])}
+        assert not {"t-a", "t-b", "t-c"} & {s.name for s in status.streams}
         # opened for one model, then reopened for both under the same name and id
         first = request("t-a")
         tag = await table.tag(first, "affine")
@@ -299,8 +299,8 @@ async def table_scenario(socket_path: Path) -> None:
         assert again.stream_id == tag.stream_id and again.frame == 1
         table.release(second)
         status = await loop.run_in_executor(None, other.status)
-        record = {s["name"]: s for s in status.get("streams", [])}["t-a"]
-        assert set(record["models"]) == {"affine", "slow"} and record["state"] != "ended"
+        record = {s.name: s for s in status.streams}["t-a"]
+        assert set(record.models) == {"affine", "slow"} and record.state != "ended"
         # a model the supervisor does not serve fails that request, not the stream
         with pytest.raises(NotFoundError, match="nope"):
             await table.tag(request("t-a"), "nope")
@@ -327,7 +327,7 @@ async def table_scenario(socket_path: Path) -> None:
         await table.close_idle()
         assert len(table) == 0
         status = await loop.run_in_executor(None, other.status)
-        states = {s["name"]: s["state"] for s in status.get("streams", [])}
+        states = {s.name: s.state for s in status.streams}
         assert states["t-a"] == states["t-b@2"] == states["t-c"] == "ended"
         reopened = await loop.run_in_executor(None, other.open_stream, "t-a", ["affine"])
         await loop.run_in_executor(None, other.close_stream, reopened)

@@ -36,6 +36,7 @@ from duomo.ipc.errors import (
     UnavailableError,
 )
 from duomo.ipc.framing import FrameReader, json_frame, parse_json, recv_frame
+from duomo.ipc.status_records import SupervisorStatus
 from duomo.ipc.wire import FRAME, MAX_JSON_BYTES, FrameKind, frame
 from duomo.supervisor.operators.image_files import read_image
 from tests.conftest import IMAGES
@@ -118,7 +119,7 @@ def tight(tight_supervisor: SupervisorProcess) -> Iterator[SupervisorProcess]:
 
 def settled(sup: SupervisorProcess) -> None:
     """No client connected (but the asking one) and no ring mapped."""
-    poll(lambda: len(status(sup)["clients"]) == 0 and status(sup)["mapped_rings"] == 0)  # type: ignore[arg-type]
+    poll(lambda: len(status(sup).clients) == 0 and status(sup).mapped_rings == 0)
 
 
 def settled_usage(sup: SupervisorProcess) -> dict[str, int]:
@@ -164,7 +165,7 @@ def served(sup: SupervisorProcess) -> None:
         np.testing.assert_array_equal(out["y"], np.full((2, 4), 3.0, dtype=np.float32))
 
 
-def status(sup: SupervisorProcess) -> dict[str, object]:
+def status(sup: SupervisorProcess) -> SupervisorStatus:
     with Client(sup.socket) as client:
         return client.status()
 
@@ -214,7 +215,7 @@ def test_a_reply_that_would_be_too_large_is_cut_and_still_sent(roomy: Supervisor
         with pytest.raises(InvalidArgumentError, match="unknown control operation"):
             client.request(HUGE_NAME)
         # an id too large to echo is refused with an event (no reply could carry it)
-        client._send(json_frame({"id": HUGE_NAME, "op": "ping"}))
+        client._link.send_frame(json_frame({"id": HUGE_NAME, "op": "ping"}))
         event = client.next_event(timeout_s=30)
         assert isinstance(event, InvalidArgumentError) and "'id'" in event.message
         assert client.request("ping")["ok"]
@@ -223,10 +224,10 @@ def test_a_reply_that_would_be_too_large_is_cut_and_still_sent(roomy: Supervisor
 
 def test_deeply_nested_json_is_a_clear_protocol_error(roomy: SupervisorProcess) -> None:
     with Client(roomy.socket) as client:
-        client._send(frame(FrameKind.JSON, b"[" * 200_000 + b"]" * 200_000))
+        client._link.send_frame(frame(FrameKind.JSON, b"[" * 200_000 + b"]" * 200_000))
         event = client.next_event(timeout_s=30)
         assert event is not None and "nested too deeply" in event.message
-        client._wait_until(lambda: not client.connected, time.monotonic() + 30)
+        client._link.wait_for(lambda: not client.connected, time.monotonic() + 30)
         assert not client.connected
     served(roomy)
 
@@ -241,12 +242,12 @@ def test_a_client_that_does_not_read_is_cut_off_at_its_unread_bound(
     started = time.monotonic()
     with pytest.raises(UnavailableError):
         for _ in range(100_000):
-            greedy._send(request)
+            greedy._link.send_frame(request)
     assert time.monotonic() - started < 25.0
     with Client(roomy.socket) as polite:  # the others were served all along
         for _ in range(20):
             polite.request("ping")
-        assert polite.status()["clients_cut_off"] >= 1
+        assert polite.status().clients_cut_off >= 1
     greedy.close()
     served(roomy)
 
@@ -306,7 +307,7 @@ def test_a_client_attaching_ring_after_ring_stops_at_its_slot_bound(
         with pytest.raises(ResourceExhaustedError, match=r"at most 1024 slots.*holds 1024"):
             client.model("affine", slots=64)
         shown = client.status()
-        assert [c["slots"] for c in shown["clients"] if c["rings"]] == [1024]
+        assert [c.slots for c in shown.clients if c.rings] == [1024]
     served(roomy)
 
 
@@ -362,7 +363,7 @@ def test_a_burst_of_connections_past_the_listen_backlog(roomy: SupervisorProcess
 
 
 def test_connections_past_the_cap_are_refused_politely(tight: SupervisorProcess) -> None:
-    poll(lambda: len(status(tight)["clients"]) == 0)  # type: ignore[arg-type]
+    poll(lambda: len(status(tight).clients) == 0)
     held = [Client(tight.socket) for _ in range(6)]
     try:
         with pytest.raises(ResourceExhaustedError, match="at most 6 connections"):
@@ -372,7 +373,7 @@ def test_connections_past_the_cap_are_refused_politely(tight: SupervisorProcess)
     finally:
         for client in held:
             client.close()
-    assert status(tight)["connections_refused"] >= 1
+    assert status(tight).connections_refused >= 1
     served(tight)
 
 
@@ -414,7 +415,7 @@ def test_before_authentication_only_the_response_is_read(tight: SupervisorProces
 def test_an_idle_connection_without_rings_is_closed(tight: SupervisorProcess) -> None:
     with Client(tight.socket) as idle, Client(tight.socket) as producer:
         affine = producer.model("affine", slots=1)
-        idle._wait_until(lambda: not idle.connected, time.monotonic() + 30)
+        idle._link.wait_for(lambda: not idle.connected, time.monotonic() + 30)
         assert not idle.connected
         assert affine.infer(np.ones((1, 4), dtype=np.float32))["y"][0, 0] == 3.0  # kept
     served(tight)
@@ -428,7 +429,7 @@ def test_a_client_that_stops_reading_is_cut_off_after_the_stall_timeout(
     with sock:
         sock.sendall(b"".join(json_frame({"id": i, "op": "models"}) for i in range(2000)))
         with Client(tight.socket) as other:
-            poll(lambda: other.status()["clients_cut_off"] >= 1, timeout_s=30)
+            poll(lambda: other.status().clients_cut_off >= 1, timeout_s=30)
     served(tight)
 
 
@@ -448,8 +449,8 @@ def test_slots_and_shared_memory_per_client_and_in_all(tight: SupervisorProcess)
                 ResourceExhaustedError, match=r"at most 6\.0 MiB of ring memory in all"
             ):
                 third.model("classify", slots=1)
-        poll(lambda: first.status()["shm_bytes"] < 4 << 20)  # third's rings were given back
-    poll(lambda: status(tight)["shm_bytes"] == 0)
+        poll(lambda: first.status().shm_bytes < 4 << 20)  # third's rings were given back
+    poll(lambda: status(tight).shm_bytes == 0)
     served(tight)
 
 
@@ -499,7 +500,7 @@ def test_out_of_file_descriptors_the_reactor_refuses_and_does_not_spin(
         poll(lambda: _connects(sup))
         with Client(sup.socket) as client:
             assert client.model("affine", slots=1).infer(np.ones((1, 4), dtype=np.float32))
-            assert client.status()["connections_refused"] >= len(refusals)
+            assert client.status().connections_refused >= len(refusals)
     assert probe.is_running()
 
 
@@ -524,8 +525,8 @@ def test_an_unexpected_error_is_internal_without_its_text(tmp_path: Path) -> Non
                 f"internal error in 'attach' for model {name!r}; the supervisor log has details"
             )
         shown = client.status()
-        assert shown["models"]["lazy"]["state"] == "READY"  # (the control job loaded it)
-        assert shown["shm_bytes"] == 0 and our_segments() == segments
+        assert shown.models["lazy"].state == "READY"  # (the control job loaded it)
+        assert shown.shm_bytes == 0 and our_segments() == segments
         assert client.request("ping")["ok"]
         out = client.model("fine", slots=1).infer(np.ones((2, 4), dtype=np.float32))
         np.testing.assert_array_equal(out["y"], np.full((2, 4), 3.0, dtype=np.float32))

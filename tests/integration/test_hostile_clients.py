@@ -14,10 +14,15 @@ import os
 import socket
 from array import array
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from duomo.ipc.client import Client
 from duomo.ipc.errors import InvalidArgumentError, ResourceExhaustedError
@@ -35,14 +40,19 @@ from duomo.ipc.wire import (
     request_packer,
     unpack_done,
 )
+from duomo.supervisor.core.engine import Engine
+from duomo.supervisor.dataflow.streams import StreamRegistry
 from duomo.supervisor.operators.image_files import read_image
-from tests.conftest import IMAGES
+from duomo.supervisor.operators.metrics import DuomoCollector, ProcessView
+from duomo.worker.request import Outcome
+from tests.conftest import IMAGES, fixture_image
 from tests.integration.harness import (
     SupervisorProcess,
     affine_model,
     authenticated,
     connected,
     free_port,
+    our_segments,
     poll,
     replies,
     running_supervisor,
@@ -131,7 +141,7 @@ def test_a_producer_cannot_shrink_the_ring_the_supervisor_reads(
     sock, reader = authenticated(sup.socket)
     with sock:
         reply, fd = _attach_keeping_the_descriptor(sock, reader, "affine")
-        assert not [n for n in os.listdir("/dev/shm") if n.startswith("duomo-")]  # no name
+        assert not [held for held in our_segments() if held.startswith("/dev/shm/")]  # no name
         assert os.readlink(f"/proc/self/fd/{fd}") == "/memfd:duomo-ring (deleted)"
         layout = RingLayout.from_dict(reply["layout"])  # type: ignore[arg-type]
         ring = SlotRing.attach(os.dup(fd), layout)
@@ -269,7 +279,7 @@ def _connections(sup: SupervisorProcess) -> int:
     """The supervisor's connections, but the asking one (-1 while it has no place for it)."""
     try:
         with Client(sup.socket) as client:
-            return len(client.status()["clients"])
+            return len(client.status().clients)
     except ResourceExhaustedError:
         return -1
 
@@ -309,11 +319,53 @@ def test_a_scrape_right_after_an_answer_counts_it(guarded: tuple[SupervisorProce
     served(sup)
 
 
+def test_an_answer_is_counted_before_it_goes_out(demo_engine: Engine) -> None:
+    """The order itself, with no race to win: the scrape is made from inside each answer's own
+    callback (``on_done``, which for a producer's slot writes the answer and wakes the producer,
+    on the thread that answers), as the /metrics text the supervisor serves
+    (``DuomoCollector`` over the engine). It already counts the answer it is made from, for a
+    model and for a pipeline. Counted after the answer instead, every scrape here is one short,
+    every time, where the scrape above misses an answer only when it outruns the counting."""
+    registry = CollectorRegistry()
+    registry.register(
+        DuomoCollector(demo_engine, lambda: ProcessView(0, 0, 0), StreamRegistry(max_streams=1))
+    )
+
+    def counted(name: str) -> float:
+        samples = {
+            (s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(generate_latest(registry).decode())
+            for s in family.samples
+        }
+        if name in demo_engine.pipelines:
+            key = ("duomo_pipeline_requests_total", {"pipeline": name, "code": "OK"})
+        else:
+            key = ("duomo_inference_request_success_total", {"model": name})
+        return samples[(key[0], frozenset(key[1].items()))]
+
+    for name, image in (("classify", "coffee.png"), ("faces", "astronaut.png")):
+        for _ in range(3):
+            before = counted(name)
+            seen: Future[tuple[float, Outcome]] = Future()
+
+            def answered(outcome: Outcome, name: str = name, seen: Future[Any] = seen) -> None:
+                try:  # (an error here would only be logged by the worker: hand it to the test)
+                    seen.set_result((counted(name), outcome))
+                except Exception as err:
+                    seen.set_exception(err)
+
+            demo_engine.servable(name).submit(fixture_image(image), answered)
+            at_answer, outcome = seen.result(60)
+            assert outcome.error is None, outcome.error
+            assert at_answer == before + 1, f"{name}: {at_answer} counted as its answer went out"
+
+
 def test_the_supervisor_holds_no_ring_after_its_clients_are_gone(
     guarded: tuple[SupervisorProcess, int],
 ) -> None:
-    """Rings have no name: once every client has gone the supervisor maps none, and no
-    ``duomo-`` segment exists in /dev/shm at any point."""
+    """Rings have no name: once every client has gone the supervisor maps none, and neither it
+    nor this test's process maps or holds open a ``duomo-`` segment of /dev/shm at any point
+    (only the processes of this test are looked at: the rest of /dev/shm is other programs')."""
     sup, _ = guarded
     maps = Path(f"/proc/{sup.pid}/maps")
     with Client(sup.socket) as client:
@@ -321,5 +373,5 @@ def test_the_supervisor_holds_no_ring_after_its_clients_are_gone(
         client.model("classify", slots=2)
         assert maps.read_text().count("/memfd:duomo-ring") >= 2
     poll(lambda: "/memfd:duomo-ring" not in maps.read_text())
-    assert not [n for n in os.listdir("/dev/shm") if n.startswith("duomo-")]
+    assert not [held for held in our_segments() if held.startswith("/dev/shm/")]
     served(sup)

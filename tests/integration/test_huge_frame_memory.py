@@ -182,7 +182,7 @@ def check_answers(huge: dict[str, Any], reference: dict[str, Any]) -> None:
 def io_buffers(socket: Path) -> dict[str, int]:
     """Each model's reusable I/O buffer bytes, as ``duomo status`` shows them."""
     with Client(str(socket), timeout_s=30) as client:
-        return {name: client.status()["models"][name]["io_buffer_bytes"] for name in MODELS}
+        return {name: client.status().models[name].io_buffer_bytes for name in MODELS}
 
 
 def shrink_arena(socket: Path) -> None:

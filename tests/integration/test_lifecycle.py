@@ -37,8 +37,9 @@ FAST_WATCHDOG = {"period_ms": 100}
 
 
 def models_status(sup: SupervisorProcess) -> dict[str, Any]:
+    """Each model's status by name, as its JSON."""
     with Client(sup.socket) as client:
-        return dict(client.status()["models"])
+        return client.status().to_dict()["models"]
 
 
 def state_of(sup: SupervisorProcess, name: str) -> str:

@@ -20,7 +20,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from duomo.ipc.client import Client
 from duomo.ipc.errors import DuomoError, ErrorCode
-from duomo.ipc.status_records import SupervisorStatus
 from tests.conftest import ROOT, fixture_image
 from tests.integration.harness import (
     duomo,
@@ -331,7 +330,7 @@ def test_a_pipeline_has_its_series_at_zero_and_counts_frames_objects_and_skipped
         ok = ("duomo_pipeline_requests_total", "OK")
         poll(lambda: value(scrape(port), ok[0], pipeline="faces", code=ok[1]) == len(frames))
         after = scrape(port)
-        status = SupervisorStatus.from_dict(client.status())
+        status = client.status()
         table = duomo(sup.socket, "status").stdout.splitlines()
 
     def series(name: str, **labels: str) -> float:

@@ -85,8 +85,8 @@ def test_the_pipeline_answers_what_the_executor_answers(executor: Engine, pipeli
 
 
 def read_steps(engine: Engine) -> dict[str, Any]:
-    steps = engine.status()["pipelines"]["ocr"]["steps"]
-    return {s["name"]: s for s in steps}["read"]
+    steps = engine.status().pipelines["ocr"].steps
+    return {s.name: s.to_dict() for s in steps}["read"]
 
 
 def test_a_frame_without_text_runs_no_reading(pipeline: Engine) -> None:
@@ -99,7 +99,7 @@ def test_a_frame_without_text_runs_no_reading(pipeline: Engine) -> None:
 
 
 def batch_sizes(engine: Engine, model: str) -> dict[int, int]:
-    return {int(k): v for k, v in engine.status()["models"][model]["batch_sizes"].items()}
+    return {int(k): v for k, v in engine.status().models[model].batch_sizes.items()}
 
 
 def test_lines_of_many_frames_are_read_in_one_batch(executor: Engine, pipeline: Engine) -> None:
@@ -129,8 +129,8 @@ def test_through_a_supervisor_the_pipeline_and_a_line_alone(tmp_path: Path) -> N
     with running_supervisor(pipeline_config(tmp_path)) as supervisor:
         client = Client(supervisor.socket, timeout_s=120)
         try:
-            listed = {m["name"]: m for m in client.models()}
-            assert listed["ocr"]["task"] == "pipeline"
+            listed = {m.name: m for m in client.models()}
+            assert listed["ocr"].task == "pipeline"
             answer = client.model("ocr", slots=2).infer(page, timeout_s=120)
             first = answer["lines"][0]
             quad = np.asarray(first["box"], dtype=np.float32)

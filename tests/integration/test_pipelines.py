@@ -31,6 +31,7 @@ import yaml
 
 from duomo.ipc.client import Client
 from duomo.ipc.errors import DuomoError, UnavailableError
+from duomo.ipc.status_records import ModelStatus
 from duomo.supervisor.config import load_config
 from duomo.supervisor.core.engine import Engine
 from tests.conftest import DEMO_CONFIG, IMAGES, ROOT, fixture_image
@@ -180,11 +181,11 @@ def test_the_astronaut_one_face_its_mirror_image_and_another_person(engine: Engi
 
 
 def test_a_frame_without_a_face_runs_no_second_step_and_is_counted(engine: Engine) -> None:
-    before = engine.status()["pipelines"]["faces"]
-    embedded = engine.status()["models"]["face_embedding"]["requests"]
+    before = engine.status().pipelines["faces"].to_dict()
+    embedded = engine.status().models["face_embedding"].requests
     # (the detector's scale says how large a face it could have found: 640 / 320)
     assert engine.infer("faces", BLANK, timeout_s=60) == {"faces": [], "scale": 2.0}
-    after = engine.status()["pipelines"]["faces"]
+    after = engine.status().pipelines["faces"].to_dict()
     for name in ("embedding", "attributes"):
         was = step_counts({"pipelines": {"faces": before}}, "faces")[name]
         now = step_counts({"pipelines": {"faces": after}}, "faces")[name]
@@ -192,14 +193,14 @@ def test_a_frame_without_a_face_runs_no_second_step_and_is_counted(engine: Engin
         assert now["runs"] == was["runs"], name
     detect_was, detect_now = before["steps"][0], after["steps"][0]
     assert detect_now["runs"] == detect_was["runs"] + 1 and detect_now["skipped"] == 0
-    assert engine.status()["models"]["face_embedding"]["requests"] == embedded  # nothing ran
+    assert engine.status().models["face_embedding"].requests == embedded  # nothing ran
     assert after["requests"] == before["requests"] + 1 and after["errors"] == before["errors"]
     zero = dict(after["objects"]["buckets"])["0"] - dict(before["objects"]["buckets"])["0"]
     assert zero == 1 and after["objects"]["frames"] == before["objects"]["frames"] + 1
 
 
 def test_three_faces_a_frame_and_what_each_step_was_handed(engine: Engine) -> None:
-    before = engine.status()["pipelines"]["faces_faulty"]
+    before = engine.status().pipelines["faces_faulty"].to_dict()
     result = engine.infer("faces_faulty", MOSAIC, timeout_s=60)
     faces = result["faces"]
     assert len(faces) == 3
@@ -219,7 +220,7 @@ def test_three_faces_a_frame_and_what_each_step_was_handed(engine: Engine) -> No
     assert len(cropped) == 2 and min(areas) not in [areas[i] for i in cropped]
     for i in cropped:
         assert faces[i]["chip"]["shape"] == [48, 32] and faces[i]["chip"]["points"] == 0
-    after = engine.status()["pipelines"]["faces_faulty"]
+    after = engine.status().pipelines["faces_faulty"].to_dict()
     counts = {s["name"]: s["runs"] - b["runs"] for s, b in zip(after["steps"], before["steps"])}
     assert counts == {"detect": 1, "embedding": 3, "broken": 3, "marks": 3, "chip": 2}
     errors = {s["name"]: s["errors"] - b["errors"] for s, b in zip(after["steps"], before["steps"])}
@@ -230,11 +231,11 @@ def test_three_faces_a_frame_and_what_each_step_was_handed(engine: Engine) -> No
 
 
 def test_a_failed_first_step_fails_the_frame(engine: Engine) -> None:
-    before = engine.status()["pipelines"]["faces"]
+    before = engine.status().pipelines["faces"].to_dict()
     with pytest.raises(DuomoError) as info:
         engine.infer("faces", np.zeros((4, 4, 2), np.uint8), timeout_s=60)
     assert info.value.code.name == "INVALID_ARGUMENT"
-    after = engine.status()["pipelines"]["faces"]
+    after = engine.status().pipelines["faces"].to_dict()
     assert after["errors"] == before["errors"] + 1
     assert [s["runs"] for s in after["steps"][1:]] == [s["runs"] for s in before["steps"][1:]]
 
@@ -282,7 +283,7 @@ def sup(folder: Path, demo_config: object) -> Iterator[SupervisorProcess]:
 
 def test_served_like_a_model(sup: SupervisorProcess, engine: Engine) -> None:
     with Client(sup.socket, timeout_s=60) as client:
-        tasks = {m["name"]: m["task"] for m in client.models()}
+        tasks = {m.name: m.task for m in client.models()}
         assert tasks["faces"] == tasks["faces_reuse"] == tasks["faces_faulty"] == "pipeline"
         assert tasks["face_embedding"] == "face_embedding"
         faces = client.model("faces", slots=2)
@@ -365,13 +366,13 @@ def test_a_tracked_face_reuses_its_embedding_for_reinfer_every_frames(
 
 def test_status_counts_per_pipeline_and_step(sup: SupervisorProcess) -> None:
     with Client(sup.socket, timeout_s=60) as client:
-        before = client.status()
+        before = client.status().to_dict()
         assert "pipelines" in before, sorted(before)  # ``duomo status`` shows pipelines
         with client.stream("cam-status", models=["faces_reuse"], policy="fifo") as stream:
             for _ in range(5):
                 assert one_answer(stream, ASTRONAUT).ok
             assert one_answer(stream, BLANK).result == {"faces": [], "scale": 2.0}
-        after = client.status()
+        after = client.status().to_dict()
     shown, was = after["pipelines"]["faces_reuse"], before["pipelines"]["faces_reuse"]
     assert shown["state"] == "READY" and shown["requests"] - was["requests"] == 6
     steps, old = step_counts(after, "faces_reuse"), step_counts(before, "faces_reuse")
@@ -387,10 +388,29 @@ def test_status_counts_per_pipeline_and_step(sup: SupervisorProcess) -> None:
     assert "faces_reuse" in text.stdout and "face_embedding" in text.stdout
 
 
+def test_a_pipelines_status_alone_is_its_first_models_with_its_own_figures(
+    sup: SupervisorProcess,
+) -> None:
+    """``status`` of a pipeline's name alone (what the gateway's statistics read) answers a
+    model's status: its first step's model's, with the pipeline's own state and request
+    figures and no batch sizes (``ServedPipeline.model_status``)."""
+    with Client(sup.socket, timeout_s=60) as client:
+        assert client.model("faces").infer(ASTRONAUT, timeout_s=60)["faces"]
+        one = client.request("status", model="faces")["model_status"]
+        whole = client.status()
+    shown = ModelStatus.from_dict(one)
+    assert shown.to_dict() == one  # the documented shape, key for key
+    pipeline, root = whole.pipelines["faces"], whole.models["face"]
+    assert shown.state == pipeline.state == "READY" and shown.batch_sizes == {}
+    assert shown.requests == pipeline.requests >= 1 and shown.errors == pipeline.errors
+    assert (shown.max_batch, shown.instances) == (root.max_batch, root.instances)
+    assert shown.totals.timed["success"].count == pipeline.requests - pipeline.errors
+
+
 def test_chips_of_frames_from_several_producers_batch_together(sup: SupervisorProcess) -> None:
     def sizes() -> dict[int, int]:
         with Client(sup.socket, timeout_s=60) as client:
-            shown = client.status()["models"]["face_embedding"]["batch_sizes"]
+            shown = client.status().models["face_embedding"].batch_sizes
         return {int(size): n for size, n in shown.items()}
 
     before = sizes()
@@ -429,7 +449,7 @@ def test_load_and_unload_of_a_pipeline(sup: SupervisorProcess) -> None:
     assert refused.returncode == 2, refused
     assert "'faces' is a pipeline" in refused.stderr and "Traceback" not in refused.stderr
     with Client(sup.socket, timeout_s=60) as client:
-        states = {m["name"]: m["state"] for m in client.models()}
+        states = {m.name: m.state for m in client.models()}
     assert all(states[name] == "READY" for name in [*FACE_MODELS, "faces"]), states
 
 
@@ -445,7 +465,7 @@ def test_reloading_the_embedding_model_under_pipeline_load_loses_nothing(
 
         def embedded() -> int:
             with Client(running.socket) as client:
-                return int(client.status()["models"]["face_embedding"]["requests"])
+                return client.status().models["face_embedding"].requests
 
         poll(lambda: embedded() >= 6, timeout_s=60)  # the reload comes under load
         pipelines_config(tmp_path, overrides={"face_embedding": {"max_batch": 6}})
@@ -453,8 +473,8 @@ def test_reloading_the_embedding_model_under_pipeline_load_loses_nothing(
         assert reloaded.returncode == 0, reloaded.stderr
         assert reloaded.stdout.strip() == "duomo reloaded: replaced: face_embedding"
         with Client(running.socket) as client:
-            shown = client.status()["models"]["face_embedding"]
-        assert shown["max_batch"] == 6 and shown["state"] == "READY"
+            shown = client.status().models["face_embedding"]
+        assert shown.max_batch == 6 and shown.state == "READY"
         settled = embedded()
         poll(lambda: embedded() >= settled + 4, timeout_s=60)  # the new one serves the pipeline
         reports = [summary(p) for p in producers]

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from duomo.ipc.client import Client
+from duomo.ipc.status_records import ModelStatus
 from tests.integration.harness import (
     SupervisorProcess,
     faulty_model,
@@ -41,9 +42,9 @@ def models(control: Path | None = None) -> list[dict[str, object]]:
     return [entry(name) for name in "abc"]
 
 
-def states(sup: SupervisorProcess) -> dict[str, dict[str, Any]]:
+def states(sup: SupervisorProcess) -> dict[str, ModelStatus]:
     with Client(sup.socket) as client:
-        return dict(client.status()["models"])
+        return client.status().models
 
 
 def run_trace(sup: SupervisorProcess) -> list[bool]:
@@ -56,7 +57,7 @@ def run_trace(sup: SupervisorProcess) -> list[bool]:
             for name in "abc":
                 time.sleep(GAP_S)  # the trace's pace: the gap a prediction has to load in
                 if cycle > 0:
-                    ready.append(client.status()["models"][name]["state"] == "READY")
+                    ready.append(client.status().models[name].state == "READY")
                 assert handles[name].infer(X)["y"][0, 0] == 2.0 + OFFSET[name]
     return ready
 
@@ -74,7 +75,7 @@ def test_predictive_loads_the_next_model_before_its_request_and_lru_does_not(
         )
         with running_supervisor(config) as sup:
             seen[policy] = run_trace(sup)
-            counts[policy] = {n: m["predictive"] for n, m in states(sup).items()}
+            counts[policy] = {n: m.predictive for n, m in states(sup).items()}
     asked = 3 * (CYCLES - 1)
     assert sum(seen["lru"]) <= 1, seen  # LRU unloads exactly the one asked for next
     assert sum(seen["predictive"]) >= asked - 2, seen  # (a slow machine may miss one or two)
@@ -98,7 +99,7 @@ def test_a_prediction_never_evicts_a_model_with_work_in_flight(tmp_path: Path) -
                 handles[name].infer(X)
         control.write_text("hang")
         stuck: Future[Any] = handles["c"].infer_async(X)  # c is busy from now on
-        poll(lambda: states(sup)["c"]["in_flight"] == 1)
+        poll(lambda: states(sup)["c"].in_flight == 1)
         # a loads (b, idle, makes room: c is busy), then b is predicted; the one model it could
         # evict is c, which is busy, and a, which it comes after: it stays unloaded
         assert handles["a"].infer(X)["y"][0, 0] == 3.0
@@ -106,7 +107,7 @@ def test_a_prediction_never_evicts_a_model_with_work_in_flight(tmp_path: Path) -
         # happens, which no poll can wait for
         time.sleep(1.0)
         shown = states(sup)
-        assert shown["b"]["state"] == "UNLOADED", shown["b"]
-        assert shown["c"]["state"] == "READY", shown["c"]
+        assert shown["b"].state == "UNLOADED", shown["b"]
+        assert shown["c"].state == "READY", shown["c"]
         control.write_text("none")
         assert stuck.result(30)["y"][0, 0] == 5.0

@@ -6,6 +6,8 @@ the page of a ``PreviewServer`` running in this process, waits (polling the page
 the canvas shows the frame with the face answer drawn, and takes a screenshot: the box colour
 (#00ff00) lies on the answer's box in the PNG and nowhere else. A hostile stream name is shown as
 text, never as markup. A client that stops reading blocks neither ``frame()`` nor other clients.
+And the page as a user gets it: the ``duomo stream --preview`` command itself, a real H.264 clip
+decoded into the face model of a real supervisor, the box the model answered drawn on the face.
 (A screenshot by ``chromium --screenshot --virtual-time-budget`` never comes: virtual time waits
 for the event stream, which never ends.)
 """
@@ -18,21 +20,26 @@ import io
 import json
 import os
 import select
+import signal
 import socket
 import subprocess
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+import av
 import numpy as np
 import pytest
 from PIL import Image
 
 from duomo.ipc.stream import StreamAnswer
 from duomo.video.preview import PreviewServer
-from tests.conftest import fixture_image, poll, require_tool
+from tests.conftest import ROOT, fixture_image, poll, require_tool
+from tests.integration.harness import SupervisorProcess, running_supervisor, write_config
 
 FACE_BOX = (180, 62, 271, 178)  # the face model's box on astronaut.png (video_fixtures.py)
 LANDMARKS = [[205.0, 105.0], [245.0, 105.0], [225.0, 130.0], [208.0, 155.0], [242.0, 155.0]]
@@ -181,6 +188,31 @@ def rect(browser: Browser, selector: str) -> tuple[float, float, float, float]:
     return tuple(found)
 
 
+def box_drawn(browser: Browser, box: Sequence[float]) -> np.ndarray:
+    """A screenshot in which the face colour (#00ff00) lies on ``box``'s outline on the first
+    card's canvas and nowhere else (the legend, which names the colour in the colour, left out),
+    and each side of the box is drawn; the screenshot (RGB, int)."""
+    left, top, _, _ = rect(browser, ".card canvas")
+    legend = rect(browser, ".legend")  # names the colour, in the colour: left out below
+    shot = browser.screenshot().astype(int)
+    green = (shot[..., 1] >= 230) & (shot[..., 0] <= 40) & (shot[..., 2] <= 40)
+    green[: int(legend[1] + legend[3]) + 1, :] = False
+    ys, xs = np.nonzero(green)
+    assert len(xs) > 0, "the box colour #00ff00 is nowhere in the screenshot"
+
+    x1, y1 = round(left + box[0]), round(top + box[1])
+    x2, y2 = round(left + box[2]), round(top + box[3])
+    # every pixel of the colour is on the box's outline (±3 px: the 3 px stroke, antialiasing)
+    near_outline = (xs >= x1 - 3) & (xs <= x2 + 3) & (ys >= y1 - 3) & (ys <= y2 + 3)
+    inside = (xs > x1 + 3) & (xs < x2 - 3) & (ys > y1 + 3) & (ys < y2 - 3)
+    stray = near_outline & ~inside
+    assert stray.all(), f"#00ff00 away from the box: {list(zip(xs[~stray], ys[~stray]))[:10]}"
+    # and the outline is drawn: each side nearly all of the colour
+    for side in (green[y1, x1:x2], green[y2, x1:x2], green[y1:y2, x1], green[y1:y2, x2]):
+        assert side.mean() > 0.9, f"a side of the box is {side.mean():.0%} drawn"
+    return shot
+
+
 def test_the_face_box_is_drawn_where_the_face_is(browser: Browser, preview: PreviewServer) -> None:
     astronaut = fixture_image("astronaut.png")
     preview.frame("gate-3", astronaut, 17)
@@ -191,23 +223,7 @@ def test_the_face_box_is_drawn_where_the_face_is(browser: Browser, preview: Prev
 
     left, top, width, height = rect(browser, ".card canvas")
     assert (width, height) == (astronaut.shape[1], astronaut.shape[0])  # drawn 1:1, unscaled
-    legend = rect(browser, ".legend")  # names the colour, in the colour: left out below
-    shot = browser.screenshot().astype(int)
-    green = (shot[..., 1] >= 230) & (shot[..., 0] <= 40) & (shot[..., 2] <= 40)
-    green[: int(legend[1] + legend[3]) + 1, :] = False
-    ys, xs = np.nonzero(green)
-    assert len(xs) > 0, "the box colour #00ff00 is nowhere in the screenshot"
-
-    x1, y1 = round(left + FACE_BOX[0]), round(top + FACE_BOX[1])
-    x2, y2 = round(left + FACE_BOX[2]), round(top + FACE_BOX[3])
-    # every pixel of the colour is on the box's outline (±3 px: the 3 px stroke, antialiasing)
-    near_outline = (xs >= x1 - 3) & (xs <= x2 + 3) & (ys >= y1 - 3) & (ys <= y2 + 3)
-    inside = (xs > x1 + 3) & (xs < x2 - 3) & (ys > y1 + 3) & (ys < y2 - 3)
-    stray = near_outline & ~inside
-    assert stray.all(), f"#00ff00 away from the box: {list(zip(xs[~stray], ys[~stray]))[:10]}"
-    # and the outline is drawn: each side nearly all of the colour
-    for side in (green[y1, x1:x2], green[y2, x1:x2], green[y1:y2, x1], green[y1:y2, x2]):
-        assert side.mean() > 0.9, f"a side of the box is {side.mean():.0%} drawn"
+    shot = box_drawn(browser, FACE_BOX)
     # the landmarks are dots of their own colour (#ff00ff) where they are
     for x, y in LANDMARKS:
         dot = shot[round(top + y), round(left + x)]
@@ -304,3 +320,94 @@ def test_a_client_that_stops_reading_blocks_nothing(preview: PreviewServer) -> N
     finally:
         for client in stuck:
             client.close()
+
+
+# -- the page of the real command -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def face_supervisor(
+    tmp_path_factory: pytest.TempPathFactory, demo_config: object
+) -> Iterator[SupervisorProcess]:
+    with running_supervisor(write_config(tmp_path_factory.mktemp("preview"), ["face"])) as sup:
+        yield sup
+
+
+def still_clip(path: Path, image: np.ndarray, frames: int = 10, fps: int = 5) -> Path:
+    """H.264 of ``image`` standing still, every frame a key frame: each decodes to the same
+    picture, so the face model answers the same box whichever frame the page shows."""
+    with av.open(str(path), mode="w") as container:
+        stream = container.add_stream("libx264", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = image.shape[1], image.shape[0], "yuv420p"
+        stream.codec_context.time_base = Fraction(1, fps)
+        stream.options = {"crf": "18", "g": "1", "bf": "0"}
+        for _ in range(frames):
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")))
+        container.mux(stream.encode(None))
+    return path
+
+
+def board(url: str) -> dict[str, Any]:
+    """The page's board (``/state``), as the page's events carry it."""
+    address = urlsplit(url)
+    connection = http.client.HTTPConnection(address.hostname, address.port, timeout=10)
+    try:
+        connection.request("GET", "/state")
+        return dict(json.loads(connection.getresponse().read()))
+    finally:
+        connection.close()
+
+
+def test_duomo_stream_preview_draws_the_answers_on_the_frames(
+    browser: Browser, face_supervisor: SupervisorProcess, tmp_path: Path
+) -> None:
+    """``duomo stream CLIP --model face --loop --preview 127.0.0.1:0`` as a user runs it: the
+    command says where its page is (a port of its own), the page shows the clip's stream under
+    the file's stem with the supervisor's state, and the box the face model answered, which is
+    where the face is, drawn on the face in the screenshot; SIGINT ends the command (exit 0)
+    with the same answers in its JSON lines."""
+    astronaut = np.ascontiguousarray(fixture_image("astronaut.png")[..., :3])
+    clip = still_clip(tmp_path / "gate.mp4", astronaut)
+    out, log = tmp_path / "answers.jsonl", tmp_path / "stream.log"
+    with log.open("wb") as stderr:
+        command = subprocess.Popen(
+            [sys.executable, "-m", "duomo.supervisor", "stream", str(clip), "--model", "face",
+             "--loop", "--preview", "127.0.0.1:0", "--out", str(out),
+             "--socket", str(face_supervisor.socket)],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr,
+        )  # fmt: skip
+    try:
+        poll(lambda: "preview at http://" in log.read_text() or command.poll() is not None, 60)
+        said = [line for line in log.read_text().splitlines() if "preview at " in line]
+        assert said, f"no preview address (exit {command.poll()}): {log.read_text()}"
+        url = said[0].split("preview at ", 1)[1].strip()
+        assert urlsplit(url).port not in (None, 0), url
+        browser.open(url)
+        poll(lambda: card_ready(browser, "face"), timeout_s=60.0)
+        poll(lambda: browser.evaluate("document.querySelector('.card .state').textContent")
+             == "running")  # fmt: skip
+        assert browser.evaluate("document.querySelector('.card h2 .name').textContent") == "gate"
+
+        [gate] = board(url)["streams"]
+        [face] = gate["answers"]["face"]["result"]["faces"]
+        box = face["box"]
+        assert all(abs(got - want) <= 4 for got, want in zip(box, FACE_BOX)), box
+        _, _, width, height = rect(browser, ".card canvas")
+        assert (width, height) == (astronaut.shape[1], astronaut.shape[0])  # drawn 1:1
+        box_drawn(browser, box)
+    finally:
+        command.send_signal(signal.SIGINT)
+        try:
+            exited = command.wait(60)
+        except subprocess.TimeoutExpired:
+            command.kill()
+            command.wait()
+            raise
+    assert exited == 0, log.read_text()
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {(line["stream"], line["model"]) for line in lines} == {("gate", "face")}
+    answered = [line["result"]["faces"] for line in lines if "result" in line]
+    assert answered, lines[:5]  # (a frame may be superseded: policy latest)
+    for faces in answered:
+        [found] = faces
+        assert all(abs(got - want) <= 4 for got, want in zip(found["box"], FACE_BOX)), faces

@@ -16,13 +16,12 @@ import sys
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import cv2
 import numpy as np
 import pytest
 
-from duomo import Client, InvalidArgumentError, ResourceExhaustedError
+from duomo import Client, InvalidArgumentError, ResourceExhaustedError, SupervisorStatus
 from duomo.supervisor.config import LoadedConfig
 from duomo.worker.backends.base import SessionSettings
 from duomo.worker.backends.ort_backend import OrtBackend
@@ -78,7 +77,7 @@ def sup(
         yield running
 
 
-def status(sup: SupervisorProcess) -> dict[str, Any]:
+def status(sup: SupervisorProcess) -> SupervisorStatus:
     with Client(sup.socket) as client:
         return client.status()
 
@@ -86,7 +85,7 @@ def status(sup: SupervisorProcess) -> dict[str, Any]:
 def alone(sup: SupervisorProcess) -> bool:
     """No client holds a ring and every ring is unmapped (the asker is not listed)."""
     shown = status(sup)
-    return shown["clients"] == [] and shown["mapped_rings"] == 0 and shown["shm_bytes"] == 0
+    return shown.clients == () and shown.mapped_rings == 0 and shown.shm_bytes == 0
 
 
 def through_jpeg(rgb: np.ndarray) -> np.ndarray:
@@ -183,8 +182,8 @@ def test_a_producer_that_exits_without_close_prints_nothing(
 
         def reclaimed() -> bool:
             shown = other.status()
-            pids = [c["pid"] for c in shown["clients"]]
-            return pids == [os.getpid()] and shown["mapped_rings"] == 1
+            pids = [c.pid for c in shown.clients]
+            return pids == [os.getpid()] and shown.mapped_rings == 1
 
         poll(reclaimed)
         assert bystander.infer(coffee)["top"][0]["label"] == "espresso"
@@ -225,8 +224,8 @@ def test_a_6000x4000_image_grows_the_ring_and_small_ones_still_work(
         # the default rings were detached once their slots were back; the grown areas are
         # charged in full (3 slots of ≥ 72 MB)
         def settled() -> bool:
-            [mine] = [c for c in client.status()["clients"] if c["pid"] == os.getpid()]
-            return len(mine["rings"]) == 2 and mine["shm_bytes"] >= 3 * big_coffee.nbytes
+            [mine] = [c for c in client.status().clients if c.pid == os.getpid()]
+            return len(mine.rings) == 2 and mine.shm_bytes >= 3 * big_coffee.nbytes
 
         poll(settled)
     poll(lambda: alone(sup))
@@ -265,8 +264,8 @@ def test_growth_carries_what_the_slot_holds_and_lets_requests_in_flight_finish(
         assert adder.layout.inputs[1].capacity >= wide.nbytes
 
         def one_ring() -> bool:
-            [mine] = [c for c in client.status()["clients"] if c["pid"] == os.getpid()]
-            return [r["ring"] for r in mine["rings"]] == [adder.ring_id]
+            [mine] = [c for c in client.status().clients if c.pid == os.getpid()]
+            return [r.ring for r in mine.rings] == [adder.ring_id]
 
         poll(one_ring)
     poll(lambda: alone(sup))
@@ -336,8 +335,8 @@ def test_growth_past_the_clients_shm_bound_is_refused_with_numbers(
         # nothing was charged for it, and the handle serves on its default ring
         assert classify.layout.inputs[0].capacity < big_coffee.nbytes
         assert classify.infer(coffee)["top"][0]["label"] == "espresso"
-        [mine] = [c for c in client.status()["clients"] if c["pid"] == os.getpid()]
-        assert mine["shm_bytes"] < 16 << 20 and len(mine["rings"]) == 1
+        [mine] = [c for c in client.status().clients if c.pid == os.getpid()]
+        assert mine.shm_bytes < 16 << 20 and len(mine.rings) == 1
         # a handle with fewer slots grows within the bound
         assert client.model("classify", slots=2).infer(big_coffee)["top"][0]["label"] == "espresso"
     poll(lambda: alone(sup))
@@ -360,8 +359,8 @@ def test_a_frame_past_the_side_bound_is_refused_before_the_ring_grows(
                 classify.check_input("image", shape if len(shape) == 3 else (*shape, 1))
         assert classify.ring_id == ring_id  # no ring was asked for
         assert classify.infer(fixture_image("coffee.png"))["top"][0]["label"] == "espresso"
-        [mine] = [c for c in client.status()["clients"] if c["pid"] == os.getpid()]
-        assert mine["shm_bytes"] < 16 << 20 and len(mine["rings"]) == 1
+        [mine] = [c for c in client.status().clients if c.pid == os.getpid()]
+        assert mine.shm_bytes < 16 << 20 and len(mine.rings) == 1
     poll(lambda: alone(sup))
 
 
@@ -382,4 +381,4 @@ def test_duomo_status_does_not_list_itself(sup: SupervisorProcess) -> None:
         listed = [line for line in text.splitlines() if line.startswith("client ")]
         assert len(listed) == 1 and f"(pid {os.getpid()}): classify×1" in listed[0]
         # a producer that asks sees its own rings
-        assert [len(c["rings"]) for c in producer.status()["clients"]] == [1]
+        assert [len(c.rings) for c in producer.status().clients] == [1]

@@ -4,7 +4,9 @@ in a real supervisor process, measured from outside by the supervisor's resident
 What the ledger charges a model (``status``'s ``memory.charged_bytes``) is what its unload gives
 back and what loading it again takes: after an unload (``duomo unload``) or an eviction, the
 supervisor's RSS (psutil on its pid, read once it has settled) falls by the charge, and a load
-raises it by the same, within ``TOLERANCE_MIB + TOLERANCE_SHARE`` × the charge. Requests through
+raises it by the same, within ``TOLERANCE_MIB + TOLERANCE_SHARE`` × the charge — a load on demand
+too: every figure checked against a charge is the process's own, never one the ledger measured,
+which would only compare the ledger with itself. Requests through
 producer processes and the test's client (real shared memory) are answered correctly after their
 model was evicted and loaded again on demand; each eviction takes the least recently used idle
 evictable model; the device's charged memory never goes over its budget; a model that cannot fit
@@ -15,7 +17,7 @@ The tolerance, measured on a 2-core machine shared with other work (MiB: the cha
 fall on unload, the RSS rise on load; the spread over 8 runs of this test):
 
     ocr              67.1–69.1 / 62.3–63.2 / 63.8–66.7
-    face             14.3–16.1 / 13.5–14.4 / 13.1–14.9  (evicted 13.0–13.7, on demand 14.5–15.5)
+    face             14.3–16.1 / 13.5–14.4 / 13.1–14.9  (evicted 13.0–13.7, on demand 12.8–13.1)
     classify         18.1–20.0 / 18.2–19.4 / 18.1–18.9
     face_embedding   38.0–39.6 / 37.8–38.1 / 37.8–38.1
     face_attributes  11.3–12.2 / 11.3–11.5 / 11.1–11.4
@@ -23,6 +25,13 @@ fall on unload, the RSS rise on load; the spread over 8 runs of this test):
 A model's first load in a process measures a little more than later ones (OCR's, the first of
 all, by up to 6 MiB), and the charge keeps the largest; the worst gap, 6.8 MiB of 69.1 here and
 8.3 of 69.0 in 6 more unload/load rounds (12 %), sets the bound at 3 MiB + 12 % of the charge.
+Where one RSS move holds two models' (a load that evicts another), the other's part is what the
+process gave back or took for that model in step 1, and its own 12 % is added to the bound:
+unload falls and load rises of one model in one process agree within 0.4 MiB above (11.1–11.5
+for face_attributes, 18.1–19.4 for classify), well inside that share. A load on demand is
+measured between two reloads of the same config, each of which gives back what requests left in
+the shared arena: face's first frames of 512×512 leave some 50 MiB of activations there, which
+no load is charged (the ledger gives them back before it measures a load, too).
 Before the ledger measured a load once the warm-up's memory had gone back, and a copy of weights
 once its session's making had, the charges were 2 to 7 times what an unload gave back (face: 92
 MiB charged, 13 to 40 back; OCR: 207 charged, 97 back).
@@ -89,21 +98,14 @@ class Observed:
         self.process = psutil.Process(self.sup.pid)
 
     def status(self) -> dict[str, Any]:
-        return self.client.status()
+        """The supervisor's status, as its JSON."""
+        return self.client.status().to_dict()
 
     def memory(self, name: str) -> dict[str, Any]:
         return dict(self.status()["models"][name]["memory"])
 
     def charged(self, name: str) -> int:
         return int(self.memory(name)["charged_bytes"])
-
-    def measured(self, name: str) -> int:
-        """The resident growth the ledger measured at ``name``'s last load: its own memory and
-        the copies of weights it made (no model here shares a file, so all it uses)."""
-        memory = self.memory(name)
-        assert not any(copy["shared_with"] for copy in memory["weights"]), memory
-        measured = memory["measured"]
-        return int(measured["host_bytes"] + measured["weights_bytes"])
 
     def states(self) -> dict[str, str]:
         return {n: m["state"] for n, m in self.status()["models"].items()}
@@ -152,11 +154,15 @@ class Observed:
         assert report.get("ok") == count == report["sent"], (model, report)
 
 
-def check_near(what: str, got: int, charged: int) -> None:
+def check_near(what: str, got: int, charged: int, beside: int = 0) -> None:
+    """``got``, the process's own figure, is ``charged`` within the tolerance; ``beside``: the
+    bytes of another model's move in ``got`` (taken from an earlier measurement of the process),
+    whose own share of error is added to the bound."""
+    bound = tolerance(charged) + TOLERANCE_SHARE * abs(beside)
     print(f"{what}: {got / MiB:.1f} MiB, charged {charged / MiB:.1f}")  # (shown with -s)
-    assert abs(got - charged) <= tolerance(charged), (
+    assert abs(got - charged) <= bound, (
         f"{what}: {got / MiB:.1f} MiB against {charged / MiB:.1f} MiB charged "
-        f"(tolerance {tolerance(charged) / MiB:.1f})"
+        f"(tolerance {bound / MiB:.1f})"
     )
 
 
@@ -170,8 +176,8 @@ def budget_watch(s: Observed) -> Iterator[list[tuple[int, int]]]:
     def watch() -> None:
         with Client(s.sup.socket, timeout_s=60) as client:
             while not stop.is_set():
-                device = client.status()["devices"][0]
-                seen.append((device["used_bytes"], device["budget_bytes"]))
+                device = client.status().devices[0]
+                seen.append((device.used_bytes, device.budget_bytes))
                 stop.wait(0.02)
 
     watcher = threading.Thread(target=watch, daemon=True)
@@ -198,14 +204,17 @@ def test_unloads_evictions_and_loads_on_demand_move_resident_memory_by_the_charg
         assert set(s.states().values()) == {"READY"}
 
         # 1. an unload gives back the charge, a load takes it again (no budget yet)
+        fell: dict[str, int] = {}  # what the process gave back on each model's unload
+        rose: dict[str, int] = {}  # and took on its load
         for name in MODELS:
             charged = s.charged(name)
             before = s.rss()
             s.unload(name)
             unloaded = s.rss()
             s.load(name)
-            check_near(f"{name}'s RSS fall on unload", before - unloaded, charged)
-            check_near(f"{name}'s RSS rise on load", s.rss() - unloaded, s.charged(name))
+            fell[name], rose[name] = before - unloaded, s.rss() - unloaded
+            check_near(f"{name}'s RSS fall on unload", fell[name], charged)
+            check_near(f"{name}'s RSS rise on load", rose[name], s.charged(name))
 
         # 2. three of four fit the budget: the pinned model and any two of the evictable ones
         charges = {n: s.charged(n) for n in MODELS}
@@ -239,17 +248,26 @@ def test_unloads_evictions_and_loads_on_demand_move_resident_memory_by_the_charg
             states, evictions = s.states(), s.evictions()
             assert states["face"] == "UNLOADED" and evictions["face"] == 1, states
             assert states["face_embedding"] == states["face_attributes"] == "READY", states
-            grown = s.measured("classify")  # its load, after the eviction
-            check_near("face's RSS fall on eviction", before - (after - grown), charges["face"])
+            grown = rose["classify"]  # its load, after the eviction (the process's, step 1)
+            check_near(
+                "face's RSS fall on eviction", before - (after - grown), charges["face"], grown
+            )
 
             # 4. a request for the evicted face loads it on demand and is answered; that load
             # evicts face_attributes (classify has served since)
+            # (measured between reloads of the same config, each of which gives back what
+            # requests left in the arena: what is left is what the models hold)
             s.produce("classify", 2)
+            client.request("reload")
+            before = s.rss()
             s.produce("face", 3)
+            client.request("reload")
+            after = s.rss()
             states, evictions = s.states(), s.evictions()
             assert states["face_attributes"] == "UNLOADED" and evictions["face_attributes"] == 1
             assert states["classify"] == states["face"] == "READY", states
-            check_near("face's load on demand", s.measured("face"), charges["face"])
+            given = fell["face_attributes"]  # its eviction (the process's, step 1)
+            check_near("face's load on demand", after - before + given, charges["face"], given)
 
             # 5. and once more: face_attributes asked for evicts classify, answers the same
             again = judge.infer(face)

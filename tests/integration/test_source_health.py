@@ -136,6 +136,7 @@ def test_a_camera_stopped_and_started_again_reconnects_and_counts_on(
         stop_gracefully(sim.process)
 
 
+@pytest.mark.serial  # clocks compared within 50 ms
 def test_answers_carry_the_cameras_clock_when_it_sends_reports(
     sup: SupervisorProcess, clip: Path
 ) -> None:

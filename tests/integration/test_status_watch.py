@@ -62,8 +62,9 @@ def test_the_replies_on_the_wire_are_the_records_exactly(supervisor: SupervisorP
     ``status`` for one model answers with that model's status alone."""
     send_requests(supervisor, 2)
     with Client(supervisor.socket, timeout_s=60) as client:
-        shown = client.status()
-        models = client.models()
+        shown = client.request("status")["status"]  # the JSON on the wire, as it came
+        models = client.request("models")["models"]
+        records = client.models()  # (what ``Client`` makes of the same reply)
         one = client.request("status", model="classify")
         with pytest.raises(NotFoundError):
             client.request("status", model="no-such-model")
@@ -72,6 +73,7 @@ def test_the_replies_on_the_wire_are_the_records_exactly(supervisor: SupervisorP
     assert [json.dumps(ModelInfo.from_dict(m).to_dict()) for m in models] == [
         json.dumps(m) for m in models
     ]
+    assert records == [ModelInfo.from_dict(m) for m in models]
     assert "status" not in one
     alone = ModelStatus.from_dict(one["model_status"])
     assert alone.to_dict() == one["model_status"]

@@ -24,7 +24,7 @@ import pytest
 
 from duomo.ipc.client import Client
 from duomo.ipc.runtime_dir import log_path
-from duomo.ipc.status_records import ModelCapacity, SupervisorStatus
+from duomo.ipc.status_records import ModelCapacity
 from duomo.ipc.stream import Stream, StreamAnswer
 from tests.integration.harness import (
     duomo,
@@ -39,7 +39,8 @@ from tests.integration.test_prometheus_server import prometheus_scraping, query,
 from tests.integration.test_stream_status import background_supervisor
 from tests.unit.test_grafana_dashboard import targets
 
-pytestmark = pytest.mark.integration
+# serial: rates, shares and ages in ms, from the clock (tests/conftest.py)
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 CAMERAS = 4
 FPS = 25.0  # each camera; the frame period is 40 ms
 
@@ -94,7 +95,7 @@ class Cameras:
 
 
 def capacity_of(client: Client, model: str) -> ModelCapacity:
-    return SupervisorStatus.from_dict(client.status()).models[model].capacity
+    return client.status().models[model].capacity
 
 
 def logged_capacity(log: Path, model: str) -> list[str]:

@@ -21,7 +21,7 @@ import pytest
 
 from duomo.ipc.client import Client
 from duomo.ipc.runtime_dir import log_path
-from duomo.ipc.status_records import StreamStatus, SupervisorStatus
+from duomo.ipc.status_records import StreamStatus
 from duomo.ipc.stream import Stream, StreamAnswer
 from tests.integration.harness import (
     duomo,
@@ -51,7 +51,7 @@ def answers_of(cam: Stream) -> collections.Counter[str]:
 
 
 def stream_of(client: Client, name: str) -> StreamStatus:
-    status = SupervisorStatus.from_dict(client.status())
+    status = client.status()
     [stream] = [s for s in status.streams if s.name == name]
     return stream
 
@@ -111,7 +111,7 @@ def test_the_metrics_count_exactly_what_the_producer_was_answered(tmp_path: Path
         assert sent - latest["SUPERSEDED"] <= figures["frames"] <= sent
 
         # status says the same, and each stream's other series are there
-        status = SupervisorStatus.from_dict(client.status())
+        status = client.status()
         assert [s.name for s in status.streams] == ["fifo-cam", "latest-cam", "one-slot"]
         for stream in status.streams:
             assert stream.state == "ended"
@@ -255,7 +255,7 @@ def test_frames_the_source_refuses_or_skips_reach_the_supervisors_figures(tmp_pa
                 assert stream_of(client, "capped-cam").state == "running"
         fifo_outcomes = answers_of(fifo)
         capped_outcomes = answers_of(capped)
-        status = SupervisorStatus.from_dict(client.status())
+        status = client.status()
         samples = scrape(port)
 
     shown = {s.name: s.models["paced"] for s in status.streams}

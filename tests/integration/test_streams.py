@@ -14,16 +14,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from duomo import Client, InvalidArgumentError, StreamAnswer
+from duomo import Client, InvalidArgumentError, ResourceExhaustedError, StreamAnswer
 from duomo.ipc.stream import Stream
 from duomo.ipc.wire import STREAM_AT
 from tests.conftest import poll
 from tests.integration.harness import (
     SupervisorProcess,
     faulty_model,
+    free_port,
     running_supervisor,
     write_config,
 )
+from tests.integration.test_metrics import scrape
 
 pytestmark = pytest.mark.integration
 
@@ -57,6 +59,7 @@ def closed_answers(stream: Stream, drain_s: float = 5.0) -> list[StreamAnswer]:
     return stream.poll()
 
 
+@pytest.mark.serial  # an age bound in ms: a busy neighbour delays the threads it times
 def test_latest_bounds_the_answers_age_under_overload_and_fifo_does_not(
     slow_model: SupervisorProcess,
 ) -> None:
@@ -68,7 +71,7 @@ def test_latest_bounds_the_answers_age_under_overload_and_fifo_does_not(
         def watch_queue() -> None:
             with Client(slow_model.socket, timeout_s=30) as watcher:
                 while not done.is_set():
-                    depths.append(watcher.status()["models"]["slow"]["queue_depth"])
+                    depths.append(watcher.status().models["slow"].queue_depth)
                     time.sleep(0.05)
 
         watcher = threading.Thread(target=watch_queue)
@@ -101,6 +104,7 @@ def test_latest_bounds_the_answers_age_under_overload_and_fifo_does_not(
         assert ages[-1] > 5 * bound_ms and ages[-1] > ages[0] + 1000
 
 
+@pytest.mark.serial  # a rate held to 90 % on the clock
 def test_a_slow_camera_keeps_its_rate_beside_a_busy_one(slow_model: SupervisorProcess) -> None:
     seconds = 5.0
     with Client(slow_model.socket, timeout_s=30) as client:
@@ -192,6 +196,7 @@ def test_a_stream_whose_rings_are_refused_leaves_nothing_open(
         client.stream("too-many-slots", models=["slow"], slots=3).close()  # the name is free
 
 
+@pytest.mark.serial  # median ages compared, and bounded in ms
 def test_no_stream_weight_a_caller_may_send_ends_fair_sharing(
     slow_model: SupervisorProcess,
 ) -> None:
@@ -255,3 +260,53 @@ def light_camera_ages(client: Client, name: str) -> list[float]:
 
 def median(values: list[float]) -> float:
     return sorted(values)[len(values) // 2]
+
+
+def answered_in_turn(stream: Stream, frames: int) -> None:
+    """Send ``frames`` frames one at a time, each answered OK before the next."""
+    for _ in range(frames):
+        stream.send(FRAME, captured=time.monotonic())
+        answer = next(stream.answers(timeout_s=30), None)
+        assert answer is not None and answer.ok, answer
+
+
+def test_limits_max_streams_refuses_the_stream_past_it_and_no_other(tmp_path: Path) -> None:
+    """``limits.max_streams`` (docs/configuration.md, docs/streams.md) at 2: with two live
+    streams, a third is refused RESOURCE_EXHAUSTED naming the limit, whichever client asks, and
+    nothing of it stays open; the two live ones are answered before and after. Once one ends,
+    the next opens in its place and the ended one is forgotten: status and the ``stream`` label
+    of /metrics have the two kept streams only."""
+    port = free_port()
+    config = write_config(
+        tmp_path, [], extra=[faulty_model("quick", max_delay_ms=0)],
+        limits={"max_streams": 2}, metrics={"http": f"127.0.0.1:{port}"},
+    )  # fmt: skip
+    refusal = "cannot open stream 'cam-3': 2 streams are open (limits.max_streams)"
+    with (
+        running_supervisor(config) as sup,
+        Client(sup.socket, timeout_s=30) as one,
+        Client(sup.socket, timeout_s=30) as other,
+    ):
+        first = one.stream("cam-1", models=["quick"], policy="fifo")
+        second = other.stream("cam-2", models=["quick"], policy="fifo")
+        answered_in_turn(first, 2)
+        answered_in_turn(second, 2)
+        for asking in (one, other):
+            with pytest.raises(ResourceExhaustedError) as refused:
+                asking.stream("cam-3", models=["quick"], policy="fifo")
+            assert refused.value.message == refusal
+        answered_in_turn(first, 3)
+        answered_in_turn(second, 3)
+        kept = {s.name: s.state for s in one.status().streams}
+        assert kept == {"cam-1": "running", "cam-2": "running"}, kept
+
+        first.close()
+        third = other.stream("cam-3", models=["quick"], policy="fifo")  # cam-1's place
+        answered_in_turn(third, 2)
+        answered_in_turn(second, 1)
+        kept = {s.name: s.state for s in one.status().streams}
+        assert set(kept) == {"cam-2", "cam-3"}, kept
+        labels = {dict(labels).get("stream") for (_, labels) in scrape(port)} - {None}
+        assert labels == {"cam-2", "cam-3"}, labels
+        with pytest.raises(ResourceExhaustedError):  # both live again: the limit holds
+            one.stream("cam-1", models=["quick"], policy="fifo")

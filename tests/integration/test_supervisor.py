@@ -27,6 +27,7 @@ from duomo.ipc.errors import (
     UnavailableError,
 )
 from duomo.ipc.framing import FrameReader, answer, json_frame, notice_frame, recv_frame
+from duomo.ipc.status_records import ClientStatus, SupervisorStatus
 from duomo.ipc.wire import FRAME, FrameKind, SlotHeader, SlotState, TensorDesc, dtype_code, frame
 from tests.conftest import IMAGES, ROOT
 from tests.integration.harness import (
@@ -77,8 +78,8 @@ def fds_when_alone(sup: SupervisorProcess) -> int:
 
     def alone() -> bool:
         shown = status(sup)
-        if len(shown["clients"]) == 0 and shown["mapped_rings"] == 0:  # type: ignore[arg-type]
-            found.append(int(shown["open_fds"]))  # type: ignore[call-overload]
+        if len(shown.clients) == 0 and shown.mapped_rings == 0:
+            found.append(shown.open_fds)
             return True
         return False
 
@@ -86,7 +87,7 @@ def fds_when_alone(sup: SupervisorProcess) -> int:
     return found[-1]
 
 
-def status(sup: SupervisorProcess) -> dict[str, object]:
+def status(sup: SupervisorProcess) -> SupervisorStatus:
     with Client(sup.socket) as client:
         return client.status()
 
@@ -104,7 +105,7 @@ def test_eight_producers_on_three_models(supervisor: SupervisorProcess) -> None:
 
 
 def test_sigkill_a_producer_mid_request(supervisor: SupervisorProcess) -> None:
-    no_rings = lambda: all(not c["rings"] for c in status(supervisor)["clients"])  # type: ignore[attr-defined]  # noqa: E731
+    no_rings = lambda: all(not c.rings for c in status(supervisor).clients)  # noqa: E731
     with Client(supervisor.socket) as warm:  # the first ring opens fds that stay (tracker pipe)
         warm.model("classify").close()
     poll(no_rings)
@@ -115,8 +116,8 @@ def test_sigkill_a_producer_mid_request(supervisor: SupervisorProcess) -> None:
     assert json.loads(victim.stdout.readline()) == {"attached": "ocr"}
 
     def victim_in_flight() -> bool:
-        clients = status(supervisor)["clients"]
-        return any(r["model"] == "ocr" and r["in_flight"] > 0 for c in clients for r in c["rings"])  # type: ignore[attr-defined]
+        clients = status(supervisor).clients
+        return any(r.model == "ocr" and r.in_flight > 0 for c in clients for r in c.rings)
 
     poll(victim_in_flight)
     victim.send_signal(signal.SIGKILL)
@@ -143,7 +144,7 @@ def test_sigkill_the_supervisor_while_clients_wait(tmp_path: Path, demo_config: 
         ocr = client.model("ocr", slots=4)
         page = read_image(IMAGES / "page.png")
         futures = [ocr.infer_async(page, timeout_s=60) for _ in range(4)]
-        poll(lambda: status(sup)["models"]["ocr"]["in_flight"] >= 1)  # type: ignore[index]
+        poll(lambda: status(sup).models["ocr"].in_flight >= 1)
         sup.process.send_signal(signal.SIGKILL)
         raised = 0
         for future in futures:
@@ -177,6 +178,7 @@ def test_start_with_a_missing_model_file_fails_with_the_path(tmp_path: Path) -> 
     assert not socket_path.exists()
 
 
+@pytest.mark.demo_ports  # (configs/default.yaml's 8000–8002, as make demo: in turn)
 def test_start_and_stop_leave_nothing_behind(demo_config: object) -> None:
     from tests.integration.harness import short_socket_dir
 
@@ -241,7 +243,7 @@ def submit_raw(slot: Slot, header: SlotHeader, notice_seq: int | None = None) ->
     slot._seq = seq
     slot._in_flight = True
     slot._answered = False
-    slot.handle.client._send(notice_frame(slot.handle.ring_id, slot.index, seq))
+    slot.handle.client._link.send_frame(notice_frame(slot.handle.ring_id, slot.index, seq))
 
 
 def valid_header(seq: int, shape: tuple[int, ...], dtype: str = "float32") -> SlotHeader:
@@ -298,10 +300,10 @@ def test_bad_slot_headers_are_answered_with_errors(
 def test_slot_index_out_of_range(hostile_target: SupervisorProcess) -> None:
     with Client(hostile_target.socket) as client:
         affine = client.model("affine", slots=2)
-        client._send(notice_frame(affine.ring_id, 99, 1))
+        client._link.send_frame(notice_frame(affine.ring_id, 99, 1))
         error = client.next_event(timeout_s=10)
         assert isinstance(error, InvalidArgumentError) and "out of range" in error.message
-        client._send(notice_frame(4242, 0, 1))
+        client._link.send_frame(notice_frame(4242, 0, 1))
         assert isinstance(client.next_event(timeout_s=10), NotFoundError)
     still_serving(hostile_target)
 
@@ -342,11 +344,11 @@ def test_garbage_and_oversized_control_frames(hostile_target: SupervisorProcess)
         frame(FrameKind.NOTICE, b"\x01"),  # a notice of the wrong size
     ):
         client = Client(hostile_target.socket)
-        client._send(bad)
+        client._link.send_frame(bad)
         event = client.next_event(timeout_s=10)
         assert event is not None and "protocol error" in event.message
         # the supervisor closed that connection
-        client._wait_until(lambda c=client: not c.connected, time.monotonic() + 10)  # type: ignore[misc]
+        client._link.wait_for(lambda c=client: not c.connected, time.monotonic() + 10)  # type: ignore[misc]
         assert not client.connected
         client.close()
     with Client(hostile_target.socket) as client:  # well-formed but unknown or malformed
@@ -418,7 +420,7 @@ def test_a_callback_may_call_the_client_again(hostile_target: SupervisorProcess)
         first = affine.infer_async(np.ones((1, 4), dtype=np.float32))
         first.add_done_callback(lambda f: chained.append(affine.infer(f.result()["y"])["y"][0, 0]))
         assert first.result(30)["y"][0, 0] == 3.0
-        client._wait_until(lambda: bool(chained), time.monotonic() + 30)
+        client._link.wait_for(lambda: bool(chained), time.monotonic() + 30)
         assert chained == [7.0]  # 2 * 3 + 1, computed inside the callback
 
 
@@ -454,7 +456,7 @@ def test_a_client_that_does_not_read_is_dropped_without_stalling_others(
     request = json_frame({"id": 1, "op": "models"})
     for _ in range(3000):  # pipelined, never reading the replies
         try:
-            greedy._send(request)
+            greedy._link.send_frame(request)
         except UnavailableError:
             break
     started = time.monotonic()
@@ -462,7 +464,7 @@ def test_a_client_that_does_not_read_is_dropped_without_stalling_others(
         for _ in range(20):
             polite.request("ping")
     assert time.monotonic() - started < 5.0
-    greedy._wait_until(lambda: not greedy.connected, time.monotonic() + 30)
+    greedy._link.wait_for(lambda: not greedy.connected, time.monotonic() + 30)
     assert not greedy.connected
     greedy.close()
     still_serving(hostile_target)
@@ -473,12 +475,12 @@ def test_a_connection_lent_to_its_models_idle_worker(hostile_target: SupervisorP
     whatever else arrives on it still reaches the reactor, in order."""
     from duomo.supervisor.operators.image_files import read_image
 
-    def rings_of(client_rings: int) -> list[dict[str, object]]:
-        shown = status(hostile_target)["clients"]
-        return [c for c in shown if len(c["rings"]) == client_rings]  # type: ignore[arg-type, attr-defined]
+    def rings_of(client_rings: int) -> list[ClientStatus]:
+        shown = status(hostile_target).clients
+        return [c for c in shown if len(c.rings) == client_rings]
 
     def lent(client_rings: int = 1) -> bool:
-        return any(c["lent"] for c in rings_of(client_rings))
+        return any(c.lent for c in rings_of(client_rings))
 
     image = read_image(IMAGES / "coffee.png")
     x = np.ones((1, 4), dtype=np.float32)
@@ -487,7 +489,7 @@ def test_a_connection_lent_to_its_models_idle_worker(hostile_target: SupervisorP
         for _ in range(20):  # one request after another: a wait between two of them spins
             for _ in range(5):  # (a notice that comes before the worker waits for it is the
                 assert classify.infer(image)["top"][0]["label"] == "espresso"  # reactor's)
-            spin = status(hostile_target)["models"]["classify"]["idle_spin"]
+            spin = status(hostile_target).models["classify"].idle_spin
             if spin["spun"]:
                 break
         assert spin["waits"] >= spin["spun"] >= max(1, spin["caught"]), spin
@@ -515,10 +517,10 @@ def test_a_connection_lent_to_its_models_idle_worker(hostile_target: SupervisorP
     hostile = Client(hostile_target.socket)  # garbage on a lent connection
     hostile.model("affine", slots=1).infer(x)
     poll(lent)
-    hostile._send(frame(FrameKind.JSON, b"\xff\xfe this is not json"))
+    hostile._link.send_frame(frame(FrameKind.JSON, b"\xff\xfe this is not json"))
     event = hostile.next_event(timeout_s=10)
     assert event is not None and "protocol error" in event.message
-    hostile._wait_until(lambda: not hostile.connected, time.monotonic() + 10)
+    hostile._link.wait_for(lambda: not hostile.connected, time.monotonic() + 10)
     assert not hostile.connected
     hostile.close()
     poll(lambda: not rings_of(1))
@@ -554,7 +556,7 @@ def test_reload_that_changes_a_layout_makes_clients_attach_again(
         assert before.infer(x)["y"][0, 0] == 3.0
         write_config(tmp_path, ["classify"], extra=[{**raw, "max_batch": 2}])
         sup.process.send_signal(signal.SIGHUP)
-        poll(lambda: status(sup)["models"]["affine"]["max_batch"] == 2)  # type: ignore[index]
+        poll(lambda: status(sup).models["affine"].max_batch == 2)
         old_ring = before.ring_id
         with before.slot() as slot:  # zero-copy: the answer says what happened
             slot.write(x)
@@ -569,7 +571,7 @@ def test_reload_that_changes_a_layout_makes_clients_attach_again(
         # infer() alone: the retry after MODEL_CHANGED is invisible to the caller
         write_config(tmp_path, ["classify"], extra=[{**raw, "max_batch": 3}])
         sup.process.send_signal(signal.SIGHUP)
-        poll(lambda: status(sup)["models"]["affine"]["max_batch"] == 3)  # type: ignore[index]
+        poll(lambda: status(sup).models["affine"].max_batch == 3)
         assert before.infer(x)["y"][0, 0] == 3.0  # answered MODEL_CHANGED, sent again
         assert before.infer(np.ones((3, 4), dtype=np.float32))["y"].shape == (3, 4)
 
@@ -625,7 +627,8 @@ def test_a_wait_for_an_answer_sees_its_handle_closed_by_another_thread(
 
         waiter = threading.Thread(target=wait)
         waiter.start()
-        poll(lambda: client._leader == waiter.ident)  # the waiter reads the socket from now on
+        # the waiter reads the socket from now on
+        poll(lambda: client._link.reading_thread == waiter.ident)
         closed_at = time.monotonic()
         affine.close()
         waiter.join(10)

@@ -155,7 +155,7 @@ def test_models_instances_and_gear_padding(tmp_path: Path, fake: FakeAcl) -> Non
         ]
         for future, n in zip(futures, (1, 2, 5, 8) * 5):
             assert future.result(10)["y"].tolist() == [[2.0 * n + 1] * 4] * n
-        status = engine.status()["models"]["affine"]
+        status = engine.status().to_dict()["models"]["affine"]
         assert status["state"] == "READY" and status["instances"] == 2
     assert fake.calls.count("rt.create_context") == 3  # one per instance
     assert fake.calls.count("init") == 1 and fake.calls.count("rt.set_device") == 1
@@ -251,7 +251,7 @@ def test_unload_load_and_reinitialization_release_everything(tmp_path: Path, fak
     path = config(tmp_path, [raw_model("affine", "affine.om", max_batch=4, health=health)])
     x = np.ones((1, 4), np.float32)
     with Engine(load_config(path)) as engine:
-        memory = engine.status()["models"]["affine"]["memory"]
+        memory = engine.status().to_dict()["models"]["affine"]["memory"]
         assert memory["measured"]["device_bytes"] > 0 and memory["loaded"]
         for _ in range(3):
             engine.unload("affine")
@@ -268,7 +268,7 @@ def test_unload_load_and_reinitialization_release_everything(tmp_path: Path, fak
             model = engine.model("affine")
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline and not any(
-                h["reason"] == "re-initialized" for h in model.history
+                h.reason == "re-initialized" for h in model.history
             ):
                 time.sleep(0.01)
             assert model.state.value == "READY" and model.restarts.count(time.monotonic()) == 1
@@ -313,7 +313,7 @@ def test_device_budgets_use_query_size_before_anything_is_allocated(
         states = {n: engine.model(n).state.value for n in ("a", "b", "c")}
         assert states == {"a": "UNLOADED", "b": "READY", "c": "READY"}
         assert engine.model("a").evictions == 1
-        used = engine.status()["devices"][0]["used_bytes"]
+        used = engine.status().to_dict()["devices"][0]["used_bytes"]
         assert 2 << 20 < used <= 3 << 20
     assert fake.leaks() == {}
 
@@ -377,7 +377,7 @@ def test_session_writes_outputs_into_the_callers_arrays(tmp_path: Path, fake: Fa
     session.run({"x": x}, targets)
     assert targets["y"][2, 3] == 3.0 and targets["s"][0] == 4.0
     assert session.describe()["dynamic_batch_gears"] == [1, 2, 4, 8]
-    assert session.memory["measured_bytes"] > 0
+    assert session.memory.figures["measured_bytes"] > 0
     with pytest.raises(ValueError, match="static model takes"):
         static = backend.open(write_model(tmp_path / "s.om", **STATIC), SessionSettings(1))
         try:
@@ -571,11 +571,11 @@ def test_a_model_on_two_devices_runs_on_both_and_releases_each_in_order(
         for _ in range(200):  # until both instances have served batches
             futures = [engine.submit("both", x) for _ in range(8)]
             assert all(f.result(10)["y"][0, 0] == 3.0 for f in futures)
-            if all(p["batches"] for p in instance_placements(model)):
+            if all(p.batches for p in instance_placements(model)):
                 break
-        assert [p["device"] for p in instance_placements(model)] == [0, 1]
-        assert all(p["batches"] > 0 for p in instance_placements(model))
-        status = engine.status()
+        assert [p.device for p in instance_placements(model)] == [0, 1]
+        assert all(p.batches > 0 for p in instance_placements(model))
+        status = engine.status().to_dict()
         charged = status["models"]["both"]["memory"]["charged_bytes_by_device"]
         assert charged["0"] > 0 and charged["1"] > 0
         used = {d["id"]: d["used_bytes"] for d in status["devices"]}
@@ -618,7 +618,7 @@ def test_a_budget_on_one_device_evicts_only_there(tmp_path: Path) -> None:
                 time.sleep(0.01)
             states = {n: engine.model(n).state.value for n in "abcd"}
             assert states == {"a": "UNLOADED", "b": "READY", "c": "READY", "d": "READY"}
-            used = {d["id"]: d["used_bytes"] for d in engine.status()["devices"]}
+            used = {d["id"]: d["used_bytes"] for d in engine.status().to_dict()["devices"]}
             assert 2 << 20 < used[0] <= 3 << 20 and 1 << 20 < used[1] <= 2 << 20
         assert acl.leaks() == {}
     finally:

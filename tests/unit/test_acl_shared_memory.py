@@ -54,7 +54,7 @@ def buffers_of(fake: FakeAcl, nbytes: int) -> list[int]:
 
 
 def io_bytes(session: AclSession) -> int:
-    return session.memory["io_bytes"]
+    return session.memory.figures["io_bytes"]
 
 
 # -- weights --------------------------------------------------------------------------------
@@ -72,10 +72,10 @@ def test_two_sessions_of_one_om_share_one_weight_buffer_until_the_last_closes(
     assert len(weights) == 1 and len(fake.models) == 2  # two model ids, one weight buffer
     assert fake.calls.count("mdl.load_from_file_with_mem") == 2
     assert "mdl.load_from_file" not in fake.calls
-    share = first.weights
-    assert share == second.weights
+    share = first.memory.weights
+    assert share == second.memory.weights
     assert share == MemoryShare(share.key, "affine.om", 0, WEIGHT_BYTES, on_device=True)
-    assert first.device_bytes == second.device_bytes == WORK_BYTES + io_bytes(first)
+    assert first.memory.device_bytes == second.memory.device_bytes == WORK_BYTES + io_bytes(first)
     assert fake.used[0] == WEIGHT_BYTES + 2 * (WORK_BYTES + io_bytes(first))
 
     first.close()  # the other still uses the weights
@@ -111,7 +111,7 @@ def test_instances_and_a_replica_share_the_weights_and_unloading_one_keeps_them(
             for name in ("main", "replica")
             for s in engine.model(name).instances.sessions_by_device()[0]
         ]
-        assert len(sessions) == 3 and len({s.weights for s in sessions}) == 1
+        assert len(sessions) == 3 and len({s.memory.weights for s in sessions}) == 1
         engine.unload("replica")
         assert len(fake.models) == 2 and len(buffers_of(fake, WEIGHT_BYTES)) == 1
         assert engine.infer("main", X, timeout_s=10)["y"][0, 0] == 3.0
@@ -131,10 +131,10 @@ def test_share_weights_false_gives_each_session_its_own(tmp_path: Path, fake: Fa
     assert len(buffers_of(fake, WEIGHT_BYTES)) == 2
     assert len({m.weights for m in fake.models.values()}) == 2
     for session in sessions:
-        assert session.weights is None  # its weights are its own, counted in device_bytes
-        assert session.device_bytes == WEIGHT_BYTES + WORK_BYTES + io_bytes(session)
+        assert session.memory.weights is None  # its weights are its own, counted in device_bytes
+        assert session.memory.device_bytes == WEIGHT_BYTES + WORK_BYTES + io_bytes(session)
     shared = backend.open(om, SessionSettings(1))  # joins neither
-    assert len(buffers_of(fake, WEIGHT_BYTES)) == 3 and shared.weights is not None
+    assert len(buffers_of(fake, WEIGHT_BYTES)) == 3 and shared.memory.weights is not None
     for session in (*sessions, shared):
         assert session.run({"x": X})["y"][0, 0] == 3.0
         session.close()
@@ -156,13 +156,13 @@ def test_only_the_same_file_on_the_same_device_shares(tmp_path: Path) -> None:
             backend.open(Path(copy), SessionSettings(1)),
         ]
         sessions.append(backend.open(om, SessionSettings(1, device=1)))
-        assert len({s.weights.key for s in sessions if s.weights}) == 3
+        assert len({s.memory.weights.key for s in sessions if s.memory.weights}) == 3
         assert len(buffers_of(acl, WEIGHT_BYTES)) == 3
         stat = om.stat()
         os.utime(om, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
         sessions.append(backend.open(om, SessionSettings(1)))
         assert len(buffers_of(acl, WEIGHT_BYTES)) == 4  # a new file as far as sharing goes
-        assert sessions[-1].weights != sessions[0].weights
+        assert sessions[-1].memory.weights != sessions[0].memory.weights
         sessions.append(backend.open(om, SessionSettings(1)))
         assert len(buffers_of(acl, WEIGHT_BYTES)) == 4  # shares the rewritten file's
         for session in sessions:
@@ -213,7 +213,7 @@ def test_models_that_may_run_at_once_get_their_own_work_buffers(
     assert len(set(works)) == 2 and set(works) == {
         (p, WORK_BYTES) for p in buffers_of(fake, WORK_BYTES)
     }
-    assert a.memory["work_shared"] == b.memory["work_shared"] == 0
+    assert a.memory.figures["work_shared"] == b.memory.figures["work_shared"] == 0
     for session in (a, b):
         session.close()
     backend.close()
@@ -238,14 +238,17 @@ def test_models_that_run_alone_share_one_work_buffer_sized_to_the_largest(
     third = backend.open(small, alone)  # joins the larger one
     works = {s: fake.models[s._model_id].work[0] for s in (first, second, larger, third)}
     assert works[first] == works[second] != works[larger] == works[third]
-    assert third.memory["work_buffer_bytes"] == BIG_WORK and third.memory["work_shared"] == 1
-    assert third.device_bytes == io_bytes(third)  # the shared buffer is charged apart:
-    share, big_share = third.shared_work, larger.shared_work
+    assert (
+        third.memory.figures["work_buffer_bytes"] == BIG_WORK
+        and third.memory.figures["work_shared"] == 1
+    )
+    assert third.memory.device_bytes == io_bytes(third)  # the shared buffer is charged apart:
+    share, big_share = third.memory.shared_work, larger.memory.shared_work
     assert share is not None and big_share is not None and share.key == big_share.key
     assert share.nbytes == big_share.nbytes == BIG_WORK  # one share, at the buffer's size
     assert (share.charged_alone, big_share.charged_alone) == (WORK_BYTES, BIG_WORK)
-    assert first.shared_work is not None and first.shared_work.nbytes == WORK_BYTES
-    assert first.shared_work.key != share.key
+    assert first.memory.shared_work is not None and first.memory.shared_work.nbytes == WORK_BYTES
+    assert first.memory.shared_work.key != share.key
     for session in (first, second, larger, third):  # one after another, as their gate runs
         spec = session.inputs[0]
         session.run({"x": np.zeros(session.shape_at(spec, session.every_gear()[0]), spec.dtype)})
@@ -335,8 +338,8 @@ def test_the_devices_gate_decides_whether_work_is_shared(
 def own_bytes(engine: Engine, name: str) -> int:
     """What ``name``'s sessions on device 0 take as their own (``device_bytes``, no weights)."""
     sessions = engine.model(name).instances.sessions_by_device()[0]
-    assert sessions and all(s.weights is not None for s in sessions)
-    return sum(s.device_bytes for s in sessions)
+    assert sessions and all(s.memory.weights is not None for s in sessions)
+    return sum(s.memory.device_bytes for s in sessions)
 
 
 def test_the_ledger_charges_a_device_the_shared_weights_once(tmp_path: Path, fake: FakeAcl) -> None:
@@ -353,7 +356,7 @@ def test_the_ledger_charges_a_device_the_shared_weights_once(tmp_path: Path, fak
     with Engine(load_config(ascend_config(tmp_path, models))) as engine:
         main, replica = own_bytes(engine, "main"), own_bytes(engine, "replica")
         assert main == 2 * replica > 0
-        status = engine.status()
+        status = engine.status().to_dict()
         used = status["devices"][0]["used_bytes"]
         assert used == WEIGHT_BYTES + main + replica == fake.used[0]
         for name, other in (("main", "replica"), ("replica", "main")):
@@ -367,12 +370,12 @@ def test_the_ledger_charges_a_device_the_shared_weights_once(tmp_path: Path, fak
             }
 
         engine.unload("replica")
-        status = engine.status()
+        status = engine.status().to_dict()
         assert status["devices"][0]["used_bytes"] == used - replica == WEIGHT_BYTES + main
         assert status["models"]["main"]["memory"]["weights"][0]["shared_with"] == []
         assert len(buffers_of(fake, WEIGHT_BYTES)) == 1
         engine.unload("main")
-        assert engine.status()["devices"][0]["used_bytes"] == 0
+        assert engine.status().to_dict()["devices"][0]["used_bytes"] == 0
         assert buffers_of(fake, WEIGHT_BYTES) == [] and fake.used[0] == 0
     assert fake.leaks() == {}
 
@@ -391,7 +394,7 @@ def test_a_device_budget_that_holds_the_weights_once_takes_both_models(
     budget_mb = 2
     config = load_config(ascend_config(tmp_path, models, memory_budget_mb=budget_mb))
     with Engine(config) as engine:
-        status = engine.status()
+        status = engine.status().to_dict()
         assert all(status["models"][n]["memory"]["loaded"] for n in ("main", "replica"))
         own = own_bytes(engine, "main") + own_bytes(engine, "replica")
         budget = budget_mb << 20
@@ -422,7 +425,7 @@ def test_the_ledger_charges_a_shared_work_buffer_once_at_its_size(
     assert small_weights + WORK_BYTES < 1 << 20 < small_weights + big_work
     gate = {"runs_at_once": 1, "overdraft": 0}
     with Engine(load_config(ascend_config(tmp_path, models, **gate))) as engine:
-        status = engine.status()
+        status = engine.status().to_dict()
         assert all(status["models"][n]["memory"]["loaded"] for n in ("big", "small")), status
         assert status["devices"][0]["used_bytes"] == fake.used[0]
         assert len(buffers_of(fake, big_work)) == 1 and buffers_of(fake, WORK_BYTES) == []
@@ -430,12 +433,12 @@ def test_the_ledger_charges_a_shared_work_buffer_once_at_its_size(
             measured = status["models"][name]["memory"]["measured"]
             assert measured["shared_work_bytes"] == work, (name, measured)
         engine.unload("big")
-        status = engine.status()
+        status = engine.status().to_dict()
         assert len(buffers_of(fake, big_work)) == 1  # the small model still uses it
         assert status["devices"][0]["used_bytes"] == fake.used[0]
         assert engine.infer("small", X, timeout_s=10)["y"][0, 0] == 3.0
         engine.unload("small")
-        assert engine.status()["devices"][0]["used_bytes"] == 0 == fake.used[0]
+        assert engine.status().to_dict()["devices"][0]["used_bytes"] == 0 == fake.used[0]
     assert fake.leaks() == {}
 
 
@@ -454,7 +457,7 @@ def test_a_load_that_joins_a_shared_work_buffer_needs_no_room_for_its_work(
     assert work + 2 * WEIGHT_BYTES < budget_mb << 20 < 2 * work + 2 * WEIGHT_BYTES
     config = load_config(ascend_config(tmp_path, models, memory_budget_mb=budget_mb, **gate))
     with Engine(config) as engine:
-        status = engine.status()
+        status = engine.status().to_dict()
         assert all(status["models"][n]["memory"]["loaded"] for n in ("a", "b")), status
         assert status["devices"][0]["used_bytes"] == fake.used[0] <= budget_mb << 20
         assert len(buffers_of(fake, work)) == 1
@@ -483,7 +486,7 @@ def test_a_reload_joins_the_shared_work_buffer_in_place_of_the_one_it_used(
         engine.unload("a")  # its buffer (2 MiB) is freed with it
         engine.load("b")
         engine.load("a")  # joins b's 3 MiB buffer: 3.5 MiB in all, under the 4 MiB budget
-        status = engine.status()
+        status = engine.status().to_dict()
         assert all(status["models"][n]["memory"]["loaded"] for n in ("a", "b")), status
         assert status["devices"][0]["used_bytes"] == fake.used[0] <= 4 * mib
         assert len(buffers_of(fake, 3 * mib)) == 1 and buffers_of(fake, 2 * mib) == []
@@ -526,7 +529,7 @@ def test_a_model_over_its_own_budget_is_refused_before_loading_though_its_weight
         assert not [
             c for c in fake.calls[calls:] if c in ("rt.malloc", "mdl.load_from_file_with_mem")
         ]
-        assert engine.status()["models"]["replica"]["state"] == "UNLOADED"
+        assert engine.status().to_dict()["models"]["replica"]["state"] == "UNLOADED"
         assert engine.infer("main", X, timeout_s=10)["y"][0, 0] == 3.0
     assert fake.leaks() == {}
 

@@ -10,7 +10,9 @@ import time
 import pytest
 
 from duomo.ipc.errors import ResourceExhaustedError, UnavailableError
-from duomo.worker.batcher import MAX_WEIGHT, Batcher, Level
+from duomo.ipc.stream_settings import MAX_WEIGHT
+from duomo.worker.batcher import Batcher
+from duomo.worker.flows import Level
 from duomo.worker.request import Outcome, Request
 from tests.conftest import poll
 

@@ -108,14 +108,14 @@ def supervisor(tmp_path: Path) -> Supervisor:
 
 
 def test_the_supervisor_handles_every_operation(supervisor: Supervisor) -> None:
-    assert set(supervisor._handlers) == set(MESSAGES)
+    assert set(supervisor.control._handlers) == set(MESSAGES)
     conn: Any = Asking()
-    assert supervisor.handle(conn, {"op": "ping", "id": 1}) == {"ok": True}
-    models = supervisor.handle(conn, {"op": "models"})
+    assert supervisor.control.handle(conn, {"op": "ping", "id": 1}) == {"ok": True}
+    models = supervisor.control.handle(conn, {"op": "models"})
     assert models is not None and models["models"] == []  # (built, not started)
-    unknown = supervisor.handle(conn, {"op": "format_disk"})
+    unknown = supervisor.control.handle(conn, {"op": "format_disk"})
     assert unknown is not None and unknown["code"] == ErrorCode.INVALID_ARGUMENT
-    missing = supervisor.handle(conn, {"op": "load", "model": "nope"})
+    missing = supervisor.control.handle(conn, {"op": "load", "model": "nope"})
     assert missing is not None and missing["code"] == ErrorCode.NOT_FOUND
 
 
@@ -125,11 +125,11 @@ def test_a_handler_that_fails_unexpectedly_answers_internal_without_the_text(
     def broken(asking: object = None) -> dict[str, Any]:
         raise KeyError("the secret inside")
 
-    monkeypatch.setattr(supervisor, "status", broken)
-    reply = supervisor.handle(Asking(), {"op": "status"})  # type: ignore[arg-type]
+    monkeypatch.setattr(supervisor.control, "_status", broken)
+    reply = supervisor.control.handle(Asking(), {"op": "status"})  # type: ignore[arg-type]
     assert reply == {
         "ok": False,
         "code": ErrorCode.INTERNAL,
         "message": "internal error in 'status'; the supervisor log has details",
     }
-    assert supervisor.handle(Asking(), {"op": "ping"}) == {"ok": True}  # type: ignore[arg-type]
+    assert supervisor.control.handle(Asking(), {"op": "ping"}) == {"ok": True}  # type: ignore[arg-type]

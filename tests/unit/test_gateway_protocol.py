@@ -202,9 +202,17 @@ def test_encoded_images_are_decoded_into_the_target_in_rgb() -> None:
         decode_into(b"GIF89a nope", target)
 
 
+# this process's own names in /dev/shm (never fixed ones: another run of the suite on the host,
+# or another worker of this one, makes its own)
+SHM = Path("/dev/shm")
+REGION, LINK, FIFO, SYMLINK = (
+    f"duomotest_{what}_{os.getpid()}" for what in ("region", "link", "fifo", "symlink")
+)
+
+
 @pytest.fixture
 def segment() -> shared_memory.SharedMemory:
-    shm = shared_memory.SharedMemory(name="duomotest_region", create=True, size=4096)
+    shm = shared_memory.SharedMemory(name=REGION, create=True, size=4096)
     yield shm
     shm.close()
     shm.unlink()
@@ -212,12 +220,10 @@ def segment() -> shared_memory.SharedMemory:
 
 def test_regions_bounds_and_names(tmp_path: Path, segment: shared_memory.SharedMemory) -> None:
     regions = Regions(tmp_path / "regions", allowed=True)
-    regions.register("r", "/duomotest_region", 1024, 2048)
+    regions.register("r", f"/{REGION}", 1024, 2048)
     segment.buf[1024 + 16 : 1024 + 20] = b"abcd"
     assert regions.span(protocol.RegionRef("r", 16, 4), 4).read() == b"abcd"
-    assert regions.status("r") == [
-        {"name": "r", "key": "duomotest_region", "offset": 1024, "byte_size": 2048}
-    ]
+    assert regions.status("r") == [{"name": "r", "key": REGION, "offset": 1024, "byte_size": 2048}]
     # a second worker sees the registration (the records are shared)
     other = Regions(tmp_path / "regions", allowed=True)
     assert other.span(protocol.RegionRef("r", 16, 4), 4).read() == b"abcd"
@@ -228,9 +234,9 @@ def test_regions_bounds_and_names(tmp_path: Path, segment: shared_memory.SharedM
     with pytest.raises(InvalidArgumentError, match="needs 100 bytes"):
         regions.span(protocol.RegionRef("r", 0, 10), 100)
     with pytest.raises(InvalidArgumentError, match="less than offset"):
-        regions.register("big", "duomotest_region", 0, 8192)
+        regions.register("big", REGION, 0, 8192)
     with pytest.raises(InvalidArgumentError, match="already registered"):
-        other.register("r", "duomotest_region", 0, 16)
+        other.register("r", REGION, 0, 16)
     for key in ("/duomo-0123", "../etc/passwd", "a/b", ""):
         with pytest.raises(InvalidArgumentError):
             regions.register("bad", key, 0, 16)
@@ -240,7 +246,7 @@ def test_regions_bounds_and_names(tmp_path: Path, segment: shared_memory.SharedM
     regions.close()
     other.close()
     with pytest.raises(UnavailableError, match="allow_shm"):
-        Regions(tmp_path / "off", allowed=False).register("r", "duomotest_region", 0, 16)
+        Regions(tmp_path / "off", allowed=False).register("r", REGION, 0, 16)
 
 
 def held_segments(key: str) -> list[str]:
@@ -260,8 +266,8 @@ def test_a_shrunk_region_is_refused_not_faulted(
     """Reads and writes go through the descriptor, checked against the size now: a segment
     truncated after registration is INVALID_ARGUMENT (a mapping would have been SIGBUS)."""
     regions = Regions(tmp_path / "regions", allowed=True)
-    regions.register("r", "duomotest_region", 0, 4096)
-    fd = os.open("/dev/shm/duomotest_region", os.O_RDWR)
+    regions.register("r", REGION, 0, 4096)
+    fd = os.open(f"/dev/shm/{REGION}", os.O_RDWR)
     try:
         os.ftruncate(fd, 100)
         with pytest.raises(InvalidArgumentError, match="holds 100 bytes now"):
@@ -284,37 +290,37 @@ def test_what_a_region_is_not(tmp_path: Path, segment: shared_memory.SharedMemor
     are refused whatever their name; a registered segment that is unlinked or replaced stops
     being served, and its descriptor is closed."""
     regions = Regions(tmp_path / "regions", allowed=True)
-    link = Path("/dev/shm/duomotest_link")
-    fifo = Path("/dev/shm/duomotest_fifo")
-    symlink = Path("/dev/shm/duomotest_symlink")
-    mine = len(held_segments("duomotest_region"))  # (the fixture's own: its fd and its mapping's)
+    link = SHM / LINK
+    fifo = SHM / FIFO
+    symlink = SHM / SYMLINK
+    mine = len(held_segments(REGION))  # (the fixture's own: its fd and its mapping's)
     try:
-        os.link("/dev/shm/duomotest_region", link)
+        os.link(f"/dev/shm/{REGION}", link)
         with pytest.raises(InvalidArgumentError, match="2 names"):
-            regions.register("linked", "duomotest_link", 0, 16)
+            regions.register("linked", LINK, 0, 16)
         with pytest.raises(InvalidArgumentError, match="2 names"):
-            regions.register("original", "duomotest_region", 0, 16)
+            regions.register("original", REGION, 0, 16)
         link.unlink()
         os.mkfifo(fifo)
         with pytest.raises(InvalidArgumentError, match="not a regular file"):
-            regions.register("fifo", "duomotest_fifo", 0, 16)
-        symlink.symlink_to("/dev/shm/duomotest_region")
+            regions.register("fifo", FIFO, 0, 16)
+        symlink.symlink_to(f"/dev/shm/{REGION}")
         with pytest.raises(InvalidArgumentError, match="cannot open"):
-            regions.register("symlink", "duomotest_symlink", 0, 16)
-        regions.register("r", "duomotest_region", 0, 16)
+            regions.register("symlink", SYMLINK, 0, 16)
+        regions.register("r", REGION, 0, 16)
         other = Regions(tmp_path / "regions", allowed=True)
         other.span(protocol.RegionRef("r", 0, 4), 4)
-        assert len(held_segments("duomotest_region")) == mine + 2  # one per "worker"
-        os.link("/dev/shm/duomotest_region", link)  # a second name later: refused at use
+        assert len(held_segments(REGION)) == mine + 2  # one per "worker"
+        os.link(f"/dev/shm/{REGION}", link)  # a second name later: refused at use
         with pytest.raises(InvalidArgumentError, match="no longer names"):
             other.span(protocol.RegionRef("r", 0, 4), 4)
-        assert len(held_segments("duomotest_region")) == mine + 1  # (it closed its own)
+        assert len(held_segments(REGION)) == mine + 1  # (it closed its own)
         link.unlink()
         other.span(protocol.RegionRef("r", 0, 4), 4)  # one name again: served again
         regions.unregister("r")
-        assert len(held_segments("duomotest_region")) == mine + 1  # the other's, until a sweep
+        assert len(held_segments(REGION)) == mine + 1  # the other's, until a sweep
         other.sweep()
-        assert len(held_segments("duomotest_region")) == mine
+        assert len(held_segments(REGION)) == mine
         other.close()
     finally:
         for path in (link, fifo, symlink):

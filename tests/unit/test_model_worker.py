@@ -90,7 +90,7 @@ def test_requests_queued_behind_a_busy_worker_run_together(gated: type[GatedExec
     assert gated.batches == [["r1"], ["r2", "r3", "r4"], ["r5", "r6"]]
     assert [o.result for o in outcomes] == [f"done:r{i}" for i in range(1, 7)]
     assert [o.batch_size for o in outcomes] == [1, 3, 3, 3, 2, 2]
-    assert model.stats.snapshot()["batch_sizes"] == {"1": 1, "2": 1, "3": 1}
+    assert model.stats.snapshot().batch_sizes == {"1": 1, "2": 1, "3": 1}
 
 
 def test_a_bad_request_fails_alone(gated: type[GatedExecutor]) -> None:
@@ -129,7 +129,7 @@ def test_a_backend_failure_fails_the_whole_batch(gated: type[GatedExecutor]) -> 
         model.stop()
     assert all(o.code is ErrorCode.INTERNAL for o in outcomes)
     assert after.result == "done:c"
-    assert model.stats.snapshot()["outcomes"] == {"ok": 2, "internal": 3}
+    assert model.stats.snapshot().outcomes == {"ok": 2, "internal": 3}
 
 
 def test_stop_finishes_queued_work_within_the_grace_period(gated: type[GatedExecutor]) -> None:

@@ -36,7 +36,7 @@ class _Echo(BufferedSession):
         self.given_back = 0
 
     def run(self, inputs, outputs=None):  # type: ignore[no-untyped-def]
-        self.note_run(inputs)
+        self.memory.note_run(inputs)
         return dict(inputs)
 
     def close(self) -> None:
@@ -49,9 +49,9 @@ class _Echo(BufferedSession):
 def test_a_run_far_above_the_warm_ups_is_a_one_off_given_back_once() -> None:
     session = _Echo()
     session.run({"x": np.zeros((1, 100), F32)})  # the warm-up
-    session.settle()
+    session.memory.settle()
     session.run({"x": np.zeros((ONE_OFF_FACTOR, 100), F32)})
-    assert not session.release_one_off()
+    assert not session.memory.release_one_off()
     session.run({"x": np.zeros((ONE_OFF_FACTOR + 1, 100), F32)})
-    assert session.release_one_off() and not session.release_one_off()
+    assert session.memory.release_one_off() and not session.memory.release_one_off()
     assert session.given_back == 1

@@ -1,7 +1,8 @@
-"""What a pipeline's ``for_each`` step runs on (``supervisor.dataflow.pipelines``): the objects its
-filters select (``select``) and what each object's request is given (``object_payload``: a crop
-of the frame, widened and resized, or the frame with the object's points). The run itself, on
-the real models, is tests/integration/test_pipelines.py's."""
+"""What a pipeline's ``for_each`` step runs on: the objects its filters select
+(``supervisor.dataflow.pipelines.select``) and what each object's request is given
+(``worker.executors.object_crops.object_payload``: a crop of the frame, widened and resized, or
+the frame with the object's points). The run itself, on the real models, is
+tests/integration/test_pipelines.py's."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import pytest
 
 from duomo.ipc.errors import InvalidArgumentError
 from duomo.supervisor.dataflow.pipeline_config import ForEach
-from duomo.supervisor.dataflow.pipelines import object_payload, select
+from duomo.supervisor.dataflow.pipelines import select
+from duomo.worker.executors.object_crops import object_payload
 
 OBJECTS: list[dict[str, Any]] = [
     {"box": [0, 0, 10, 10], "score": 0.9},  # area 100, side 10

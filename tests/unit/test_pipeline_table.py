@@ -10,7 +10,7 @@ from typing import Any
 
 from duomo.ipc.status_records import PipelineStatus, SupervisorStatus
 from duomo.supervisor.operators import pipeline_table
-from duomo.supervisor.operators.cli import render_status
+from duomo.supervisor.operators.status_table import render_status
 from duomo.supervisor.operators.status_watch import Frame, plain_frame
 from tests.status_fixtures import DOCUMENTED_STATUS, status_entry
 from tests.unit.test_stream_table import stream

@@ -27,7 +27,7 @@ from duomo.ipc.status_records import (
     StatusRecordError,
     SupervisorStatus,
 )
-from duomo.supervisor.operators.cli import render_status
+from duomo.supervisor.operators.status_table import render_status
 from duomo.supervisor.operators.status_watch import Frame, plain_frame
 from duomo.supervisor.process.control_messages import Status, parse_control
 from tests.status_fixtures import DOCUMENTED_MODELS, DOCUMENTED_STATUS, model_entry, status_entry

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from duomo.ipc.status_records import SupervisorStatus
-from duomo.supervisor.operators.cli import render_status
+from duomo.supervisor.operators.status_table import render_status
 from tests.status_fixtures import device_entry, model_entry, status_entry
 
 MIB = 2**20

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from duomo.ipc.errors import ErrorCode
-from duomo.supervisor.dataflow.streams import StreamRegistry, StreamSettings
+from duomo.ipc.stream_settings import StreamSettings
+from duomo.supervisor.dataflow.streams import StreamRegistry
 from duomo.worker import stream_load
 from duomo.worker.stream_load import StreamLoad
 
@@ -19,8 +20,9 @@ OK, SUPERSEDED = ErrorCode.OK, ErrorCode.SUPERSEDED
 
 
 def figures(registry: StreamRegistry, name: str, now: float) -> dict[str, Any]:
-    [shown] = [s for s in registry.snapshot(now) if s["name"] == name]
-    return shown
+    """Stream ``name``'s status record, as its JSON."""
+    [shown] = [s for s in registry.snapshot(now) if s.name == name]
+    return shown.to_dict()
 
 
 def test_the_sources_refusals_and_skips_are_counted_apart_and_refusals_block() -> None:

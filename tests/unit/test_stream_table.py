@@ -14,7 +14,7 @@ import pytest
 
 from duomo.ipc.status_records import StatusRecordError, StreamStatus, SupervisorStatus
 from duomo.supervisor.operators import stream_table
-from duomo.supervisor.operators.cli import render_status
+from duomo.supervisor.operators.status_table import render_status
 from duomo.supervisor.operators.status_watch import Frame, plain_frame
 from tests.status_fixtures import DOCUMENTED_STATUS, status_entry
 
