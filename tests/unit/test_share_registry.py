@@ -93,6 +93,24 @@ def test_fresh_supplants_the_thing_and_the_old_one_stays_with_its_users() -> Non
     assert registry.things() == []
 
 
+def test_a_failed_fresh_making_leaves_the_outgrown_thing_shared_under_its_key() -> None:
+    registry: ShareRegistry[str, list[int]] = ShareRegistry()
+    small = registry.acquire("work", lambda: [1])
+
+    def no_room() -> list[int]:
+        raise MemoryError("no room for the larger one")
+
+    with pytest.raises(MemoryError):
+        registry.acquire("work", no_room, fresh=True)
+    assert registry.get("work") == [1] and registry.users() == {"work": 1}
+    again = registry.acquire("work", lambda: [9])  # found, not made again
+    assert again.thing is small.thing and registry.users() == {"work": 2}
+    assert registry.release(again) is None and registry.release(small) == [1]
+    with pytest.raises(MemoryError):  # nothing to fall back on: the key is left empty
+        registry.acquire("work", no_room, fresh=True)
+    assert registry.users() == {} and registry.get("work") is None
+
+
 def test_a_thing_alone_is_not_shared_and_its_release_hands_it_back() -> None:
     registry: ShareRegistry[str, str] = ShareRegistry()
     lease = registry.alone("own")

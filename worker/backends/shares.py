@@ -20,7 +20,8 @@ Invariants:
 - a failed ``make`` is not kept: its entry leaves the registry at once, its error is raised to
   the maker and to every acquirer that waited for it, and the next ``acquire`` makes it again;
 - ``acquire(..., fresh=True)`` makes a new thing under a key that has one (one that it has
-  outgrown: a larger work buffer); the old one stays with its users and leaves with the last.
+  outgrown: a larger work buffer); the old one stays with its users and leaves with the last,
+  and is found under the key again if the new one's ``make`` fails.
 
 ``FileIdentity`` (``file_identity``) is the one definition of "the same file" both backends key
 their shares by.
@@ -75,7 +76,8 @@ class ShareRegistry(Generic[K, T]):
         Raises whatever ``make`` raised, to its caller and to the acquirers that waited; the
         failed entry is not kept."""
         with self._lock:
-            entry = None if fresh else self._entries.get(key)
+            previous = self._entries.get(key)  # (``fresh``: the one it replaces)
+            entry = None if fresh else previous
             making = entry is None
             if entry is None:
                 entry = self._entries[key] = _Entry()
@@ -90,7 +92,10 @@ class ShareRegistry(Generic[K, T]):
                 if entry.error is not None:  # acquirers from now on try again
                     with self._lock:
                         if self._entries.get(key) is entry:
-                            del self._entries[key]
+                            if fresh and previous is not None and previous.users > 0:
+                                self._entries[key] = previous  # still shared, still found
+                            else:
+                                del self._entries[key]
                     self._drop_use(key, entry)
                 entry.ready.set()
         else:
