@@ -53,7 +53,12 @@ from duomo.ipc.runtime_dir import default_socket_path
 from duomo.ipc.slots import Slot
 from duomo.ipc.status_records import ModelInfo, SupervisorStatus
 from duomo.ipc.stream import Stream, close_stream, open_stream
-from duomo.ipc.stream_settings import DEFAULT_BACKLOG, DEFAULT_SLOTS, StreamSettings
+from duomo.ipc.stream_settings import (
+    DEFAULT_BACKLOG,
+    DEFAULT_SLOTS,
+    DEFAULT_STALL_AFTER_S,
+    StreamSettings,
+)
 
 __all__ = ["ATTACH_TIMEOUT_S", "READ_SLICE_S", "Client", "ModelHandle", "Slot"]
 
@@ -222,7 +227,7 @@ class Client:
         fps: float | None = None,
         max_fps: float | None = None,
         every: int | None = None,
-        stall_after_s: float = 5.0,
+        stall_after_s: float = DEFAULT_STALL_AFTER_S,
         slots: int = DEFAULT_SLOTS,
         backlog: int = DEFAULT_BACKLOG,
         timeout_s: float | None = None,
@@ -270,7 +275,7 @@ class Client:
         policy: str = "latest",
         weight: float = 1.0,
         fps: float | None = None,
-        stall_after_s: float = 5.0,
+        stall_after_s: float = DEFAULT_STALL_AFTER_S,
     ) -> int:
         """Open stream ``name`` in the supervisor only, for a producer that writes its slots
         itself (``Slot.set_stream``): its id. ``stream`` does this and the rest for you.

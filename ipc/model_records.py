@@ -183,6 +183,12 @@ class Totals(Record):
     last_inference_ms: int
 
 
+def error_count(requests: int, outcomes: dict[str, int], refused: dict[str, int]) -> int:
+    """Errors, one definition for a model and a pipeline: the requests answered after being
+    queued but not ``ok`` (nor SUPERSEDED, which is no error), plus those refused at admission."""
+    return requests - outcomes.get("ok", 0) - outcomes.get(SUPERSEDED, 0) + sum(refused.values())
+
+
 @dataclass(frozen=True)
 class ModelStatus(Record):
     """One model in ``status`` (and the ``load`` reply): its state and history, instances and
@@ -251,8 +257,8 @@ class ModelStatus(Record):
     @property
     def errors(self) -> int:
         """Failed after being queued plus refused at admission, SUPERSEDED in neither (the
-        class docstring)."""
-        return self.requests - self.ok - self.superseded + sum(self.refused.values())
+        class docstring; ``error_count``)."""
+        return error_count(self.requests, self.outcomes, self.refused)
 
     def latency_ms(self, quantile: str, stage: str = "total") -> float | None:
         """``quantile`` ("p50", "p90", "p99") of ``stage`` in ms; None before any success."""

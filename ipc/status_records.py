@@ -29,7 +29,7 @@ record                  what it holds                         made by           
                         (``ModelCapacity``, ``StreamShare``)  a pipeline's: ``Served
                                                               Pipeline.model_status``
 ``DeviceStatus``        one device: memory charged and        ``supervisor.core.        CLI,
-                        budget, its own telemetry             engine``                  ``--watch``
+                        budget, its own telemetry             engine_status``           ``--watch``
 ``ClientStatus``        one attached client and its rings     ``supervisor.process.     CLI,
                         (``RingStatus``)                      server``                  ``--watch``
 ``GatewayWorkerStatus`` one gateway worker process            ``supervisor.process.     CLI,

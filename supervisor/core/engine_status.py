@@ -11,16 +11,19 @@ its owner (``worker.model_status`` for a model, ``ServedPipeline.status`` for a 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from duomo.ipc.model_records import ComputeShare, ModelMemory, ModelStatus
 from duomo.ipc.records import Record
 from duomo.ipc.status_records import DeviceStatus, PipelineStatus
+from duomo.supervisor.config import LoadedConfig
+from duomo.supervisor.core.device_telemetry import DeviceTelemetry
+from duomo.supervisor.core.idle_spin import IdleSpin
+from duomo.supervisor.core.memory import MemoryLedger
+from duomo.supervisor.core.placement import Placements
+from duomo.supervisor.dataflow.pipelines import ServedPipeline
 from duomo.worker.model_status import model_status as served_model_status
 from duomo.worker.served_model import ServedModel
-
-if TYPE_CHECKING:
-    from duomo.supervisor.core.engine import Engine
 
 GateShares = dict[int, dict[str, dict[str, float]]]  # gate id -> model -> weight, share
 
@@ -36,6 +39,21 @@ class EngineStatus(Record):
     devices: tuple[DeviceStatus, ...]
     models: dict[str, ModelStatus]
     pipelines: dict[str, PipelineStatus]
+
+
+class Engine(Protocol):
+    """What status reads of the engine (``supervisor.core.engine.Engine`` is one): its models
+    and pipelines, and the keepers of what the engine knows of them."""
+
+    models: dict[str, ServedModel]
+    pipelines: dict[str, ServedPipeline]
+    placements: Placements
+    memory: MemoryLedger
+    telemetry: DeviceTelemetry
+    idle_spin: IdleSpin
+
+    @property
+    def loaded(self) -> LoadedConfig: ...
 
 
 def engine_status(engine: Engine) -> EngineStatus:

@@ -40,7 +40,7 @@ import numpy as np
 import structlog
 
 from duomo.ipc.errors import DuomoError, InternalError, InvalidArgumentError, UnavailableError
-from duomo.ipc.model_records import ModelStatus
+from duomo.ipc.model_records import ModelStatus, error_count
 from duomo.ipc.status_records import PipelineObjects, PipelineStatus, PipelineStepStatus
 from duomo.supervisor.dataflow.object_tracker import IouTracker, Kept, Track, box_area
 from duomo.supervisor.dataflow.pipeline_config import ForEach, PipelineConfig, StepConfig
@@ -246,8 +246,6 @@ class ServedPipeline:
         """Its status record: its state, requests (errors counted as a model's: failed and
         refused, SUPERSEDED in neither), latency, objects per frame and each step's counts."""
         figures = self.stats.snapshot()
-        outcomes = figures.outcomes
-        ok, superseded = outcomes.get("ok", 0), outcomes.get("superseded", 0)
         total = figures.latency.get("total", {})
         objects = self.objects.read()
         edges = [*(str(b) for b in OBJECT_BOUNDS), "+Inf"]
@@ -255,7 +253,7 @@ class ServedPipeline:
             name=self.name,
             state=self.state_name(),
             requests=figures.requests,
-            errors=figures.requests - ok - superseded + sum(figures.refused.values()),
+            errors=error_count(figures.requests, figures.outcomes, figures.refused),
             latency_p50_ms=total.get("p50_ms"),
             latency_p99_ms=total.get("p99_ms"),
             objects=PipelineObjects(

@@ -15,6 +15,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from duomo.ipc.errors import ErrorCode, InternalError, InvalidArgumentError
+from duomo.ipc.status_records import PipelineStepStatus
 from duomo.supervisor.operators.metrics import DuomoCollector, ProcessView
 from duomo.worker.request import Outcome
 from duomo.worker.stats import Buckets, ModelStats
@@ -22,27 +23,27 @@ from duomo.worker.stats import Buckets, ModelStats
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
-@dataclass(frozen=True)
-class Counts:
-    """A step's counts, as ``supervisor.dataflow.pipelines.StepCounts``."""
-
-    name: str
-    model: str
-    for_each: str | None
-    runs: int = 0
-    skipped: int = 0
-    reused: int = 0
-    errors: int = 0
+def step(
+    name: str,
+    model: str,
+    for_each: str | None,
+    runs: int = 0,
+    skipped: int = 0,
+    reused: int = 0,
+    errors: int = 0,
+) -> PipelineStepStatus:
+    """A step's counts, the record ``ServedPipeline.step_counts`` gives."""
+    return PipelineStepStatus(name, model, for_each, runs, skipped, reused, errors)  # fmt: skip
 
 
 @dataclass
 class FakePipeline:
     name: str
-    steps: list[Counts]
+    steps: list[PipelineStepStatus]
     stats: ModelStats = field(default_factory=ModelStats)
     objects: Buckets = field(default_factory=lambda: Buckets((0, 1, 2, 4, 8, 16, 32)))
 
-    def step_counts(self) -> list[Counts]:
+    def step_counts(self) -> list[PipelineStepStatus]:
         return list(self.steps)
 
 
@@ -63,7 +64,7 @@ class NoStreams:
 def faces() -> FakePipeline:
     return FakePipeline(
         "faces",
-        [Counts("detect", "face", None), Counts("embedding", "face_embedding", "detect")],
+        [step("detect", "face", None), step("embedding", "face_embedding", "detect")],
     )
 
 
@@ -112,8 +113,8 @@ def test_each_count_lands_in_its_series() -> None:
     for objects in (0, 3, 3, 40):
         pipeline.objects.observe(objects)
     pipeline.steps = [
-        Counts("detect", "face", None, runs=5),
-        Counts("embedding", "face_embedding", "detect", runs=46, skipped=1, reused=7, errors=2),
+        step("detect", "face", None, runs=5),
+        step("embedding", "face_embedding", "detect", runs=46, skipped=1, reused=7, errors=2),
     ]
     samples = scrape(pipeline)
     requests = {
