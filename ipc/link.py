@@ -271,8 +271,8 @@ class ClientLink:
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         self._connection_lost(ConnectionError("closed by this client"))
-        if self._background is not None:
-            self._background.join(5)
+        if self._background is not None and self._background is not threading.current_thread():
+            self._background.join(5)  # (closed from its own callback: it ends once this returns)
         self._sock.close()
         with self._lock:
             owners = list(dict.fromkeys(self._routes.values()))  # (one per ring it maps)

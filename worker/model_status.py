@@ -109,7 +109,7 @@ def model_status(
         abandoned_workers=sum(1 for w in model.instances.abandoned if w.alive),
         last_error=model.last_error,
         idle_s=round(now - model.last_used_s, 1) if model.last_used_s else None,
-        history=tuple(model.history),
+        history=model.history,
         requests=figures.requests,
         outcomes=figures.outcomes,
         refused=figures.refused,

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -125,7 +124,8 @@ class ServedModel:
         self.predictions = PredictedLoads()  # preload_policy: predictive
         self.restart_attempts = dict.fromkeys(RESTART_CAUSES, 0)  # by cause, since built
         self.restarts = RestartHistory(spec.health)
-        self.history: deque[StateChange] = deque(maxlen=HISTORY)
+        # replaced whole, never changed in place: a status reads it on another thread
+        self.history: tuple[StateChange, ...] = ()
         self._pending = 0  # accepted and not yet answered: queued + being processed
         self._pending_lock = threading.Lock()
         # device memory its budgets leave it on each device, as of its last ``load``
@@ -139,7 +139,8 @@ class ServedModel:
         if state is self.state:
             return
         previous, self.state = self.state, state
-        self.history.append(StateChange(round(time.time(), 3), state.value, reason))
+        change = StateChange(round(time.time(), 3), state.value, reason)
+        self.history = (*self.history, change)[-HISTORY:]
         level = "warning" if state in (ModelState.DEGRADED, ModelState.FAILED) else "info"
         getattr(log, level)(
             "model state", model=self.spec.name, state=state.value, was=previous.value,
