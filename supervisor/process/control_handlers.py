@@ -72,6 +72,7 @@ from duomo.supervisor.process.control_messages import (
 )
 from duomo.supervisor.process.limits import RingLedger
 from duomo.supervisor.process.reactor import Reactor
+from duomo.supervisor.process.request_trace import RequestTrace
 from duomo.supervisor.sources.fleet import SourceFleet
 
 log = structlog.get_logger("duomo.supervisor")
@@ -109,11 +110,13 @@ class ControlHandlers:
         stop: Callable[[Caller | None], None],
         status: Callable[[Connection | None], SupervisorStatus],
         model_status: Callable[[str], ModelStatus],
+        trace: RequestTrace | None = None,
     ) -> None:
         """``reactor``: the supervisor's reactor, None until it starts. ``config``: the config
         running now. ``reload``: ``Supervisor.reload`` (run as a control job). ``stop``: asks
         the supervisor to stop; a caller given is answered once it has (``stop`` with
-        ``wait``). ``status`` and ``model_status``: the supervisor's records."""
+        ``wait``). ``status`` and ``model_status``: the supervisor's records. ``trace``: the
+        request trace, when the process was started with one (its rings are traced)."""
         self.engine = engine
         self.streams = streams
         self.sources = sources
@@ -125,6 +128,7 @@ class ControlHandlers:
         self._stop = stop
         self._status = status
         self._model_status = model_status
+        self._trace = trace
         # operation -> its handler, which takes that operation's message (``control_messages``)
         self._handlers: dict[str, Handler] = {
             Models.op: self._on_models,
@@ -234,7 +238,8 @@ class ControlHandlers:
             served = (
                 self.engine.pipelines if isinstance(model, ServedPipeline) else self.engine.models
             )
-            attachment = Attachment(
+            make = Attachment if self._trace is None else self._trace.attachment(conn.pid)
+            attachment = make(
                 ring_id, model, served, layout, conn.send,
                 on_close=functools.partial(self.shm.release, *charge),
                 streams=conn.streams, flow=conn.flow,

@@ -43,8 +43,10 @@ from duomo.supervisor.process.connection import Connection
 from duomo.supervisor.process.control_handlers import Caller, ControlHandlers
 from duomo.supervisor.process.control_jobs import ControlJobs
 from duomo.supervisor.process.gateways import GatewayProcesses
+from duomo.supervisor.process.gil_probe import GilProbe
 from duomo.supervisor.process.limits import Limits, RingLedger, resolve_limits
 from duomo.supervisor.process.reactor import Reactor
+from duomo.supervisor.process.request_trace import RequestTrace
 from duomo.supervisor.process.watchdog import Watchdog
 from duomo.supervisor.sources.definition import SourceDefinition
 from duomo.supervisor.sources.fleet import SourceFleet
@@ -72,6 +74,9 @@ class Supervisor:
         )
         self.gateways: GatewayProcesses | None = None
         self.metrics: MetricsServer | None = None
+        # the bench's instruments (``tools/bench/request_breakdown.py``), off unless asked for
+        self.trace = RequestTrace.from_environment()
+        self.gil_probe = GilProbe.from_environment()
         self._process = psutil.Process()
         self._stopping = False
         self._wake = threading.Event()
@@ -89,6 +94,7 @@ class Supervisor:
             self.engine, self.streams, self.sources, self.shm, self.control_jobs,
             reactor=lambda: self.reactor, config=lambda: self.loaded, reload=self.reload,
             stop=self.request_stop, status=self.status, model_status=self.model_status,
+            trace=self.trace,
         )  # fmt: skip
 
     def start(self) -> None:
@@ -139,6 +145,8 @@ class Supervisor:
             self.gateways = GatewayProcesses(gateway, path)
             self.gateways.start()
         self.sources.start()  # (its workers connect: the socket listens)
+        if self.gil_probe is not None:
+            self.gil_probe.start()
         log.info("supervisor ready", socket=str(path), models=list(self.engine.models))
 
     def serve_forever(self) -> None:
@@ -225,6 +233,10 @@ class Supervisor:
                     path.unlink()
         if self.metrics is not None:
             self.metrics.stop()
+        if self.gil_probe is not None:
+            self.gil_probe.stop()  # (writes its file)
+        if self.trace is not None:
+            self.trace.write()
         log.info("supervisor stopped", requests_cut=cut)
         return cut
 
