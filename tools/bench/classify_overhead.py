@@ -39,7 +39,6 @@ tables. ``tools.bench.inprocess`` is the in-process reference it builds on.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -57,7 +56,7 @@ from duomo.worker.executors.base import Executor, StageTimer
 from duomo.worker.executors.classification import ClassificationParams
 from duomo.worker.executors.image_ops import ResizeScratch
 from tools.bench.inprocess import open_executor
-from tools.bench.report import machine
+from tools.bench.report import machine, print_and_keep
 
 ROOT = Path(__file__).resolve().parents[2]
 MODES = ("executor", "plain", "plain-linear", "plain-threads")
@@ -309,12 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="folder for result.json and report.md")
     args = parser.parse_args(argv)
     result = measure(args)
-    text = markdown(result)
-    print(text, end="")
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "result.json").write_text(json.dumps(result, indent=1) + "\n")
-        (args.out / "report.md").write_text(text)
+    print_and_keep(args.out, result, markdown(result))
     return 0
 
 

@@ -390,6 +390,16 @@ def charts(report: dict[str, Any], out: Path) -> list[str]:
     return ["throughput.png", "latency.png"]
 
 
+def print_and_keep(out: Path | None, result: dict[str, Any], text: str) -> None:
+    """A one-off measurement's tables printed, and kept in ``out`` (when given) as
+    ``result.json`` (every figure) and ``report.md`` (the tables)."""
+    print(text, end="")
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "result.json").write_text(json.dumps(result, indent=1) + "\n")
+        (out / "report.md").write_text(text)
+
+
 def machine() -> dict[str, Any]:
     """The machine a report's figures come from (also ``add_part``'s)."""
     import onnxruntime

@@ -359,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.argv = argv
     args.workload = args.workload.resolve()
+    from tools.bench.report import print_and_keep
     from tools.bench.request_report import markdown, reduce_round
 
     if args.from_raw is not None:  # the same figures from kept records, with today's arithmetic
@@ -366,12 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         result["rounds"] = [reduce_round(raw) for raw in json.loads(args.from_raw.read_text())]
     else:
         result = measure(args)
-    text = markdown(result)
-    print(text, end="")
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "result.json").write_text(json.dumps(result, indent=1) + "\n")
-        (args.out / "report.md").write_text(text)
+    print_and_keep(args.out, result, markdown(result))
     return 0
 
 
