@@ -23,6 +23,11 @@ from pathlib import Path
 from typing import Any
 
 PEERS = ("triton", "mosec")
+# issue 45's bars against the peers (each model mixed, the work) and the in-process engine (a
+# model alone through Duomo, one client)
+PER_MODEL_LIMIT = 1.1
+WORK_LIMIT = 1.6
+ALONE_LIMIT = 0.97
 # the two overhead figures: (name, its key in a probe's figures and in a mode's, the key of the
 # floor's in Duomo's, of the design floor's)
 OVERHEADS = (
@@ -48,6 +53,13 @@ def _median(probes: list[dict[str, Any]], key: str) -> float | None:
     """The median over rounds of a probe's ``key`` (rounds without it do not count)."""
     values = [p[key] for p in probes if p.get(key) is not None]
     return statistics.median(values) if values else None
+
+
+def _pace(probe: dict[str, Any]) -> dict[str, float | None]:
+    """A probe's answers/s alone through the server ÷ in-process, one client (the in-process
+    p50 ÷ the served p50, measured in the same minutes)."""
+    served, direct = probe.get("p50_ms"), probe.get("direct_p50_ms")
+    return {"pace": direct / served if served and direct else None}
 
 
 def _mean_of(values: list[dict[str, Any]], key: str) -> float | None:
@@ -87,6 +99,8 @@ def _mode_figures(rounds: list[dict[str, Any]], alone: dict[str, Any]) -> dict[s
             models[name][key] = _median(probes, key)
             models[name][floor_key] = _median(floors, key)
             models[name][design_key] = _median(design_floors, key)
+        for key, where in (("alone_pace", probes), ("floor_alone_pace", floors)):
+            models[name][key] = _median([_pace(p) for p in where], "pace")
     res = [r["resources"] for r in rounds]
     idle = next((r["idle"] for r in rounds if "idle" in r), None)
     return {
@@ -159,6 +173,10 @@ def targets(modes: dict[str, Any]) -> list[dict[str, Any]]:
     if "duomo-scraped" in modes:  # /metrics scraped once a second costs at most 1 %
         scraped = float(modes["duomo-scraped"]["work"] / duomo["work"])
         out.append(_target("duomo work with /metrics scraped ÷ without", scraped, 0.99, True))
+    for model, fig in duomo["models"].items():  # alone, one client: served ÷ in-process pace
+        if fig.get("alone_pace") is not None:
+            name = f"{model} alone: answers/s ÷ in-process (one client)"
+            out.append(_target(name, fig["alone_pace"], ALONE_LIMIT, True, fig["floor_alone_pace"]))
     if duomo.get("kept_evenness") is not None:  # fair sharing: no model starved by another
         out.append(_target("duomo kept shares, least ÷ most", duomo["kept_evenness"], 0.6, True))
     peers = [p for p in PEERS if p in modes]
@@ -178,15 +196,15 @@ def targets(modes: dict[str, Any]) -> list[dict[str, Any]]:
 def _per_model_targets(
     duomo: dict[str, Any], modes: dict[str, Any], peers: list[str]
 ) -> list[dict[str, Any]]:
-    """Each model against the better peer for that model: answers/s ≥ 0.8 × its, and for the
-    lightest model (the one a heavy one would starve) p99 ≤ its."""
+    """Each model against the better peer for that model: answers/s ≥ ``PER_MODEL_LIMIT`` × its,
+    and for the lightest model (the one a heavy one would starve) p99 ≤ its."""
     out = []
     for model, fig in duomo["models"].items():
         best = max(peers, key=lambda p: modes[p]["models"][model]["rps"])
         theirs = modes[best]["models"][model]["rps"]
         if theirs:
             name = f"{model} answers/s ÷ {best}'s (the better peer for it)"
-            out.append(_target(name, fig["rps"] / theirs, 0.8, True))
+            out.append(_target(name, fig["rps"] / theirs, PER_MODEL_LIMIT, True))
     lightest = max(duomo["models"], key=lambda m: duomo["models"][m]["rps"])
     p99s = [modes[p]["models"][lightest]["p99_ms"] for p in peers]
     ours = duomo["models"][lightest]["p99_ms"]
@@ -206,13 +224,14 @@ def _peer_targets(
     overheads: tuple[tuple[str, str, str, str], ...],
     overhead_limit: float,
 ) -> list[dict[str, Any]]:
-    """``mode`` against the better peer ``best``: work (≥ 1.05 ×), memory and each per-request
-    overhead of ``overheads`` for every probed model (with the floors where ``mode`` has them)."""
+    """``mode`` against the better peer ``best``: work (≥ ``WORK_LIMIT`` ×), memory and each
+    per-request overhead of ``overheads`` for every probed model (with the floors where ``mode``
+    has them)."""
     ours = modes[mode]
     work = ours["work"] / modes[best]["work"]
     memory = ours["rss_peak_mib"] / modes[best]["rss_peak_mib"]
     out = [
-        _target(f"{mode} work ÷ {best} work (the better peer)", work, 1.05, True,
+        _target(f"{mode} work ÷ {best} work (the better peer)", work, WORK_LIMIT, True,
                 engine=engine_work),
         _target(f"{mode} memory ÷ {best} memory", memory, memory_limit, False),
     ]  # fmt: skip
