@@ -280,10 +280,19 @@ class Outbox:
 
     def _enforce_bounds(self, conn: sqlite3.Connection, now: float) -> dict[str, int]:
         dropped: dict[str, int] = {}
-        expired = conn.execute(
-            "SELECT source, MAX(seq) FROM events WHERE created_at < ? GROUP BY source",
-            (now - self.bounds.max_age_s,),
-        ).fetchall()
+        cutoff = now - self.bounds.max_age_s
+        # the oldest event by its index first: the grouped query below reads every pending
+        # event's row (SQLite walks the (source, seq) index for GROUP BY), which on every
+        # append would make appending cost as much as the backlog is long
+        (oldest_at,) = conn.execute("SELECT MIN(created_at) FROM events").fetchone()
+        expired = (
+            conn.execute(
+                "SELECT source, MAX(seq) FROM events WHERE created_at < ? GROUP BY source",
+                (cutoff,),
+            ).fetchall()
+            if oldest_at is not None and oldest_at < cutoff
+            else []
+        )
         for source, last in expired:
             dropped[source] = self._drop_through(conn, source, last)
         (size,) = conn.execute("SELECT COALESCE(SUM(pending_bytes), 0) FROM sources").fetchone()

@@ -28,6 +28,9 @@ mixed load, ``tools.bench.mixed_load``:
 7. **fleet** (``--fleet``, or ``--fleet-only`` without 1–3) — ``tools.bench.fleet``: N
    managed sources (RTSP from ``duomo camera-sim``) into ``face``, ``slots`` 3 against 1:
    decoded/s per core, answered/s, the source workers' CPU per answer, ages and fairness.
+8. **sinks** (``--sinks``, or ``--sinks-only`` without 1–3) — ``tools.bench.sinks``: what one
+   MQTT and one Redis sink sustain (events per second, CPU per thousand events, appending and
+   publishing) to a local mosquitto and redis-server.
 
 Run as ``python -m tools.bench.run`` from the checkout, which is what ``duomo bench`` does
 (``supervisor.operators.cli.run_bench``), with ``BENCH_CALLER_DIR_ENV`` set to the directory it
@@ -136,6 +139,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--fleet-max-batch", type=int, default=None,
         help="face's max_batch in the fleet part (default: the config's)",
     )  # fmt: skip
+    # the sinks benchmark (issue 46: tools.bench.sinks), after the rest or alone
+    _part_flags(
+        parser, "sinks",
+        "then the sinks benchmark: what one MQTT and one Redis sink sustain, and its CPU",
+        "only the sinks benchmark",
+    )  # fmt: skip
+    parser.add_argument(
+        "--sink-events", type=int, default=20_000,
+        help="events appended and published per sink trial (default 20000)",
+    )  # fmt: skip
     # the shared-weights benchmark (issue 36: tools.bench.sharing), after the rest or alone
     _part_flags(
         parser, "sharing",
@@ -195,7 +208,13 @@ def bench(args: argparse.Namespace) -> int:
     out = args.out or ROOT / "bench-results" / stamp
     alone: dict[str, Any] | None = None  # the mixed load's alone phase, reused by --sharing
     fleet = args.fleet or args.fleet_only
-    if not (args.cameras_only or args.pipelines_only or args.sharing_only or args.fleet_only):
+    sinks = args.sinks or args.sinks_only
+    if sinks and args.sink_events < 1:
+        print("duomo bench: --sink-events ≥ 1", file=sys.stderr)
+        return 2
+    only = (args.cameras_only, args.pipelines_only, args.sharing_only, args.fleet_only,
+            args.sinks_only)  # fmt: skip
+    if not any(only):
         report = bench_mixed_load(workload, out, args.workload)
         alone = report["alone"]
         print(report["markdown"])
@@ -219,6 +238,10 @@ def bench(args: argparse.Namespace) -> int:
 
         counts = tuple(int(n) for n in args.fleet_cameras.split(","))
         print(bench_fleet(out, args.fleet_window, counts, args.fleet_max_batch))
+    if sinks:
+        from tools.bench.sinks import bench_sinks
+
+        print(bench_sinks(out, args.sink_events))
     print(f"duomo bench: report in {out}", file=sys.stderr)
     return 0
 
