@@ -78,3 +78,5 @@ class SourceStatus(Record):
     answered_fps: float
     age_p50_ms: float | None
     age_p99_ms: float | None
+    sinks: str = ""  # the sinks its events go to (comma-separated)
+    emit: str | None = None  # answers | objects | both (resolved); None without sinks

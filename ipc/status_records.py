@@ -11,8 +11,8 @@ the record's docstring says how. A key that is missing, or holds a value of the 
 raises ``StatusRecordError`` naming the record and the key — never a default, so a renamed key
 fails loudly instead of showing 0 or "UNKNOWN". A field that may be ``null`` on the wire is
 ``X | None`` here; ``null`` and a missing key are not the same thing (only ``ModelInfo``'s
-loaded-only keys, ``ModelStatus.compute``, ``SupervisorStatus.streams``, ``.pipelines`` and
-``.sources`` may be absent).
+loaded-only keys, ``ModelStatus.compute``, ``SupervisorStatus.streams``, ``.pipelines``,
+``.sources`` and ``.sinks`` may be absent).
 
 ======================  ====================================  ========================  ============
 record                  what it holds                         made by                   read by
@@ -46,6 +46,9 @@ record                  what it holds                         made by           
 ``SourceStatus``        one managed source: its masked URL,   ``supervisor.sources.     CLI, gateway
                         state, worker, figures, last error    fleet``                   ``--watch``,
                         (``ipc.source_records``)                                        ``/metrics``
+``SinkStatus``          one sink: state and reason,           ``sinks.delivery``, in    CLI,
+                        published, pending, dropped, errors,  the sink worker           ``--watch``,
+                        ack delay (``ipc.sink_records``)                                ``/metrics``
 ``SupervisorStatus``    the whole ``status`` reply: the       ``Supervisor.status``,    CLI,
                         process, its limits, and the records  from the records above    ``--watch``,
                         above                                 (the engine's in its      producers
@@ -81,6 +84,7 @@ from duomo.ipc.model_records import (
 )
 from duomo.ipc.record_reading import RecordReader, StatusRecordError
 from duomo.ipc.records import LEFT_OUT_WHEN_EMPTY, Record, wire
+from duomo.ipc.sink_records import SinkStatus
 from duomo.ipc.source_records import SourceStatus
 
 __all__ = [
@@ -312,9 +316,9 @@ class PipelineStatus(Record):
 class SupervisorStatus(Record):
     """The ``status`` reply: the process (pid, socket, config, uptime, memory, threads, fds),
     its rings and refusals, its ``limits``, and a record per gateway worker, device, model,
-    client, stream, pipeline and managed source. ``streams``, ``pipelines`` and ``sources`` are
-    left out of the JSON when there is none (a supervisor older than them never sends them):
-    they read back as none."""
+    client, stream, pipeline, managed source and sink. ``streams``, ``pipelines``, ``sources``
+    and ``sinks`` are left out of the JSON when there is none (a supervisor older than them
+    never sends them): they read back as none."""
 
     pid: int
     socket: str
@@ -338,3 +342,5 @@ class SupervisorStatus(Record):
     pipelines: dict[str, PipelineStatus] = field(default_factory=dict, metadata=LEFT_OUT_WHEN_EMPTY)
     # the managed sources (``ipc.source_records``)
     sources: tuple[SourceStatus, ...] = field(default=(), metadata=LEFT_OUT_WHEN_EMPTY)
+    # the sinks (``ipc.sink_records``): what the sink worker last said of each
+    sinks: tuple[SinkStatus, ...] = field(default=(), metadata=LEFT_OUT_WHEN_EMPTY)

@@ -14,11 +14,15 @@ The modules, each one job::
     webhook_publisher  httpx: a signed POST, acknowledged by a 2xx
     file_publisher     JSON lines, rotated by size
     delivery           a sink's delivery loop (a thread): backoff, state, figures
+    worker             the sink worker process: one delivery per configured sink, reported to
+                       the supervisor (``sink_report``), following its sink definitions
 
 Who runs what::
 
     thread / process                       runs                               hands off through
     source worker (producer), any thread   Sequencer.next, Outbox.append      the SQLite files
+    sink worker (sinks.worker), main       sink_report every 0.5 s: starts,   the control socket
+                                           stops and restarts deliveries
     sink worker, one thread per sink       SinkDelivery's loop: the outbox's  the outbox file;
                                            next_batch/ack/prune, publisher    status() under a lock
     paho's network thread (mqtt only)      the PUBACK callbacks               the publisher's

@@ -17,9 +17,9 @@ reset by a batch that goes through. A refusal (bad credentials, TLS, URL, an uns
 ``failing`` with its reason, logged at every slow retry, never retried fast and never silently:
 the operator may fix the broker's side, and the next slow retry then connects.
 
-States (``SinkStatus.state``): ``connecting`` (before the first attempt ends), ``connected``,
-``retrying`` (the broker is away or asked to try later; ``reason`` says what happened),
-``failing`` (refused; ``reason``).
+States (``SinkStatus.state``, a record of ``ipc.sink_records``): ``connecting`` (before the
+first attempt ends), ``connected``, ``retrying`` (the broker is away or asked to try later;
+``reason`` says what happened), ``failing`` (refused; ``reason``).
 
 Threads: the delivery thread owns the publisher and the publishing side of the outbox; any
 thread may call ``status()``, which reads the figures under ``_lock`` and the outbox's pending
@@ -34,12 +34,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import structlog
 
+from duomo.ipc.sink_records import SinkStatus
 from duomo.sinks.config import SinkConfig
 from duomo.sinks.outbox import Outbox, PendingEvent, outbox_path
 from duomo.sinks.publisher import (
@@ -67,47 +68,6 @@ class DeliveryTiming:
     failing_retry_s: float = 60.0  # a refused sink is tried again this often
     prune_every_s: float = 1.0
     delay_window: int = 1024  # acknowledgements the delay percentiles are taken over
-
-
-@dataclass(frozen=True, slots=True)
-class SinkStatus:
-    """One sink as ``status``, ``--watch`` and ``/metrics`` show it.
-
-    Attributes:
-        name: The sink's name.
-        kind: ``mqtt``, ``redis``, ``webhook`` or ``file``.
-        target: Where it sends (a URL's password masked, or the file's path).
-        state: ``connecting``, ``connected``, ``retrying`` or ``failing``.
-        reason: Why it is retrying or failing (None while connected).
-        published: Events the broker acknowledged since the loop started.
-        pending_events: Events waiting in the outbox.
-        pending_bytes: Bytes of their JSON.
-        dropped: Events the outbox's bounds dropped, ever (from its database).
-        rejected: Events the receiver refused for good (a webhook's 4xx), dropped.
-        errors: Failed connects and publishes since the loop started.
-        last_error: The last of them (None: none yet).
-        delay_p50_ms: Median delay from an event's append to its acknowledgement, over the
-            last ``delay_window`` acknowledgements (None: none yet).
-        delay_p99_ms: Its 99th percentile.
-    """
-
-    name: str
-    kind: str
-    target: str
-    state: SinkState
-    reason: str | None
-    published: int
-    pending_events: int
-    pending_bytes: int
-    dropped: int
-    rejected: int
-    errors: int
-    last_error: str | None
-    delay_p50_ms: float | None
-    delay_p99_ms: float | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class SinkDelivery:

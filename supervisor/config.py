@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeGuard
@@ -24,6 +24,7 @@ from typing import Annotated, Any, Literal, TypeGuard
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
+from duomo.sinks.config import SinkList
 from duomo.supervisor.dataflow.pipeline_config import PipelineConfig, pipeline_problems
 from duomo.supervisor.operators.metrics_http import MetricsConfig
 from duomo.supervisor.process.gateways import GatewayConfig
@@ -173,6 +174,8 @@ class DuomoConfig(StrictModel):
     # cameras the supervisor decodes itself, in its source workers (supervisor.sources)
     sources: list[SourceDefinition] = Field(default_factory=list)
     source_workers: SourceWorkersConfig = Field(default_factory=SourceWorkersConfig)
+    # where the sources' answers and object events go (``duomo.sinks``; run by the sink worker)
+    sinks: SinkList = Field(default_factory=list)
 
     def device(self, device_id: int) -> DeviceConfig:
         """The device with ``device_id``, or a default cpu device of that id when none is
@@ -244,18 +247,28 @@ def _raw_labels(entries: object) -> list[str]:
     return _model_labels([e.get("name") if isinstance(e, dict) else None for e in entries])
 
 
+_NAMED_LISTS = ("models", "pipelines", "steps", "sources", "sinks")
+
+
 def _labelled(loc: list[int | str], raw: object) -> list[int | str]:
     """``loc`` with each index into a list of named entries (``models``, ``pipelines``, a
-    pipeline's ``steps``) replaced by the entry's label: ``models[face]``, not ``models[2]``."""
+    pipeline's ``steps``, ``sources``, ``sinks``) replaced by the entry's label:
+    ``models[face]``, not ``models[2]``. The tag pydantic puts after an entry of a discriminated
+    union (a sink's ``kind``) is left out: ``sinks[lake].url``, not ``sinks[lake].redis.url``."""
     out: list[int | str] = []
     node = raw
+    entry: object = None  # the named entry the last part indexed, until the next part
     for i, part in enumerate(loc):
         if isinstance(part, int) and i and isinstance(loc[i - 1], str) and out:
             labels = _raw_labels(node)
-            if loc[i - 1] in ("models", "pipelines", "steps", "sources") and part < len(labels):
+            if loc[i - 1] in _NAMED_LISTS and part < len(labels):
                 out[-1] = f"{out[-1]}[{labels[part]}]"
-                node = node[part] if isinstance(node, list) else None
+                node = entry = node[part] if isinstance(node, list) else None
                 continue
+        if isinstance(entry, dict) and isinstance(part, str) and entry.get("kind") == part:
+            entry = None
+            continue
+        entry = None
         out.append(part)
         if isinstance(node, dict):
             node = node.get(part)
@@ -316,9 +329,9 @@ def load_config(path: str | Path, unbuilt_om_ok: bool = False) -> LoadedConfig:
         gateway = config.gateway.resolved(path.parent)
         config = config.model_copy(update={"gateway": gateway})
         problems.extend((f"gateway.{name}", why) for name, why in gateway.missing_files())
-    problems.extend(
-        source_problems(config.sources, {*declared, *(p.name for p in config.pipelines)})
-    )
+    served = {*declared, *(p.name for p in config.pipelines)}
+    sinks = {s.name for s in config.sinks}
+    problems.extend(source_problems(config.sources, served, sinks, tracked_pipelines(config)))
     config = config.model_copy(
         update={
             "sources": [d.resolved(path.parent) for d in config.sources],
@@ -332,8 +345,19 @@ def load_config(path: str | Path, unbuilt_om_ok: bool = False) -> LoadedConfig:
     return LoadedConfig(path=path, config=config, models=models, warnings=tuple(unbuilt))
 
 
-def source_problems(sources: Sequence[SourceDefinition], served: set[str]) -> list[tuple[str, str]]:
-    """(field, reason) for each source that repeats a name or feeds what is not served."""
+def tracked_pipelines(config: DuomoConfig) -> dict[str, int]:
+    """The pipelines that have a tracker, each with its ``max_missed``."""
+    return {p.name: p.tracker.max_missed for p in config.pipelines if p.tracker is not None}
+
+
+def source_problems(
+    sources: Sequence[SourceDefinition],
+    served: set[str],
+    sinks: set[str] = frozenset(),  # type: ignore[assignment]
+    tracked: Mapping[str, int] | None = None,
+) -> list[tuple[str, str]]:
+    """(field, reason) for each source that repeats a name, feeds what is not served, names a
+    sink not in ``sinks`` or asks for object events without a pipeline in ``tracked``."""
     problems: list[tuple[str, str]] = []
     seen: set[str] = set()
     for label, source in zip(_model_labels([s.name for s in sources]), sources):
@@ -345,6 +369,26 @@ def source_problems(sources: Sequence[SourceDefinition], served: set[str]) -> li
         for name in source.feeds:
             if name not in served:
                 problems.append((f"{where}.{key}", f"no model or pipeline named {name!r}"))
+        problems.extend((f"{where}.{at}", why) for at, why in sink_problems(source, sinks, tracked))
+    return problems
+
+
+def sink_problems(
+    source: SourceDefinition, sinks: set[str], tracked: Mapping[str, int] | None
+) -> list[tuple[str, str]]:
+    """(field, reason) for a source naming a sink not in ``sinks``, or emitting object events
+    without a pipeline that has a tracker (``tracked``: their names); the fleet asks the same
+    of a source added at run time."""
+    problems = [
+        ("sinks", f"no sink named {name!r} (the config's sinks: section)")
+        for name in source.sinks
+        if name not in sinks
+    ]
+    untracked = source.pipeline not in (tracked or {})
+    if source.emit in ("objects", "both") and untracked:
+        problems.append(("emit", f"{source.emit!r} needs object events: a pipeline with a tracker"))
+    if source.thumbnails != "none" and untracked:
+        problems.append(("thumbnails", "thumbnails need object events: a pipeline with a tracker"))
     return problems
 
 

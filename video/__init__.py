@@ -1,7 +1,8 @@
 """The video source: cameras and files decoded straight into a supervisor's slots as streams.
 
-A producer process like the gateway, importing only ``duomo.ipc`` (and PyAV, numpy): ``duomo
-stream`` runs it, and a producer that wants the loop in its own process imports it from here::
+A producer process like the gateway, importing only ``duomo.ipc`` and ``duomo.sinks`` (and
+PyAV, numpy): ``duomo stream`` runs it, and a producer that wants the loop in its own process
+imports it from here::
 
     from duomo import Client
     from duomo.video import VideoSource
@@ -20,9 +21,11 @@ permanent), ``supervisor_link`` (the shared connection, made again when the supe
 restarts), ``figures`` (the source's counts and rates), ``source`` (``VideoSource``: the decode
 thread), ``answer_lines`` (the JSON-lines contract), ``command`` (``duomo stream``),
 ``source_worker`` and ``answer_tail`` (a worker process of the supervisor's camera fleet, and
-its ``duomo source tail`` socket), ``camera_sim`` and ``camera_sim_server`` (``duomo
-camera-sim``) and ``preview`` (the live page). ``VideoSource`` and ``SupervisorLink`` are
-loaded on first use, so importing the package loads neither PyAV nor OpenCV.
+its ``duomo source tail`` socket), ``sink_events``, ``object_visits`` and ``thumbnails`` (a
+source's answers and object events into its sinks' outboxes), ``camera_sim`` and
+``camera_sim_server`` (``duomo camera-sim``) and ``preview`` (the live page). ``VideoSource``
+and ``SupervisorLink`` are loaded on first use, so importing the package loads neither PyAV nor
+OpenCV.
 """
 
 from __future__ import annotations

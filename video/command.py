@@ -7,9 +7,13 @@ S`` it waits up to S seconds for the supervisor's socket and key, a log line per
 opens one ``VideoSource`` per source (one decode thread each) and one answer thread per source
 that writes each answer to the ``AnswerLines`` sink (and to the live preview with
 ``--preview``), then waits until the files end, ``--duration`` passes, or SIGINT/SIGTERM
-arrives. A supervisor that goes away meanwhile is waited for and connected to again, and every
-stream opens again on it under its name (``video.source``): the process runs beside the
-supervisor for as long as the operator wants it to. At the end decoding stops, the answers
+arrives. With ``--sink NAME`` (repeatable) each source's events also go to the running
+supervisor's sinks of those names (``video.sink_events``, appended to the outboxes the
+supervisor's sink worker delivers; it asks the supervisor where with the ``sink`` message, and
+refuses to start when no sink worker runs); ``--emit`` as a managed source's. A supervisor that
+goes away meanwhile is waited for and connected to again, and every stream opens again on it
+under its name (``video.source``): the process runs beside the supervisor for as long as the
+operator wants it to. At the end decoding stops, the answers
 still owed are awaited for up to ``DRAIN_S`` (not after a signal), and every stream is closed.
 
 Exit codes (those of ``supervisor.operators.cli``): 0 when the files ended, the duration passed or a
@@ -29,12 +33,14 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from duomo.ipc.command_line import EXIT_FAILED, EXIT_INVALID, EXIT_OK, exit_code
 from duomo.ipc.errors import DuomoError
 from duomo.video.answer_lines import AnswerLines
 from duomo.video.locations import SourceError, SourceLocation, parse_location, stream_names
+from duomo.video.sink_events import EventPlan, SinkEvents, SinkTarget
 from duomo.video.source import VideoSource
 from duomo.video.sources_file import SourceEntry, SourcesFileError, read_sources
 from duomo.video.supervisor_link import SupervisorLink
@@ -71,9 +77,11 @@ def run(args: argparse.Namespace) -> int:
             stack.callback(link.close)
             if link.connect(args.wait_s, signalled) is None:
                 return EXIT_OK  # a signal while waiting for the supervisor
+            plan = _sink_plan(args, link)
             preview = _start_preview(args.preview, stack)
             sources = _start_sources(args, entries, locations, link, preview, stack)
-            return _play(args, sources, sink, preview, signalled)
+            events = _start_events(args, sources, plan, stack)
+            return _play(args, sources, sink, preview, signalled, events)
     except (SourceError, ArgumentError) as err:
         return _fail(str(err), EXIT_INVALID)
     except DuomoError as err:
@@ -100,6 +108,45 @@ def _entries(args: argparse.Namespace) -> list[SourceEntry]:
     if not entries:
         raise SourceError("no source: give SOURCE… or --sources FILE")
     return entries
+
+
+def _sink_plan(args: argparse.Namespace, link: SupervisorLink) -> EventPlan | None:
+    """Where ``--sink``'s events go, as the supervisor says (None without ``--sink``);
+    ArgumentError for a sink or an ``--emit`` it cannot have."""
+    names = list(dict.fromkeys(getattr(args, "sinks", None) or []))
+    if not names:
+        if getattr(args, "emit", None) is not None:
+            raise ArgumentError("--emit says what goes to the sinks: give --sink NAME too")
+        return None
+    client, _ = link.current()
+    if client is None:
+        raise ArgumentError("--sink: the supervisor went away before it said where")
+    targets, directory, max_missed = [], "", None
+    for name in names:
+        reply = client.request("sink", name=name, pipeline=args.pipeline)
+        directory, max_missed = reply["directory"], reply["max_missed"]
+        outbox = reply["sink"]["outbox"]
+        targets.append(SinkTarget(name, EventPlan.bounds(outbox)))
+    emit = args.emit or ("both" if max_missed is not None else "answers")
+    if emit in ("objects", "both") and max_missed is None:
+        raise ArgumentError(f"--emit {emit} needs object events: a pipeline with a tracker")
+    return EventPlan(Path(directory), tuple(targets), emit, max_missed)
+
+
+def _start_events(
+    args: argparse.Namespace,
+    sources: list[VideoSource],
+    plan: EventPlan | None,
+    stack: contextlib.ExitStack,
+) -> dict[str, SinkEvents]:
+    """Each source's ``SinkEvents`` (none without ``--sink``), closed on the way out."""
+    if plan is None:
+        return {}
+    events = {}
+    for source in sources:
+        events[source.name] = SinkEvents(source.name, plan, args.pipeline is not None).start()
+        stack.callback(events[source.name].close)
+    return events
 
 
 def _fail(message: str, code: int) -> int:
@@ -155,9 +202,14 @@ def _play(
     sink: AnswerLines,
     preview: PreviewServer | None,
     signalled: threading.Event,
+    events: dict[str, SinkEvents],
 ) -> int:
     readers = [
-        threading.Thread(target=_read_answers, args=(s, sink, preview), name=f"answers-{s.name}")
+        threading.Thread(
+            target=_read_answers,
+            args=(s, sink, preview, events.get(s.name)),
+            name=f"answers-{s.name}",
+        )
         for s in sources
     ]
     for reader in readers:
@@ -213,11 +265,18 @@ def _show_figures(preview: PreviewServer, sources: list[VideoSource]) -> None:
         preview.figures(source.name, figures)
 
 
-def _read_answers(source: VideoSource, sink: AnswerLines, preview: PreviewServer | None) -> None:
+def _read_answers(
+    source: VideoSource,
+    sink: AnswerLines,
+    preview: PreviewServer | None,
+    events: SinkEvents | None,
+) -> None:
     for answer in source.answers():
         sink.write(answer)
         if preview is not None:
             preview.answer(source.name, answer)
+        if events is not None:
+            events.answer(answer)
 
 
 @contextlib.contextmanager

@@ -15,7 +15,9 @@ whose file is gone or whose model is not served is reported ``failed`` with why,
 every ``retry_failed_s``.
 
 Answers are counted by the source (``video.figures``) and handed to the tail socket
-(``video.answer_tail``: ``duomo source tail``).
+(``video.answer_tail``: ``duomo source tail``) and, for a source that names sinks (its
+assignment's ``events``), to its ``SinkEvents`` (``video.sink_events``: the events go to its
+sinks' outboxes off the frame path; the visits still open leave when the source stops).
 
 It ends on SIGTERM or SIGINT (its sources closed, frames in flight drained up to ``DRAIN_S``),
 and when the supervisor that started it is gone (its parent changed: a supervisor killed with
@@ -46,8 +48,10 @@ from duomo.ipc.source_records import NO_REPORT, SourceReport
 from duomo.ipc.source_urls import SecretError, expand_url, mask_text
 from duomo.video.answer_tail import AnswerTail
 from duomo.video.locations import SourceError
+from duomo.video.sink_events import EventPlan, SinkEvents
 from duomo.video.source import VideoSource
 from duomo.video.supervisor_link import SupervisorLink
+from duomo.video.thumbnails import FrameKeeper
 
 log = structlog.get_logger("duomo.video")
 REPORT_S = 0.5
@@ -65,6 +69,7 @@ class ManagedSource:
     error: str | None = None
     retry_at: float = 0.0
     reader: threading.Thread | None = field(default=None, repr=False)
+    events: SinkEvents | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:
@@ -159,21 +164,29 @@ class SourceWorker:
             url = expand_url(d["url"], d["password_file"])
         except SecretError as err:
             return self._not_started(managed, str(err))
+        frames = _frames_for_thumbnails(d)
         source = VideoSource(
             url, managed.name, models=d["models"] or [d["pipeline"]], client=self.link,
             policy=d["policy"], weight=d["weight"], max_fps=d["max_fps"], every=d["every"],
             stall_after_s=d["stall_after_s"], loop=d["loop"], slots=d["slots"],
             failed_after_s=d["failed_after_s"], retry_failed_s=d["retry_failed_s"],
+            on_frame=frames.keep if frames is not None else None, frame_every_s=0.0,
         )  # fmt: skip
         try:
             source.start()
         except (SourceError, DuomoError) as err:
             message = err.message if isinstance(err, DuomoError) else str(err)
             return self._not_started(managed, mask_text(message, url))
-        managed.source, managed.error = source, None
+        try:
+            events = _events_of(managed.name, d, frames)
+        except Exception as err:  # (the outboxes' folder or files: events cannot be kept)
+            source.close(0.0)
+            return self._not_started(managed, f"cannot open the sinks' outboxes: {err}")
+        managed.source, managed.error, managed.events = source, None, events
         managed.reader = threading.Thread(
-            target=self._read_answers, args=(source,), name=f"answers-{managed.name}", daemon=True
-        )
+            target=self._read_answers, args=(source, events), name=f"answers-{managed.name}",
+            daemon=True,
+        )  # fmt: skip
         managed.reader.start()
         log.info("source worker: playing a source", source=managed.name, worker=self.index)
 
@@ -182,15 +195,39 @@ class SourceWorker:
         managed.retry_at = time.monotonic() + managed.definition["retry_failed_s"]
         log.error("source worker: cannot start a source", source=managed.name, error=error)
 
-    def _read_answers(self, source: VideoSource) -> None:
+    def _read_answers(self, source: VideoSource, events: SinkEvents | None) -> None:
         for answer in source.answers():
             self.tail.publish(source.name, answer)
+            if events is not None:
+                events.answer(answer)
 
     def _stop_source(self, managed: ManagedSource, drain_s: float) -> None:
         if managed.source is not None:
             managed.source.close(drain_s)
         if managed.reader is not None:
             managed.reader.join(DRAIN_S + 1)
+        if managed.events is not None:
+            managed.events.close()
+
+
+def _frames_for_thumbnails(definition: dict[str, Any]) -> FrameKeeper | None:
+    """The source's recent frames, kept for thumbnails (None: it has none)."""
+    plan = definition.get("events")
+    if definition["thumbnails"] == "none" or not plan or plan.get("max_missed") is None:
+        return None
+    return FrameKeeper()
+
+
+def _events_of(
+    name: str, definition: dict[str, Any], frames: FrameKeeper | None
+) -> SinkEvents | None:
+    """The source's ``SinkEvents`` (started), or None when it names no sink."""
+    plan = definition.get("events")
+    if not plan:
+        return None
+    pipeline = definition["pipeline"] is not None
+    thumbnails = definition["thumbnails"]
+    return SinkEvents(name, EventPlan.from_wire(plan), pipeline, thumbnails, frames).start()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -545,6 +545,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="wait up to S seconds for the supervisor's socket at the start (0: do not wait; "
         "a supervisor lost later is always waited for and attached again)",
     )  # fmt: skip
+    stream.add_argument(
+        "--sink", action="append", metavar="NAME", dest="sinks",
+        help="also send each source's events to the running supervisor's sink NAME (repeat)",
+    )  # fmt: skip
+    stream.add_argument(
+        "--emit", choices=("answers", "objects", "both"), default=None,
+        help="what goes to the sinks (both where the pipeline has a tracker, else answers)",
+    )  # fmt: skip
     _socket_arg(stream)
     stream.set_defaults(func=cmd_stream)
 

@@ -23,7 +23,8 @@ label's values. A stream opened again under its name carries its counts on and d
 of a model it no longer feeds. Its answer-age quantiles appear with its first answer in the last
 60 s.
 
-Managed sources have ``duomo_source_*`` (``supervisor.operators.source_metrics``).
+Managed sources have ``duomo_source_*`` (``supervisor.operators.source_metrics``), sinks
+``duomo_sink_*`` (``supervisor.operators.sink_metrics``).
 
 Pipelines (``duomo_pipeline_*``, from ``engine.pipelines``) have their series from the start,
 at zero, like the models: a request counter by ``code`` (every ``ErrorCode`` name, ``OK``
@@ -49,9 +50,11 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from duomo.ipc.errors import ErrorCode
+from duomo.ipc.sink_records import SinkStatus
 from duomo.ipc.source_records import SourceStatus
 from duomo.supervisor.core.engine import Engine
 from duomo.supervisor.dataflow.streams import STATES, StreamRegistry
+from duomo.supervisor.operators.sink_metrics import sink_families
 from duomo.supervisor.operators.source_metrics import source_families
 from duomo.worker.model_spec import ModelState
 from duomo.worker.model_status import stream_capacity
@@ -103,11 +106,13 @@ class DuomoCollector(Collector):
         process: Callable[[], ProcessView],
         streams: StreamRegistry,
         sources: Callable[[], Sequence[SourceStatus]] = tuple,
+        sinks: Callable[[], Sequence[SinkStatus]] = tuple,
     ) -> None:
         self.engine = engine
         self.process = process
         self.streams = streams
         self.sources = sources
+        self.sinks = sinks
 
     def collect(self) -> Iterator[Metric]:
         yield from self._models()
@@ -115,6 +120,7 @@ class DuomoCollector(Collector):
         yield from self._streams()
         yield from self._pipelines()
         yield from source_families(self.sources())
+        yield from sink_families(self.sinks())
         view = self.process()
         yield GaugeMetricFamily(
             "duomo_clients_attached", "Authenticated client connections (producers, gateway "

@@ -5,6 +5,8 @@
     duomo source add NAME URL (--model M … | --pipeline P) [--policy latest|fifo]
                      [--max-fps F] [--every N] [--weight W] [--slots N]
                      [--password-file FILE] [--failed-after S]
+                     [--sink NAME …] [--emit answers|objects|both]
+                     [--thumbnails none|left|appeared]
     duomo source remove NAME
     duomo source list [--json]          # a list of SourceStatus objects with --json
     duomo source show NAME [--json]
@@ -65,6 +67,18 @@ def add_parser(
         "--failed-after", type=float, default=None, metavar="S",
         help="failing this long (or 3 times with 401/403/404 or an unknown host): failed (30)",
     )  # fmt: skip
+    add.add_argument(
+        "--sink", action="append", metavar="NAME", dest="sinks",
+        help="a sink of the config's sinks: its events go to (repeat)",
+    )  # fmt: skip
+    add.add_argument(
+        "--emit", choices=("answers", "objects", "both"), default=None,
+        help="what goes to its sinks (both where its pipeline has a tracker, else answers)",
+    )  # fmt: skip
+    add.add_argument(
+        "--thumbnails", choices=("none", "left", "appeared"), default=None,
+        help="a JPEG of the object's best frame in that object event (none)",
+    )  # fmt: skip
     add.set_defaults(func=cmd_add)
 
     remove = verbs.add_parser("remove", help="remove a camera added at run time")
@@ -105,13 +119,15 @@ def cmd_add(args: argparse.Namespace) -> int:
         "name": args.name, "url": args.url, "models": args.model, "pipeline": args.pipeline,
         "policy": args.policy, "max_fps": args.max_fps, "every": args.every,
         "weight": args.weight, "password_file": args.password_file,
-        "failed_after_s": args.failed_after, "slots": args.slots,
+        "failed_after_s": args.failed_after, "slots": args.slots, "sinks": args.sinks,
+        "emit": args.emit, "thumbnails": args.thumbnails,
     }  # fmt: skip
     reply = _request(args, "source_add", source={k: v for k, v in given.items() if v is not None})
     if isinstance(reply, int):
         return reply
     added = SourceStatus.from_dict(reply["source"])
-    print(f"source {added.name} added: {added.url} -> {added.feeds} (worker {added.worker})")
+    sinks = f", {added.emit} to {added.sinks}" if added.sinks else ""
+    print(f"source {added.name} added: {added.url} -> {added.feeds}{sinks} (worker {added.worker})")
     return EXIT_OK
 
 

@@ -17,7 +17,7 @@ COLUMNS = (
     Column("source"), Column("state"), Column("feeds"), Column("worker", True),
     Column("in fps", True), Column("answered fps", True), Column("age p50 ms", True),
     Column("age p99 ms", True), Column("decoded", True), Column("decode errors", True),
-    Column("reconnects", True), Column("answered", True), Column("url"),
+    Column("reconnects", True), Column("answered", True), Column("sinks"), Column("url"),
 )  # fmt: skip
 STATE_COLUMN = 1
 STATE_STYLES = {
@@ -37,7 +37,8 @@ def _cells(s: SourceStatus) -> list[str]:
     return [
         s.name, s.state, s.feeds, "-" if s.worker is None else str(s.worker),
         f"{s.input_fps:.1f}", f"{s.answered_fps:.1f}", ms(s.age_p50_ms), ms(s.age_p99_ms),
-        str(s.decoded), str(s.decode_errors), str(s.reconnects), str(s.answered), s.url,
+        str(s.decoded), str(s.decode_errors), str(s.reconnects), str(s.answered),
+        f"{s.sinks} ({s.emit})" if s.sinks else "-", s.url,
     ]  # fmt: skip
 
 

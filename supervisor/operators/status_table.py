@@ -1,8 +1,8 @@
 """``duomo status``'s text (``render_status``), read from the ``SupervisorStatus`` record that
 ``Client.status`` returns: the process, each device, the copies of weights shared, the model
 table, then the streams and capacity tables (``stream_table``), the pipelines table
-(``pipeline_table``) and the managed sources (``source_table``) when there are some, the limits,
-gateway workers and clients.
+(``pipeline_table``), the managed sources (``source_table``) and the sinks (``sink_table``) when
+there are some, the limits, gateway workers and clients.
 
 The model table (its columns: docs/operations.md) has a layout of its own: each column at least
 its least width and as wide as its widest cell (a long model name, a model on many devices), one
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from duomo.ipc.status_records import SupervisorStatus
-from duomo.supervisor.operators import pipeline_table, source_table, stream_table
+from duomo.supervisor.operators import pipeline_table, sink_table, source_table, stream_table
 
 # the model table of ``duomo status``: (title, alignment, least width); a column grows to its
 # widest cell (a long model name, a model on many devices), so the table stays aligned
@@ -114,6 +114,8 @@ def render_status(status: SupervisorStatus) -> str:
     lines += ["", *pipelines] if pipelines else []
     sources = source_table.render(status.sources)
     lines += ["", *sources] if sources else []
+    sinks = sink_table.render(status.sinks)
+    lines += ["", *sinks] if sinks else []
     limits = status.limits
     lines.append(
         f"clients {len(status.clients)} of {limits['max_connections']}, "

@@ -18,7 +18,8 @@ cells, each stream's state in colour) and the capacity of the models they feed (
 colour), then the pipelines table when there are pipelines
 (``supervisor.operators.pipeline_table``'s cells, each pipeline's state coloured as a model's), then
 the managed sources (``supervisor.operators.source_table``'s cells, each state coloured, and each
-last error on a line of its own).
+last error on a line of its own), then the sinks (``supervisor.operators.sink_table``'s cells,
+each state coloured, and each reason a sink is retrying or failing on a line of its own).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from rich.text import Text
 
 from duomo.ipc.client import Client
 from duomo.ipc.errors import DuomoError
+from duomo.ipc.sink_records import SinkStatus
 from duomo.ipc.source_records import SourceStatus
 from duomo.ipc.status_records import (
     DeviceStatus,
@@ -55,7 +57,12 @@ from duomo.ipc.status_records import (
     StreamStatus,
     SupervisorStatus,
 )
-from duomo.supervisor.operators import pipeline_table, source_table, stream_table
+from duomo.supervisor.operators import (
+    pipeline_table,
+    sink_table,
+    source_table,
+    stream_table,
+)
 from duomo.supervisor.operators.text_table import Column
 
 STATUS_TIMEOUT_S = 5.0  # the longest one poll waits for the supervisor's reply
@@ -191,6 +198,11 @@ def render(frame: Frame, plain: bool = False) -> RenderableType:
                 line = f"{source.name} {source.state}: {source.last_error}"
                 style = "red" if source.state == "failed" else "yellow"
                 lines.append(Text(line, style=style, no_wrap=True, overflow="ellipsis"))
+    if s.sinks:
+        lines += [Text(), _sinks_table(s.sinks, plain)]
+        for sink, line in sink_table.reasons(s.sinks):
+            style = "red" if sink.state == "failing" else "yellow"
+            lines.append(Text(line, style=style, no_wrap=True, overflow="ellipsis"))
     lines += [Text(), _devices_table(s.devices, plain), Text()]
     for g in s.gateways:
         lines.append(
@@ -313,6 +325,13 @@ def _sources_table(sources: tuple[SourceStatus, ...], plain: bool) -> Table:
     cells = source_table.rows(sources)
     return _named_rows(
         source_table.COLUMNS, cells, source_table.STATE_COLUMN, source_table.STATE_STYLES, plain
+    )
+
+
+def _sinks_table(sinks: tuple[SinkStatus, ...], plain: bool) -> Table:
+    cells = sink_table.rows(sinks)
+    return _named_rows(
+        sink_table.COLUMNS, cells, sink_table.STATE_COLUMN, sink_table.STATE_STYLES, plain
     )
 
 

@@ -16,10 +16,11 @@ thread, then creates the ring back on the reactor thread (``Reactor.call_soon``)
 the connections and their attachments.
 
 Owned by ``Supervisor`` (``supervisor.process.server``), which hands it what the handlers
-touch: the engine, the stream registry, the source fleet, the ring ledger, the control jobs,
-and its own reactor, config, ``reload``, stop and status, as callables (the reactor exists
-only once the supervisor has started; the config is replaced by each reload). ``status`` and
-``model_status`` are assembled by the supervisor; the ``models`` reply's records are made here.
+touch: the engine, the stream registry, the source fleet, the sink hub, the ring ledger, the
+control jobs, and its own reactor, config, ``reload``, stop and status, as callables (the
+reactor exists only once the supervisor has started; the config is replaced by each reload).
+``status`` and ``model_status`` are assembled by the supervisor; the ``models`` reply's records
+are made here.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from duomo.ipc.errors import (
     echoed,
 )
 from duomo.ipc.status_records import ModelInfo, ModelStatus, SupervisorStatus, TensorRecord
-from duomo.supervisor.config import LoadedConfig
+from duomo.supervisor.config import LoadedConfig, tracked_pipelines
 from duomo.supervisor.core.engine import Engine
 from duomo.supervisor.dataflow.pipelines import ServedPipeline
 from duomo.supervisor.dataflow.streams import StreamRegistry
@@ -56,6 +57,8 @@ from duomo.supervisor.process.control_messages import (
     Ping,
     Reload,
     Reply,
+    SinkReports,
+    SinkTarget,
     SourceAdd,
     SourceRemove,
     SourceReports,
@@ -73,6 +76,7 @@ from duomo.supervisor.process.control_messages import (
 from duomo.supervisor.process.limits import RingLedger
 from duomo.supervisor.process.reactor import Reactor
 from duomo.supervisor.process.request_trace import RequestTrace
+from duomo.supervisor.sinks.hub import SinkHub
 from duomo.supervisor.sources.fleet import SourceFleet
 
 log = structlog.get_logger("duomo.supervisor")
@@ -111,12 +115,14 @@ class ControlHandlers:
         status: Callable[[Connection | None], SupervisorStatus],
         model_status: Callable[[str], ModelStatus],
         trace: RequestTrace | None = None,
+        sinks: SinkHub | None = None,
     ) -> None:
         """``reactor``: the supervisor's reactor, None until it starts. ``config``: the config
         running now. ``reload``: ``Supervisor.reload`` (run as a control job). ``stop``: asks
         the supervisor to stop; a caller given is answered once it has (``stop`` with
         ``wait``). ``status`` and ``model_status``: the supervisor's records. ``trace``: the
-        request trace, when the process was started with one (its rings are traced)."""
+        request trace, when the process was started with one (its rings are traced). ``sinks``:
+        the sink hub (None: no sink messages are answered but with UNAVAILABLE)."""
         self.engine = engine
         self.streams = streams
         self.sources = sources
@@ -129,6 +135,7 @@ class ControlHandlers:
         self._status = status
         self._model_status = model_status
         self._trace = trace
+        self.sinks = sinks
         # operation -> its handler, which takes that operation's message (``control_messages``)
         self._handlers: dict[str, Handler] = {
             Models.op: self._on_models,
@@ -147,6 +154,8 @@ class ControlHandlers:
             SourceShow.op: self._on_source,
             SourceAdd.op: self._on_source_add,
             SourceRemove.op: self._on_source_remove,
+            SinkReports.op: self._on_sink_report,
+            SinkTarget.op: self._on_sink,
         }
 
     def handle(self, conn: Connection, message: dict[str, Any]) -> Reply | None:
@@ -324,6 +333,19 @@ class ControlHandlers:
     def _on_source_remove(self, caller: Caller, request: SourceRemove) -> Reply:
         self.sources.remove(request.name)
         return {"ok": True}
+
+    def _sink_hub(self) -> SinkHub:
+        if self.sinks is None:
+            raise UnavailableError("this supervisor runs no sinks")
+        return self.sinks
+
+    def _on_sink_report(self, caller: Caller, request: SinkReports) -> Reply:
+        return {"ok": True, **self._sink_hub().report(request.sinks)}
+
+    def _on_sink(self, caller: Caller, request: SinkTarget) -> Reply:
+        tracked = tracked_pipelines(self._config().config)
+        max_missed = tracked.get(request.pipeline) if request.pipeline is not None else None
+        return {"ok": True, **self._sink_hub().target(request.name), "max_missed": max_missed}
 
     def _model_info(self, name: str) -> ModelInfo:
         """One model (or pipeline) of the ``models`` reply; its slot layout once known."""

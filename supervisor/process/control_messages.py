@@ -54,6 +54,13 @@ source_    ``source`` {a ``sources:`` entry's fields}   ``source``: its ``Source
 add                                                     the source database before the reply)
 source_    ``name`` str                                 — (a config source: INVALID_ARGUMENT)
 remove
+sink_      ``sinks`` [``SinkStatus``] (≤ 1024): the     ``sinks``: the sink definitions now;
+report     sink worker's word on its sinks              ``directory``: their outboxes' folder
+sink       ``name`` str; ``pipeline`` str (none)        ``directory``, ``sink`` (its name and
+                                                        outbox bounds): where ``duomo stream
+                                                        --sink`` appends (no sink worker:
+                                                        UNAVAILABLE); ``max_missed``: the
+                                                        pipeline tracker's (null: none)
 =========  ===========================================  ========================================
 
 A model that is not served is NOT_FOUND, and so is a ring (or stream) this client has not
@@ -81,6 +88,7 @@ from pydantic import ValidationError
 
 from duomo.ipc.errors import DuomoError, InternalError, InvalidArgumentError, echoed
 from duomo.ipc.record_reading import StatusRecordError
+from duomo.ipc.sink_records import SinkStatus
 from duomo.ipc.source_records import SourceReport
 from duomo.ipc.stream_settings import StreamSettings
 from duomo.supervisor.config import pydantic_problems
@@ -404,6 +412,41 @@ class SourceRemove(ControlMessage):
         return cls(fields.text("name"))
 
 
+# -- the sinks (supervisor.sinks.hub) ------------------------------------------------------------
+
+MAX_SINKS = 1024  # sinks the sink worker may report on
+
+
+@dataclass(frozen=True)
+class SinkReports(ControlMessage):
+    """``sink_report``: the sink worker says what each of its sinks does; the reply carries the
+    sink definitions now."""
+
+    op = "sink_report"
+    sinks: tuple[SinkStatus, ...]
+
+    @classmethod
+    def parse(cls, fields: Fields) -> SinkReports:
+        reports = fields.objects("sinks", most=MAX_SINKS)
+        try:
+            return cls(tuple(SinkStatus.from_dict(r) for r in reports))
+        except StatusRecordError as err:
+            raise InvalidArgumentError(f"malformed 'sink_report' message: {err.message}") from None
+
+
+@dataclass(frozen=True)
+class SinkTarget(ControlMessage):
+    """``sink``: where a producer appends the events of the sink ``name``."""
+
+    op = "sink"
+    name: str
+    pipeline: str | None = None
+
+    @classmethod
+    def parse(cls, fields: Fields) -> SinkTarget:
+        return cls(fields.text("name"), fields.optional_text("pipeline"))
+
+
 MESSAGES: dict[str, type[ControlMessage]] = {
     m.op: m
     for m in (
@@ -423,6 +466,8 @@ MESSAGES: dict[str, type[ControlMessage]] = {
         SourceShow,
         SourceAdd,
         SourceRemove,
+        SinkReports,
+        SinkTarget,
     )
 }
 

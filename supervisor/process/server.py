@@ -33,7 +33,13 @@ import structlog
 from duomo.ipc.errors import DuomoError, InvalidArgumentError, UnavailableError
 from duomo.ipc.runtime_dir import ensure_private_dir, key_path, pid_path, write_key
 from duomo.ipc.status_records import ClientStatus, ModelStatus, RingStatus, SupervisorStatus
-from duomo.supervisor.config import ConfigError, LoadedConfig, load_config
+from duomo.supervisor.config import (
+    ConfigError,
+    LoadedConfig,
+    load_config,
+    sink_problems,
+    tracked_pipelines,
+)
 from duomo.supervisor.core.engine import Engine
 from duomo.supervisor.dataflow.pipelines import ServedPipeline
 from duomo.supervisor.dataflow.streams import StreamRegistry
@@ -48,6 +54,7 @@ from duomo.supervisor.process.limits import Limits, RingLedger, resolve_limits
 from duomo.supervisor.process.reactor import Reactor
 from duomo.supervisor.process.request_trace import RequestTrace
 from duomo.supervisor.process.watchdog import Watchdog
+from duomo.supervisor.sinks.hub import SinkHub
 from duomo.supervisor.sources.definition import SourceDefinition
 from duomo.supervisor.sources.fleet import SourceFleet
 from duomo.worker.model_spec import SERVING, ModelState
@@ -85,16 +92,17 @@ class Supervisor:
         self._stop_waiters: list[Caller] = []
         self._created: dict[Path, int] = {}
         self._started_s = time.time()
+        self.sinks = SinkHub(loaded.config.sinks, socket_path)
         self.sources = SourceFleet(
             loaded.config.source_workers, loaded.config.sources, socket_path,
             self._check_feeds, lambda: self.engine.placements.total_budget,
-            lambda name: self.engine.servable(name).spec.max_batch,
+            lambda name: self.engine.servable(name).spec.max_batch, self._events_of,
         )  # fmt: skip
         self.control = ControlHandlers(
             self.engine, self.streams, self.sources, self.shm, self.control_jobs,
             reactor=lambda: self.reactor, config=lambda: self.loaded, reload=self.reload,
             stop=self.request_stop, status=self.status, model_status=self.model_status,
-            trace=self.trace,
+            trace=self.trace, sinks=self.sinks,
         )  # fmt: skip
 
     def start(self) -> None:
@@ -106,8 +114,9 @@ class Supervisor:
         metrics = self.loaded.config.metrics
         if metrics is not None:  # first: the probes answer (not ready) while the models load
             collector = DuomoCollector(
-                self.engine, self._process_view, self.streams, self.sources.status
-            )
+                self.engine, self._process_view, self.streams, self.sources.status,
+                self.sinks.status,
+            )  # fmt: skip
             self.metrics = MetricsServer(metrics, collector, self._live, self._not_ready)
             self.metrics.start()
         try:
@@ -144,6 +153,7 @@ class Supervisor:
         if gateway is not None:  # once every model to preload is READY and the socket listens
             self.gateways = GatewayProcesses(gateway, path)
             self.gateways.start()
+        self.sinks.start()  # (first: the sources' events need its folder)
         self.sources.start()  # (its workers connect: the socket listens)
         if self.gil_probe is not None:
             self.gil_probe.start()
@@ -200,6 +210,7 @@ class Supervisor:
         self._apply_limits(resolve_limits(self.loaded.config.limits))
         reply: dict[str, Any] = dict(summary)
         if model is None:
+            reply["sinks"] = self.sinks.reload(self.loaded.config.sinks)
             reply["sources"] = self.sources.reload(self.loaded.config.sources)
         log.info("config reloaded", **reply)
         return reply
@@ -211,6 +222,7 @@ class Supervisor:
         port answers (not ready) until the end."""
         self._stopping = True
         self.sources.stop()  # (their streams close first: nothing more comes from the cameras)
+        self.sinks.stop()  # (after: the sources' last events are in the outboxes, kept there)
         if self.gateways is not None:
             self.gateways.stop()
         if self.reactor is not None:
@@ -297,9 +309,18 @@ class Supervisor:
         self._created[path] = path.lstat().st_ino
 
     def _check_feeds(self, definition: SourceDefinition) -> None:
-        """NOT_FOUND when a source's models (or pipeline) are not served."""
+        """NOT_FOUND when a source's models (or pipeline) are not served; INVALID_ARGUMENT when
+        it names a sink not configured or asks for object events without a tracker."""
         for name in definition.feeds:
             self.engine.servable(name)
+        tracked = tracked_pipelines(self.loaded.config)
+        problems = sink_problems(definition, self.sinks.names(), tracked)
+        if problems:
+            raise InvalidArgumentError("; ".join(f"{at}: {why}" for at, why in problems))
+
+    def _events_of(self, definition: SourceDefinition) -> dict[str, Any] | None:
+        """Where a source's events go (its assignment's ``events``)."""
+        return self.sinks.plan(definition, tracked_pipelines(self.loaded.config))
 
     # -- the ``status`` reply (reactor thread, through ``ControlHandlers``) -----------------
 
@@ -364,6 +385,7 @@ class Supervisor:
             clients=tuple(clients),
             streams=self.streams.snapshot(),
             sources=self.sources.status(),
+            sinks=self.sinks.status(),
         )
 
 

@@ -17,6 +17,17 @@ and of ``POST /v1/sources`` — the same fields, checked by the same model.
                                            #   failed, then tried again every retry_failed_s
         retry_failed_s: 60
         loop: true                         # a file starts again at its end
+        sinks: [broker, lake]              # optional: named sinks (the config's sinks:) its
+                                           #   events go to
+        emit: both                         # answers | objects | both (default: both where its
+                                           #   pipeline has a tracker, else answers)
+        thumbnails: left                   # none | left | appeared: a JPEG of the object's
+                                           #   best frame in that object event (default none)
+
+A source naming sinks, or asking for object events, is checked against the config's ``sinks:``
+and its pipeline's tracker where the config is (``supervisor.config.source_problems``, and the
+fleet on ``source add``): a sink must exist, and ``objects``/``both`` (and thumbnails) need a
+pipeline with a tracker.
 
 ``SourceDefinition.wire()`` is the dict that is kept (in the database), the defaults left out,
 and ``assignment`` the one a source worker is sent, every field there; both have the URL as
@@ -30,15 +41,18 @@ control messages.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, StringConstraints, field_validator, model_validator
 
 from duomo.ipc.source_urls import check_url, mask_url
 from duomo.ipc.stream_settings import MAX_WEIGHT, MIN_WEIGHT
 from duomo.worker.config_model import NAME_PATTERN, StrictModel
 
 MAX_FEEDS = 16  # models one source feeds (a stream's bound)
+MAX_SINKS = 16  # sinks one source's events go to
+Emit = Literal["answers", "objects", "both"]
+SinkName = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
 
 
 class SourceDefinition(StrictModel):
@@ -58,6 +72,9 @@ class SourceDefinition(StrictModel):
     failed_after_s: float = Field(default=30.0, gt=0, le=86400)
     retry_failed_s: float = Field(default=60.0, gt=0, le=86400)
     loop: bool = True
+    sinks: tuple[SinkName, ...] = Field(default=(), max_length=MAX_SINKS)
+    emit: Emit | None = None  # None: both with a tracker, answers otherwise (``emits``)
+    thumbnails: Literal["none", "left", "appeared"] = "none"
 
     @field_validator("url")
     @classmethod
@@ -70,7 +87,20 @@ class SourceDefinition(StrictModel):
             raise ValueError("give models (a list) or pipeline (a name), not both")
         if self.models is not None and len(set(self.models)) != len(self.models):
             raise ValueError(f"models lists a model twice: {list(self.models)}")
+        if len(set(self.sinks)) != len(self.sinks):
+            raise ValueError(f"sinks lists a sink twice: {list(self.sinks)}")
+        if (self.emit is not None or self.thumbnails != "none") and not self.sinks:
+            raise ValueError("emit and thumbnails say what goes to the source's sinks: give sinks")
+        if self.thumbnails != "none" and self.emit == "answers":
+            raise ValueError("thumbnails go in object events: emit objects or both")
         return self
+
+    def emits(self, tracked: bool) -> Emit:
+        """What its sinks get: ``emit`` as given, else ``both`` when its pipeline has a tracker
+        (``tracked``), ``answers`` otherwise."""
+        if self.emit is not None:
+            return self.emit
+        return "both" if tracked else "answers"
 
     @property
     def feeds(self) -> tuple[str, ...]:
@@ -92,7 +122,9 @@ class SourceDefinition(StrictModel):
         references)."""
         return self.model_dump(mode="json", exclude_defaults=True)
 
-    def assignment(self, slots: int) -> dict[str, Any]:
+    def assignment(self, slots: int, events: dict[str, Any] | None = None) -> dict[str, Any]:
         """What the source worker decoding it is sent: every field, the defaults included (the
-        worker keeps no copy of them), with ``slots`` as chosen (``auto`` resolved)."""
-        return {**self.model_dump(mode="json"), "slots": slots}
+        worker keeps no copy of them), with ``slots`` as chosen (``auto`` resolved) and
+        ``events``, where its events go (``supervisor.sinks.hub.SinkHub.plan``; None: no
+        sinks)."""
+        return {**self.model_dump(mode="json"), "slots": slots, "events": events}

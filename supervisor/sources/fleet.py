@@ -82,15 +82,19 @@ class SourceFleet:
         check_feeds: Callable[[SourceDefinition], None],
         models_threads: Callable[[], int],
         max_batch: Callable[[str], int],
+        events: Callable[[SourceDefinition], dict[str, Any] | None] = lambda _: None,
     ) -> None:
         """``check_feeds`` raises NotFoundError for a source whose models (or pipeline) are not
-        served; ``models_threads`` is the models' thread budget (for the default count);
-        ``max_batch`` a served model's (or pipeline's) ``max_batch`` (for ``slots: auto``)."""
+        served (and INVALID_ARGUMENT for sinks it cannot have); ``models_threads`` is the
+        models' thread budget (for the default count); ``max_batch`` a served model's (or
+        pipeline's) ``max_batch`` (for ``slots: auto``); ``events`` where a source's events go
+        (``SinkHub.plan``: sent in its assignment)."""
         self.config = config
         self.socket_path = socket_path
         self.check_feeds = check_feeds
         self.models_threads = models_threads
         self.max_batch = max_batch
+        self.events = events
         self._declared = list(declared)
         self._sources: dict[str, Placed] = {}
         self._lock = threading.Lock()
@@ -217,7 +221,7 @@ class SourceFleet:
                     self._log_state(placed, report, now)
             self._place_waiting()
             return [
-                p.definition.assignment(self.slots(p.definition))
+                p.definition.assignment(self.slots(p.definition), self.events(p.definition))
                 for p in self._sources.values()
                 if p.worker == worker
             ]
@@ -343,6 +347,7 @@ class SourceFleet:
         if pool is not None and placed.worker is not None:
             pid = pool.workers[placed.worker].pid
         r = placed.report if placed.report is not None and pid is not None else NO_REPORT
+        plan = self.events(definition)
         return SourceStatus(
             name=definition.name, url=definition.shown_url, feeds=",".join(definition.feeds),
             policy=definition.policy, slots=self.slots(definition), origin=placed.origin,
@@ -353,5 +358,6 @@ class SourceFleet:
             decoded=r.decoded, decode_errors=r.decode_errors, reconnects=r.reconnects,
             answered=r.answered, superseded=r.superseded, failed=r.failed,
             input_fps=r.input_fps, answered_fps=r.answered_fps, age_p50_ms=r.age_p50_ms,
-            age_p99_ms=r.age_p99_ms,
+            age_p99_ms=r.age_p99_ms, sinks=",".join(definition.sinks),
+            emit=plan["emit"] if plan is not None else None,
         )  # fmt: skip

@@ -23,7 +23,7 @@ def test_bench_sinks_only_publishes_every_event_to_both_brokers(tmp_path: Path) 
     out = tmp_path / "report"
     run = subprocess.run(
         [sys.executable, "-m", "duomo.supervisor", "bench", "--sinks-only", "--sink-events",
-         "300", "--out", str(out)],
+         "300", "--sink-cameras", "0", "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr

@@ -22,6 +22,9 @@ The example of ``docs/streams.md`` ("Try it": a demo clip played through ``duomo
 a supervisor too: ``test_the_streams_guide_example`` runs its block whole against one (its
 ``/tmp/`` files in the test's own folder) and checks the answers; the commands that need a
 camera are left to ``tests/integration/test_rtsp_source.py``, which plays a real RTSP camera.
+The guide of ``docs/sinks.md`` ("Try it") starts its own mosquitto, redis-server, camera and
+supervisor: ``tests/integration/test_sinks_guide.py`` runs its block whole (its files, ports and
+socket its own) and checks the events on both brokers; here each of its lines is said so.
 ``docs/adding-a-model.md`` is left out: ``tests/integration/test_adding_a_model.py`` runs every
 block of that guide.
 """
@@ -72,6 +75,25 @@ MANAGED = (
     "removes sources through duomo source and /v1/sources, with a supervisor's own, and reads "
     "their answers' tail; test_source_health.py runs duomo source tail"
 )
+SINKS_PAGE = ROOT / "docs" / "sinks.md"
+SINKS_RUN_BELOW = (
+    "a line of the sinks guide, which starts brokers, a camera and a supervisor of its own: "
+    "test_sinks_guide.py runs its block whole against Debian's mosquitto and redis-server"
+)
+
+
+def block_commands(block: str) -> list[str]:
+    """The command lines of a bash block (comments and blank lines left out)."""
+    commands = (line.split(" #", 1)[0].strip() for line in block.splitlines())
+    return [c for c in commands if c and not c.startswith("#")]
+
+
+def sinks_guide_commands() -> list[str]:
+    """Each line of the sinks guide's block (the one that keeps its files under /tmp/)."""
+    blocks = FENCE.finditer(SINKS_PAGE.read_text("utf-8"))
+    return [c for m in blocks if "/tmp/" in m.group(3) for c in block_commands(m.group(3))]
+
+
 # (a regular expression the whole command matches, why it is not run here)
 NOT_RUN: list[tuple[str, str]] = [
     (r"make test", "it is what CI runs (.ci/run), this test among its tests"),
@@ -126,6 +148,7 @@ NOT_RUN: list[tuple[str, str]] = [
         r"\.venv/bin/duomo camera-sim \S+\.mp4( \S+\.mp4)*",
         "serves until stopped, from the reader's own files; test_camera_sim.py runs it",
     ),
+    *((re.escape(command), SINKS_RUN_BELOW) for command in sinks_guide_commands()),
     *(
         (pattern, CURL_RUN_BELOW)
         for pattern in (
@@ -146,10 +169,8 @@ def doc_commands() -> list[tuple[str, str]]:
         if page in SKIPPED_PAGES:
             continue
         for block in FENCE.finditer(page.read_text("utf-8")):
-            for line in block.group(3).splitlines():
-                command = line.split(" #", 1)[0].strip()
-                if command and not command.startswith("#"):
-                    found.append((str(page.relative_to(ROOT)), command))
+            for command in block_commands(block.group(3)):
+                found.append((str(page.relative_to(ROOT)), command))
     return found
 
 

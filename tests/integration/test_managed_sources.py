@@ -194,6 +194,8 @@ def test_bad_changes_are_refused_with_the_reason_and_change_nothing(
         (camera("z", video, url="ftp://10.0.0.9/x"), 400, "url: 'ftp://10.0.0.9/x' is not"),
         (camera("w", video, weight=5e-324), 400, "weight"),
         (camera("bad name!", video), 400, "name"),
+        (camera("v", video, sinks=["nope"]), 400, "sinks: no sink named 'nope'"),
+        (camera("u", video, sinks=["nope"], emit="sideways"), 400, "emit"),
     ]
     for body, status, message in cases:
         got, reply = fleet.call("POST", "/v1/sources", body)

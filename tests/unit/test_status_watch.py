@@ -12,6 +12,7 @@ import pytest
 from rich.console import Console
 
 from duomo.ipc.status_records import SupervisorStatus
+from duomo.supervisor.operators.status_table import render_status
 from duomo.supervisor.operators.status_watch import (
     Frame,
     ModelRates,
@@ -190,3 +191,24 @@ def test_a_long_model_name_keeps_the_columns_aligned_and_nothing_is_cut() -> Non
     start = shown_lines.index(row)
     folded = "".join(line.split(" ")[0] for line in shown_lines[start : start + 3])
     assert folded == LONG_NAME
+
+
+def test_each_sink_is_a_row_and_a_failing_ones_reason_a_line_of_its_own() -> None:
+    shown = status(classify=model(30, 28, inferences=30, executions=15))
+    sink = {
+        "name": "broker", "kind": "mqtt", "target": "mqtt://10.0.0.5:1883", "state": "failing",
+        "reason": "the broker refused the credentials", "published": 1200,
+        "pending_events": 37, "pending_bytes": 3 * MIB, "dropped": 4, "rejected": 1,
+        "errors": 9, "last_error": "refused", "delay_p50_ms": 12.5, "delay_p99_ms": 80.25,
+    }  # fmt: skip
+    shown["sinks"] = [sink, {**sink, "name": "lake", "state": "connected", "reason": None}]
+    for text in (
+        plain_frame(Frame(Path("/s"), record(shown), {}, own_pid=4242), AT),
+        render_status(record(shown)),
+    ):
+        row = next(line for line in text.splitlines() if line.startswith("broker"))
+        assert row.split()[:10] == [
+            "broker", "failing", "mqtt", "1200", "37", "3.00", "5", "9", "12.5", "80.2"
+        ], row  # fmt: skip
+        assert "broker: failing: the broker refused the credentials" in text
+        assert "lake: connected" not in text  # (no reason: no line)

@@ -30,7 +30,8 @@ mixed load, ``tools.bench.mixed_load``:
    decoded/s per core, answered/s, the source workers' CPU per answer, ages and fairness.
 8. **sinks** (``--sinks``, or ``--sinks-only`` without 1–3) — ``tools.bench.sinks``: what one
    MQTT and one Redis sink sustain (events per second, CPU per thousand events, appending and
-   publishing) to a local mosquitto and redis-server.
+   publishing) to a local mosquitto and redis-server; then ``tools.bench.sink_cameras``: N
+   cameras into ``faces`` with sinks on against off (answered/s, the delay to acknowledgement).
 
 Run as ``python -m tools.bench.run`` from the checkout, which is what ``duomo bench`` does
 (``supervisor.operators.cli.run_bench``), with ``BENCH_CALLER_DIR_ENV`` set to the directory it
@@ -149,6 +150,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--sink-events", type=int, default=20_000,
         help="events appended and published per sink trial (default 20000)",
     )  # fmt: skip
+    parser.add_argument(
+        "--sink-cameras", type=int, default=4,
+        help="cameras into faces, sinks on against off (default 4; 0: that part not run)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--sink-window", type=float, default=15.0,
+        help="seconds measured in each camera trial of the sinks part (default 15)",
+    )  # fmt: skip
     # the shared-weights benchmark (issue 36: tools.bench.sharing), after the rest or alone
     _part_flags(
         parser, "sharing",
@@ -209,8 +218,9 @@ def bench(args: argparse.Namespace) -> int:
     alone: dict[str, Any] | None = None  # the mixed load's alone phase, reused by --sharing
     fleet = args.fleet or args.fleet_only
     sinks = args.sinks or args.sinks_only
-    if sinks and args.sink_events < 1:
-        print("duomo bench: --sink-events ≥ 1", file=sys.stderr)
+    if sinks and (args.sink_events < 1 or args.sink_cameras < 0 or args.sink_window <= 0):
+        print("duomo bench: --sink-events ≥ 1, --sink-cameras ≥ 0, --sink-window > 0",
+              file=sys.stderr)  # fmt: skip
         return 2
     only = (args.cameras_only, args.pipelines_only, args.sharing_only, args.fleet_only,
             args.sinks_only)  # fmt: skip
@@ -241,7 +251,7 @@ def bench(args: argparse.Namespace) -> int:
     if sinks:
         from tools.bench.sinks import bench_sinks
 
-        print(bench_sinks(out, args.sink_events))
+        print(bench_sinks(out, args.sink_events, args.sink_cameras, args.sink_window))
     print(f"duomo bench: report in {out}", file=sys.stderr)
     return 0
 

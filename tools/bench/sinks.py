@@ -179,9 +179,18 @@ def markdown(raw: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def bench_sinks(out: Path, events: int) -> str:
-    """``duomo bench --sinks``: run it and add it to the report in ``out``; its section."""
+def bench_sinks(out: Path, events: int, cameras: int, window_s: float) -> str:
+    """``duomo bench --sinks``: run both parts (the camera part unless ``cameras`` is 0) and
+    add them to the report in ``out``; the section."""
     raw = run_sinks(SinkBenchSettings(events=events))
     section = markdown(raw)
+    if cameras:
+        from tools.bench.sink_cameras import SinkCameraSettings, run_sink_cameras
+        from tools.bench.sink_cameras import markdown as cameras_markdown
+
+        with tempfile.TemporaryDirectory(prefix="duomo-bench-sink-brokers-") as tmp:
+            settings = SinkCameraSettings(cameras=cameras, window_s=window_s)
+            raw["cameras"] = run_sink_cameras(settings, Path(tmp))
+        section += "\n" + cameras_markdown(raw["cameras"])
     add_part(out, "sinks", raw, section)
     return section
