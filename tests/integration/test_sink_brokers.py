@@ -270,7 +270,7 @@ def test_redis_streams_one_per_source_and_trimmed_by_maxlen(
         delivery, producer = delivering(sink)
         short, short_producer = delivering(trimmed)
         producer.emit("gate-1", 30)
-        producer.emit("gate-2", 30)
+        producer.emit("gate-2", 20)
         short_producer.emit("gate-3", 200)
         poll(lambda: delivery.status().pending_events == 0, timeout_s=15)
         poll(lambda: short.status().pending_events == 0, timeout_s=15)
@@ -472,12 +472,14 @@ def test_a_kill_9_of_the_publishing_process_loses_nothing(folder: Path, deliveri
 
 class Receiver(ThreadingHTTPServer):
     """A webhook receiver: answers 503 to the first request, 400 to the events in ``refuse``,
-    200 to the rest; keeps what it accepted and whether each signature was right."""
+    200 to the rest; with ``fail_every`` n, 500 to every n-th request instead (and no 503
+    first). Keeps what it accepted and whether each signature was right."""
 
-    def __init__(self, secret: str, refuse: set[str]) -> None:
+    def __init__(self, secret: str, refuse: set[str], fail_every: int = 0) -> None:
         super().__init__(("127.0.0.1", 0), ReceiverHandler)
         self.secret = secret
         self.refuse = refuse
+        self.fail_every = fail_every
         self.requests = 0
         self.accepted: list[str] = []
         self.signatures_ok: list[bool] = []
@@ -496,7 +498,10 @@ class ReceiverHandler(BaseHTTPRequestHandler):
         assert self.headers["Content-Type"] == "application/json"
         self.server.requests += 1
         status = 200
-        if self.server.requests == 1:
+        if self.server.fail_every:
+            if self.server.requests % self.server.fail_every == 0:
+                status = 500
+        elif self.server.requests == 1:
             status = 503
         elif event_id in self.server.refuse:
             status = 400
@@ -536,6 +541,35 @@ def test_webhook_signs_retries_a_503_and_drops_what_is_refused_for_good(
     status = delivery.status()
     assert (status.published, status.rejected, status.errors) == (19, 1, 1)
     assert status.last_error is not None and "503" in status.last_error
+
+
+def test_a_webhook_that_fails_half_its_requests_still_gets_every_event_once_signed(
+    folder: Path, delivering: Any, tmp_path: Path
+) -> None:
+    secret_file = tmp_path / "hook-secret"
+    secret_file.write_text("hook-secret\n")
+    receiver = Receiver("hook-secret", refuse=set(), fail_every=2)
+    serving = threading.Thread(target=receiver.serve_forever, daemon=True)
+    serving.start()
+    try:
+        sink = WebhookSinkConfig(
+            name="flaky", kind="webhook",
+            url=f"http://127.0.0.1:{receiver.server_address[1]}/hook",
+            secret_file=secret_file, timeout_s=5,
+        )  # fmt: skip
+        delivery, producer = delivering(sink)
+        producer.emit("gate-2", 20)
+        poll(lambda: delivery.status().pending_events == 0, timeout_s=30)
+    finally:
+        receiver.shutdown()
+        receiver.server_close()
+    # every event once, in seq order, though every other request was answered 500
+    # (requests 200, 500, 200, 500, …: each event but the first is refused once, then taken)
+    assert receiver.accepted == [f"gate-2:{seq}" for seq in range(1, 21)]
+    assert receiver.requests == 39 and all(receiver.signatures_ok)
+    status = delivery.status()
+    assert (status.published, status.rejected, status.errors) == (20, 0, 19)
+    assert status.last_error is not None and "500" in status.last_error
 
 
 # -- file ---------------------------------------------------------------------------------------
