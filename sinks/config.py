@@ -34,7 +34,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -74,6 +74,9 @@ class OutboxConfig(StrictModel):
         return int(self.max_mb * 1024 * 1024)
 
 
+SinkT = TypeVar("SinkT", bound="_Sink")
+
+
 class _Sink(StrictModel):
     """What every sink has: its name and its outbox's bounds."""
 
@@ -84,6 +87,17 @@ class _Sink(StrictModel):
         # a URL's password stays out of reprs, tracebacks and logs of the record
         for key, value in super().__repr_args__():
             yield key, mask_url(value) if key == "url" and isinstance(value, str) else value
+
+    def resolved(self: SinkT, base: Path) -> SinkT:
+        """Its file paths (``path``, ``password_file``, ``secret_file``, ``ca_file``: whichever
+        its kind has) made absolute against ``base``, the config file's folder, as a source's
+        ``password_file`` is: the sink worker that reads them runs elsewhere."""
+        relative = {
+            key: (base / value).resolve()
+            for key, value in self
+            if isinstance(value, Path) and not value.is_absolute()
+        }
+        return self.model_copy(update=relative) if relative else self
 
     @property
     def target(self) -> str:

@@ -335,6 +335,7 @@ def load_config(path: str | Path, unbuilt_om_ok: bool = False) -> LoadedConfig:
     config = config.model_copy(
         update={
             "sources": [d.resolved(path.parent) for d in config.sources],
+            "sinks": [s.resolved(path.parent) for s in config.sinks],
             "source_workers": config.source_workers.resolved(path.parent),
         }
     )

@@ -50,6 +50,9 @@ def video(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_test_video(tmp_path_factory.getbasetemp() / "videos")
 
 
+EVENTS_FILE = "events.jsonl"  # the file sink "lines", beside the config
+
+
 def camera(name: str, video: Path, **fields: object) -> dict[str, Any]:
     """A looping file played as a camera into classify at ``FPS``."""
     return {"name": name, "url": str(video), "models": ["classify"], "max_fps": FPS, **fields}
@@ -103,6 +106,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, video: Path) -> Iterator[Fle
             {"name": "locked", "url": secret_url, "models": ["classify"], "failed_after_s": 2},
         ],
         source_workers={"count": 2}, metrics={"http": metrics_at},
+        # (a path relative to the config file's folder: a source added over HTTP names it)
+        sinks=[{"name": "lines", "kind": "file", "path": EVENTS_FILE}],
     )  # fmt: skip
     log = folder / "supervisor.log"
     os.environ[SECRET_VAR] = SECRET  # (the supervisor and its workers inherit it)
@@ -159,9 +164,21 @@ def test_sources_come_and_go_through_the_cli_and_http_while_another_plays(
             "add", "dock", str(video), "--model", "classify", "--max-fps", str(FPS)
         )
         assert code == 0 and "source dock added" in out, err
-        status, added = fleet.call("POST", "/v1/sources", camera("gate", video, policy="fifo"))
+        body = camera("gate", video, policy="fifo", sinks=["lines"], emit="answers")
+        status, added = fleet.call("POST", "/v1/sources", body)
         assert status == 201 and added["name"] == "gate" and added["origin"] == "runtime", added
         poll(lambda: answered(fleet, "dock", 3) and answered(fleet, "gate", 3), timeout_s=60)
+        # its answers reach the sink it named, as events numbered from 1
+        events = fleet.config.parent / EVENTS_FILE
+
+        def gate_events() -> list[dict[str, Any]]:
+            lines = events.read_text().splitlines() if events.exists() else []
+            return [e for e in map(json.loads, lines) if e["source"] == "gate"]
+
+        poll(lambda: len(gate_events()) >= 3, timeout_s=30)
+        first = gate_events()[:3]
+        assert [e["seq"] for e in first] == [1, 2, 3] and {e["kind"] for e in first} == {"answer"}
+        assert first[0]["id"] == "gate:1" and first[0]["model"] == "classify", first[0]
         status, listed = fleet.call("GET", "/v1/sources")
         assert status == 200 and {s["name"] for s in listed} == {"lobby", "locked", "dock", "gate"}
         status, one = fleet.call("GET", "/v1/sources/dock")

@@ -270,7 +270,7 @@ def test_redis_streams_one_per_source_and_trimmed_by_maxlen(
         delivery, producer = delivering(sink)
         short, short_producer = delivering(trimmed)
         producer.emit("gate-1", 30)
-        producer.emit("gate-2", 20)
+        producer.emit("gate-2", 30)
         short_producer.emit("gate-3", 200)
         poll(lambda: delivery.status().pending_events == 0, timeout_s=15)
         poll(lambda: short.status().pending_events == 0, timeout_s=15)

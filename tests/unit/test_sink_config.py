@@ -162,3 +162,22 @@ def test_secrets_are_read_at_use(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         read_secret(None, tmp_path / "missing")
     assert "from-a-file" not in str(caught.value)
     assert read_secret(None, None) is None
+
+
+def test_relative_file_paths_are_the_config_folders(tmp_path: Path) -> None:
+    """A sink's file paths, relative, are made absolute against the config file's folder (the
+    sink worker that reads them runs elsewhere); absolute ones and URLs are left as they are."""
+    sinks = SINKS.validate_python([
+        {"name": "lines", "kind": "file", "path": "events/answers.jsonl"},
+        {"name": "broker", "kind": "mqtt", "url": "mqtts://broker.example:8883",
+         "username": "cams", "password_file": "secrets/mqtt", "ca_file": "/etc/ssl/ca.pem"},
+        {"name": "hook", "kind": "webhook", "url": "https://hooks.example/in",
+         "secret_file": "../hook-secret"},
+    ])  # fmt: skip
+    lines, broker, hook = (s.resolved(tmp_path / "conf") for s in sinks)
+    assert lines.path == (tmp_path / "conf" / "events" / "answers.jsonl").resolve()
+    assert broker.password_file == (tmp_path / "conf" / "secrets" / "mqtt").resolve()
+    assert broker.ca_file == Path("/etc/ssl/ca.pem")
+    assert broker.url == "mqtts://broker.example:8883"
+    assert hook.secret_file == (tmp_path / "hook-secret").resolve()
+    assert sinks[0].resolved(tmp_path) == sinks[0].resolved(tmp_path).resolved(Path("/other"))
