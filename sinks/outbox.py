@@ -38,7 +38,6 @@ another writer's short transaction. One connection per ``Outbox``, serialised by
 from __future__ import annotations
 
 import sqlite3
-import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -48,7 +47,7 @@ import structlog
 
 from duomo.sinks.config import OutboxConfig
 from duomo.sinks.events import Event, event_id, split_id, with_dropped
-from duomo.sinks.wal_database import open_database, read_transaction, write_transaction
+from duomo.sinks.wal_database import WalFile, read_transaction, write_transaction
 
 log = structlog.get_logger("duomo.sinks")
 
@@ -132,34 +131,19 @@ def outbox_path(directory: Path, sink: str) -> Path:
     return Path(directory) / f"{sink}.outbox.db"
 
 
-class Outbox:
+class Outbox(WalFile):
     """The outbox in the SQLite file ``path``, bounded by ``bounds``; ``open()`` before use.
     ``name`` (the sink's) labels its log lines."""
 
+    SCHEMA = _SCHEMA
+    SYNCHRONOUS = "NORMAL"
+    WHAT = "outbox"
+
     def __init__(self, path: Path, bounds: OutboxConfig, name: str = "") -> None:
-        self.path = Path(path)
+        super().__init__(path)
         self.bounds = bounds
         self.name = name or self.path.name
-        self._conn: sqlite3.Connection | None = None
-        self._lock = threading.Lock()
         self._turn = 0  # which active source leads the next batch
-
-    def open(self) -> Outbox:
-        """Open (creating) the file; ``sqlite3.Error`` or ``OSError`` if it cannot be."""
-        self._conn = open_database(self.path, _SCHEMA, synchronous="NORMAL")
-        return self
-
-    def close(self) -> None:
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
-
-    def __enter__(self) -> Outbox:
-        return self.open()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- the producers' side ------------------------------------------------------------------
 
@@ -363,8 +347,3 @@ class Outbox:
                 max_mb=self.bounds.max_mb,
                 max_age_s=self.bounds.max_age_s,
             )
-
-    def _connection(self) -> sqlite3.Connection:
-        if self._conn is None:
-            raise RuntimeError(f"the outbox {self.path} is not open")
-        return self._conn

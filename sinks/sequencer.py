@@ -19,41 +19,19 @@ serialised by its lock: threads may share one.
 
 from __future__ import annotations
 
-import sqlite3
-import threading
-from pathlib import Path
-
-from duomo.sinks.wal_database import open_database, write_transaction
+from duomo.sinks.wal_database import WalFile, write_transaction
 
 FILE_NAME = "sequence.db"
 
 _SCHEMA = ("CREATE TABLE IF NOT EXISTS seqs (source TEXT PRIMARY KEY, last INTEGER NOT NULL)",)
 
 
-class Sequencer:
+class Sequencer(WalFile):
     """The seqs of every source, in the SQLite file ``path``; ``open()`` before use."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-        self._conn: sqlite3.Connection | None = None
-        self._lock = threading.Lock()
-
-    def open(self) -> Sequencer:
-        """Open (creating) the file; ``sqlite3.Error`` or ``OSError`` if it cannot be."""
-        self._conn = open_database(self.path, _SCHEMA, synchronous="FULL")
-        return self
-
-    def close(self) -> None:
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
-
-    def __enter__(self) -> Sequencer:
-        return self.open()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    SCHEMA = _SCHEMA
+    SYNCHRONOUS = "FULL"
+    WHAT = "sequencer"
 
     def next(self, source: str, count: int = 1) -> int:
         """The first of ``count`` new contiguous seqs of ``source`` (the first ever is 1),
@@ -77,8 +55,3 @@ class Sequencer:
                 .fetchone()
             )
         return int(row[0]) if row else 0
-
-    def _connection(self) -> sqlite3.Connection:
-        if self._conn is None:
-            raise RuntimeError("the sequencer is not open")
-        return self._conn

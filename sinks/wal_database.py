@@ -9,8 +9,8 @@ locked" when it upgrades a read lock. A committed transaction survives the proce
 killed (its pages are in the WAL, which the next opener recovers); ``synchronous`` says what a
 power loss may undo (NORMAL: the last commits; FULL: nothing committed).
 
-Used by ``sinks.outbox`` (``Outbox``) and ``sinks.sequencer`` (``Sequencer``); one connection
-per object, serialised by that object's lock.
+Used by ``sinks.outbox`` (``Outbox``) and ``sinks.sequencer`` (``Sequencer``), each a
+``WalFile``: one connection per object, serialised by that object's lock.
 """
 
 from __future__ import annotations
@@ -18,15 +18,17 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
-BUSY_TIMEOUT_S = 30.0  # how long a writer waits for another process's transaction
+BUSY_TIMEOUT_S = 30.0
+Synchronous = Literal["NORMAL", "FULL"]  # how long a writer waits for another process's transaction
 
 
 def open_database(
-    path: Path, schema: tuple[str, ...], synchronous: Literal["NORMAL", "FULL"]
+    path: Path, schema: tuple[str, ...], synchronous: Synchronous
 ) -> sqlite3.Connection:
     """A connection to ``path`` (created 0600 in an existing or new folder) in WAL mode with
     ``schema``'s statements applied (each ``CREATE … IF NOT EXISTS``, so any number of
@@ -72,3 +74,44 @@ def read_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
         yield conn
     finally:
         conn.execute("COMMIT")
+
+
+WalFileT = TypeVar("WalFileT", bound="WalFile")
+
+
+class WalFile:
+    """One process's connection to one of these files: opened (``open``, or a ``with`` block)
+    with the subclass's ``SCHEMA`` and ``SYNCHRONOUS``, closed by ``close``; ``_lock``
+    serialises its use, ``_connection()`` is it (RuntimeError naming ``WHAT`` when not open).
+    The base of ``Outbox`` and ``Sequencer``."""
+
+    SCHEMA: tuple[str, ...] = ()
+    SYNCHRONOUS: Synchronous = "NORMAL"
+    WHAT = "file"
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._conn: sqlite3.Connection | None = None
+        self._lock = threading.Lock()
+
+    def open(self: WalFileT) -> WalFileT:
+        """Open (creating) the file; ``sqlite3.Error`` or ``OSError`` if it cannot be."""
+        self._conn = open_database(self.path, self.SCHEMA, synchronous=self.SYNCHRONOUS)
+        return self
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def __enter__(self: WalFileT) -> WalFileT:
+        return self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise RuntimeError(f"the {self.WHAT} {self.path} is not open")
+        return self._conn

@@ -361,7 +361,9 @@ def play_through_an_outage(delivery: SinkDelivery, producer: Producer, broker: B
         poll(lambda: time.monotonic() - stopped_at >= 3.0, timeout_s=10)
         during = delivery.status()
         assert during.pending_events > 20, during
-        assert producer.slowest_append_s < 1.0  # the producers never waited on the broker
+        # the producers never waited on the broker: one that did would have waited the whole
+        # outage (3 s and more); the bound leaves room for a loaded machine's slow fsync
+        assert producer.slowest_append_s < 2.5, producer.slowest_append_s
         broker.start()
         poll(lambda: delivery.status().state == "connected", timeout_s=10)
     finally:
@@ -515,12 +517,14 @@ class ReceiverHandler(BaseHTTPRequestHandler):
         pass
 
 
-def test_webhook_signs_retries_a_503_and_drops_what_is_refused_for_good(
-    folder: Path, delivering: Any, tmp_path: Path
-) -> None:
+def _webhook_delivers(
+    receiver: Receiver, delivering: Any, tmp_path: Path, source: str, events: int
+) -> Any:
+    """``events`` events of ``source`` through a webhook sink signed with the receiver's secret
+    (read from a file), the receiver serving meanwhile, until the outbox is empty; the sink's
+    delivery."""
     secret_file = tmp_path / "hook-secret"
-    secret_file.write_text("hook-secret\n")
-    receiver = Receiver("hook-secret", refuse={"gate-1:7"})
+    secret_file.write_text(f"{receiver.secret}\n")
     serving = threading.Thread(target=receiver.serve_forever, daemon=True)
     serving.start()
     try:
@@ -530,11 +534,19 @@ def test_webhook_signs_retries_a_503_and_drops_what_is_refused_for_good(
             secret_file=secret_file, timeout_s=5,
         )  # fmt: skip
         delivery, producer = delivering(sink)
-        producer.emit("gate-1", 20)
-        poll(lambda: delivery.status().pending_events == 0, timeout_s=15)
+        producer.emit(source, events)
+        poll(lambda: delivery.status().pending_events == 0, timeout_s=30)
     finally:
         receiver.shutdown()
         receiver.server_close()
+    return delivery
+
+
+def test_webhook_signs_retries_a_503_and_drops_what_is_refused_for_good(
+    folder: Path, delivering: Any, tmp_path: Path
+) -> None:
+    receiver = Receiver("hook-secret", refuse={"gate-1:7"})
+    delivery = _webhook_delivers(receiver, delivering, tmp_path, "gate-1", 20)
     assert receiver.accepted == [f"gate-1:{seq}" for seq in range(1, 21) if seq != 7]
     assert receiver.requests == 21  # the 503'd event once more, the 400'd one once
     assert all(receiver.signatures_ok) and len(receiver.signatures_ok) == 21
@@ -546,23 +558,8 @@ def test_webhook_signs_retries_a_503_and_drops_what_is_refused_for_good(
 def test_a_webhook_that_fails_half_its_requests_still_gets_every_event_once_signed(
     folder: Path, delivering: Any, tmp_path: Path
 ) -> None:
-    secret_file = tmp_path / "hook-secret"
-    secret_file.write_text("hook-secret\n")
     receiver = Receiver("hook-secret", refuse=set(), fail_every=2)
-    serving = threading.Thread(target=receiver.serve_forever, daemon=True)
-    serving.start()
-    try:
-        sink = WebhookSinkConfig(
-            name="flaky", kind="webhook",
-            url=f"http://127.0.0.1:{receiver.server_address[1]}/hook",
-            secret_file=secret_file, timeout_s=5,
-        )  # fmt: skip
-        delivery, producer = delivering(sink)
-        producer.emit("gate-2", 20)
-        poll(lambda: delivery.status().pending_events == 0, timeout_s=30)
-    finally:
-        receiver.shutdown()
-        receiver.server_close()
+    delivery = _webhook_delivers(receiver, delivering, tmp_path, "gate-2", 20)
     # every event once, in seq order, though every other request was answered 500
     # (requests 200, 500, 200, 500, …: each event but the first is refused once, then taken)
     assert receiver.accepted == [f"gate-2:{seq}" for seq in range(1, 21)]
