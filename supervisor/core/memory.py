@@ -17,7 +17,9 @@ time the work buffer it shares with the device's other models. A device is charg
 once, at its size, whatever the number of models using it; a model alone is charged its own
 memory (activations, buffers) plus its part of every share it uses (``charged_alone``: a copy
 of weights whole, of a shared work buffer its own work), and evicting it frees its own memory
-and the shares no other loaded model uses.
+and the shares no other loaded model uses. A share is charged at its size now while its model is
+loaded (read from its sessions, not frozen at the load): a gallery's matrix is its weights, and it
+grows and shrinks as identities are enrolled and removed while it serves.
 After an unload the C heap is trimmed (``malloc_trim``), so freed model memory goes back to the
 system instead of staying resident. ``tune_heap`` (called once by the supervisor process, and by
 the benchmark's in-process mode, before any thread starts) bounds glibc's heap so freed request
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import structlog
@@ -135,6 +137,18 @@ def tune_heap() -> None:
     set_malloc_options({M_ARENA_MAX: HEAP_ARENAS, M_MMAP_THRESHOLD: HEAP_MMAP_THRESHOLD})
 
 
+def _shares_of(model: ServedModel) -> list[MemoryShare]:
+    """The shared memory its loaded sessions use (copies of weights, work buffers), as they
+    say now."""
+    return [
+        share
+        for on in model.instances.sessions_by_device().values()
+        for session in on
+        for share in (session.memory.weights, session.memory.shared_work)
+        if share is not None
+    ]
+
+
 def choose_victims(residents: Iterable[Resident], need_bytes: int) -> list[Resident] | None:
     """The least recently used idle evictable models whose bytes together cover
     ``need_bytes``, or None if all of them together do not."""
@@ -211,7 +225,7 @@ class MemoryLedger:
         ``held`` there (``shares_held``): its copy of weights, or a shared work buffer large
         enough to join (the buffer its last load used may be gone, another in its place); its
         ``budget`` before its first."""
-        found = self.footprints.get(name)
+        found = self._found(name)
         if found is None:
             return budget or 0
         held = held or {}
@@ -236,6 +250,19 @@ class MemoryLedger:
             return self.model_budget(self.loaded.models.get(name)) or 0
         return found.charged_on(device, self._kind(device))
 
+    def _found(self, name: str) -> Footprint | None:
+        """``name``'s largest measured footprint, with the shares it uses at their size now
+        while it is loaded: a share may grow or shrink as the model serves (a gallery's matrix,
+        ``worker.galleries.session``), and the model is charged what it holds. Not stored:
+        ``record`` alone writes the footprints."""
+        found = self.footprints.get(name)
+        model = self.models.get(name)
+        if found is None or model is None or not model.holds_memory:
+            return found
+        live = {share.key: share for share in _shares_of(model)}
+        shares = tuple(live.get(share.key, share) for share in found.shares)
+        return found if shares == found.shares else replace(found, shares=shares)
+
     def _kind(self, device: int) -> str:
         return self.loaded.config.device(device).kind
 
@@ -257,7 +284,7 @@ class MemoryLedger:
         held: dict[str, tuple[MemoryShare, list[str]]] = {}
         kind = self._kind(device)
         for name in self._loaded_on(device, without):
-            found = self.footprints.get(name)
+            found = self._found(name)
             for share in found.shares_on(device, kind) if found else ():
                 held.setdefault(share.key, (share, []))[1].append(name)
         return held
@@ -295,13 +322,7 @@ class MemoryLedger:
         measured from now on."""
         name = model.spec.name
         sessions = model.instances.sessions_by_device()
-        shares = {
-            share.key: share
-            for on in sessions.values()
-            for s in on
-            for share in (s.memory.weights, s.memory.shared_work)
-            if share is not None
-        }
+        shares = {share.key: share for share in _shares_of(model)}
         before = set(held)
         made = sum(w.nbytes for k, w in shares.items() if k not in before and not w.on_device)
         footprint = Footprint(
@@ -383,14 +404,14 @@ class MemoryLedger:
     def weights_bytes(self, name: str, device: int) -> int:
         """The copies of weights ``name`` uses on ``device``, in full (the part of its charge
         that is weights)."""
-        found = self.footprints.get(name)
+        found = self._found(name)
         shares = found.shares_on(device, self._kind(device)) if found else ()
         return sum(w.nbytes for w in shares if w.kind == "weights")
 
     def weights_of(self, name: str) -> tuple[WeightCopy, ...]:
         """The copies of weights ``name`` uses, as ``status`` shows them: file, device, bytes,
         and the other loaded models that use the same copy."""
-        found = self.footprints.get(name)
+        found = self._found(name)
         shown = []
         for share in found.weights if found else ():
             held = self.weights_held(share.device).get(share.key)

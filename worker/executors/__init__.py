@@ -38,6 +38,7 @@ BUILTIN_TASKS = {
     "ocr_reading": "duomo.worker.executors.ocr_stages:OcrReadingExecutor",
     "face_embedding": "duomo.worker.executors.face_embedding:FaceEmbeddingExecutor",
     "face_attributes": "duomo.worker.executors.face_attributes:FaceAttributesExecutor",
+    "gallery": "duomo.worker.executors.gallery:GalleryExecutor",
 }
 DUOMO_PACKAGES = frozenset({"duomo", "tools"})  # never re-imported
 
