@@ -32,6 +32,9 @@ mixed load, ``tools.bench.mixed_load``:
    MQTT and one Redis sink sustain (events per second, CPU per thousand events, appending and
    publishing) to a local mosquitto and redis-server; then ``tools.bench.sink_cameras``: N
    cameras into ``faces`` with sinks on against off (answered/s, the delay to acknowledgement).
+9. **galleries** (``--galleries``, or ``--galleries-only`` without 1–3) —
+   ``tools.bench.galleries``: a gallery model at 1 000, 100 000 and 1 000 000 identities: search
+   time per query at batch 1 and 8, memory per identity, load time, enrolment rate.
 
 Run as ``python -m tools.bench.run`` from the checkout, which is what ``duomo bench`` does
 (``supervisor.operators.cli.run_bench``), with ``BENCH_CALLER_DIR_ENV`` set to the directory it
@@ -158,6 +161,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--sink-window", type=float, default=15.0,
         help="seconds measured in each camera trial of the sinks part (default 15)",
     )  # fmt: skip
+    # the galleries benchmark (issue 47: tools.bench.galleries), after the rest or alone
+    _part_flags(
+        parser, "galleries",
+        "then the galleries benchmark: search time, memory and enrolment at 1k, 100k, 1M",
+        "only the galleries benchmark",
+    )  # fmt: skip
+    parser.add_argument(
+        "--gallery-sizes", default="1000,100000,1000000",
+        help="comma-separated gallery sizes, identities (default 1000,100000,1000000)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--gallery-seconds", type=float, default=3.0,
+        help="seconds of searches at each batch size (default 3)",
+    )  # fmt: skip
     # the shared-weights benchmark (issue 36: tools.bench.sharing), after the rest or alone
     _part_flags(
         parser, "sharing",
@@ -222,8 +239,17 @@ def bench(args: argparse.Namespace) -> int:
         print("duomo bench: --sink-events ≥ 1, --sink-cameras ≥ 0, --sink-window > 0",
               file=sys.stderr)  # fmt: skip
         return 2
+    galleries = args.galleries or args.galleries_only
+    try:
+        gallery_sizes = tuple(int(n) for n in args.gallery_sizes.split(","))
+    except ValueError:
+        gallery_sizes = ()
+    if galleries and (not gallery_sizes or min(gallery_sizes) < 8 or args.gallery_seconds <= 0):
+        print("duomo bench: --gallery-sizes: numbers of at least 8; --gallery-seconds > 0",
+              file=sys.stderr)  # fmt: skip
+        return 2
     only = (args.cameras_only, args.pipelines_only, args.sharing_only, args.fleet_only,
-            args.sinks_only)  # fmt: skip
+            args.sinks_only, args.galleries_only)  # fmt: skip
     if not any(only):
         report = bench_mixed_load(workload, out, args.workload)
         alone = report["alone"]
@@ -252,6 +278,10 @@ def bench(args: argparse.Namespace) -> int:
         from tools.bench.sinks import bench_sinks
 
         print(bench_sinks(out, args.sink_events, args.sink_cameras, args.sink_window))
+    if galleries:
+        from tools.bench.galleries import bench_galleries
+
+        print(bench_galleries(out, gallery_sizes, args.gallery_seconds))
     print(f"duomo bench: report in {out}", file=sys.stderr)
     return 0
 
