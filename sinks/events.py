@@ -36,9 +36,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-import numpy as np
 import orjson
 
+from duomo.ipc.json_values import json_default
 from duomo.ipc.stream_records import FrameTime
 
 EventKind = Literal["answer", "object_appeared", "object_updated", "object_left"]
@@ -148,7 +148,7 @@ class Event:
 
     def encode(self) -> bytes:
         """The JSON bytes a sink delivers (numpy arrays as nested lists)."""
-        return orjson.dumps(self.to_json(), default=_json_default, option=_OPTIONS)
+        return orjson.dumps(self.to_json(), default=json_default, option=_OPTIONS)
 
 
 def event_id(source: str, seq: int) -> str:
@@ -179,12 +179,3 @@ def decode_event(body: bytes | str) -> dict[str, Any]:
     if not isinstance(decoded, dict) or "id" not in decoded:
         raise ValueError("not an event")
     return decoded
-
-
-def _json_default(value: object) -> object:
-    # arrays orjson does not take itself (not C-contiguous, float16, objects)
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, np.generic):
-        return value.item()
-    raise TypeError(f"{type(value).__name__} is not JSON serialisable")

@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
-import numpy as np
+from duomo.ipc.json_values import json_default
 
 if TYPE_CHECKING:
     from duomo.ipc.stream import StreamAnswer
@@ -61,13 +61,4 @@ class AnswerLines:
 def answer_line(answer: StreamAnswer) -> str:
     """``answer`` as its JSON line (without the newline): the contract of ``duomo stream --out``
     and ``duomo source tail``."""
-    return json.dumps(answer.to_json(), ensure_ascii=False, default=_json_default)
-
-
-def _json_default(value: object) -> object:
-    """Raw models answer numpy arrays; JSON gets nested lists (as ``duomo infer --json``)."""
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, np.generic):
-        return value.item()
-    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+    return json.dumps(answer.to_json(), ensure_ascii=False, default=json_default)

@@ -27,8 +27,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 import duomo
 from duomo.ipc.client import Client
 from duomo.ipc.command_line import (
@@ -39,6 +37,7 @@ from duomo.ipc.command_line import (
     exit_code,
 )
 from duomo.ipc.errors import DuomoError, ErrorCode, NotFoundError
+from duomo.ipc.json_values import json_default
 from duomo.ipc.logs import LEVELS, configure_logging
 from duomo.ipc.runtime_dir import default_socket_path
 from duomo.ipc.status_records import ModelStatus
@@ -358,17 +357,10 @@ def cmd_stream(args: argparse.Namespace) -> int:
     return run(args)
 
 
-def _json_default(value: object) -> object:
-    """Raw results carry numpy arrays; JSON gets them as nested lists."""
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
-
-
 def _print_result(path: str, model: str, result: dict[str, Any], as_json: bool) -> None:
     if as_json:
         row = {"image": path, "model": model, "result": result}
-        print(json.dumps(row, ensure_ascii=False, default=_json_default))
+        print(json.dumps(row, ensure_ascii=False, default=json_default))
         return
     print(f"{path} [{model}]")
     if "top" in result:
