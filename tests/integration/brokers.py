@@ -13,71 +13,21 @@ TOOLS and PACKAGES).
 from __future__ import annotations
 
 import contextlib
-import os
-import socket
 import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.conftest import poll, require_tool
+from tests.conftest import require_tool
 from tests.integration.harness import free_port
-
-READY_TIMEOUT_S = 15.0
-
-
-def _program(name: str, package: str) -> str:
-    # Debian installs mosquitto in /usr/sbin, which a user's PATH may lack
-    beside = Path("/usr/sbin") / name
-    if os.access(beside, os.X_OK):
-        return str(beside)
-    return require_tool(name, f"the sink tests run a real broker (apt-get install {package})")
+from tools.bench.brokers import Broker, find_program
 
 
-@dataclass
-class Broker:
-    """A broker process on ``port`` (``command`` starts it; its output goes to ``log``)."""
-
-    name: str
-    port: int
-    command: list[str]
-    log: Path
-    process: subprocess.Popen[bytes] | None = field(default=None, init=False)
-
-    def start(self) -> None:
-        with self.log.open("ab") as out:
-            self.process = subprocess.Popen(
-                self.command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-            )
-        try:
-            poll(self._listening, timeout_s=READY_TIMEOUT_S)
-        except AssertionError:
-            self.stop()
-            raise AssertionError(
-                f"{self.name} did not listen: {self.log.read_text()[-2000:]}"
-            ) from None
-
-    def stop(self) -> None:
-        """Stop it as its service would (SIGTERM: redis-server writes its AOF on the way)."""
-        process, self.process = self.process, None
-        if process is None:
-            return
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-    def _listening(self) -> bool:
-        if self.process is None or self.process.poll() is not None:
-            raise AssertionError(f"{self.name} exited: {self.log.read_text()[-2000:]}")
-        with (
-            contextlib.suppress(OSError),
-            socket.create_connection(("127.0.0.1", self.port), timeout=0.5),
-        ):
-            return True
-        return False
+def broker_program(name: str, package: str) -> str:
+    """The broker program's path; without it the test skips (fails with CI=true)."""
+    try:
+        return find_program(name, package)
+    except RuntimeError:
+        return require_tool(name, f"the sink tests run a real broker (apt-get install {package})")
 
 
 @contextlib.contextmanager
@@ -90,8 +40,8 @@ def running_mosquitto(
     """mosquitto on a free port, accepting only ``users`` (name: password). ``durable``: the
     sessions and their queued messages saved when it stops and loaded when it starts again.
     ``tls``: (certificate, key): the port speaks TLS only."""
-    program = _program("mosquitto", "mosquitto")
-    passwd_tool = _program("mosquitto_passwd", "mosquitto")
+    program = broker_program("mosquitto", "mosquitto")
+    passwd_tool = broker_program("mosquitto_passwd", "mosquitto")
     folder.mkdir(parents=True, exist_ok=True)
     passwords = folder / "passwd"
     for n, (user, password) in enumerate(users.items()):
@@ -152,7 +102,7 @@ def running_redis(
     """redis-server on a free port (with ``requirepass`` when ``password`` is given). A stream
     node holds 5 entries, so an approximate MAXLEN trims close to its bound. ``durable``: an
     append-only file written at every command, so what it acknowledged survives a restart."""
-    program = _program("redis-server", "redis-server")
+    program = broker_program("redis-server", "redis-server")
     folder.mkdir(parents=True, exist_ok=True)
     port = free_port()
     config = folder / "redis.conf"

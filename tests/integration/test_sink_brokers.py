@@ -38,12 +38,8 @@ from duomo.sinks.events import Event, TrackedObject, decode_event
 from duomo.sinks.outbox import Outbox, outbox_path
 from duomo.sinks.sequencer import FILE_NAME, Sequencer
 from tests.conftest import poll
-from tests.integration.brokers import (
-    Broker,
-    running_mosquitto,
-    running_redis,
-    self_signed_certificate,
-)
+from tests.integration.brokers import running_mosquitto, running_redis, self_signed_certificate
+from tools.bench.brokers import Broker
 
 FAST = DeliveryTiming(
     batch_limit=64,

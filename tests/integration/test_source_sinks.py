@@ -35,7 +35,7 @@ import yaml
 
 from duomo.sinks.events import decode_event
 from tests.conftest import DEMO_CONFIG, fixture_image, poll
-from tests.integration.brokers import Broker, running_mosquitto, running_redis
+from tests.integration.brokers import running_mosquitto, running_redis
 from tests.integration.harness import (
     SupervisorProcess,
     duomo,
@@ -45,6 +45,7 @@ from tests.integration.harness import (
 )
 from tests.integration.test_sink_brokers import Subscriber
 from tests.integration.video_fixtures import camera_sim, require_camera_sim
+from tools.bench.brokers import Broker
 
 pytestmark = pytest.mark.integration
 

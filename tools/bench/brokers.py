@@ -16,13 +16,64 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 
+from tools.bench.servers import free_port
+
 READY_TIMEOUT_S = 15.0
 PROGRAMS = {"mqtt": ("mosquitto", "mosquitto"), "redis": ("redis-server", "redis-server")}
+
+
+@dataclass
+class Broker:
+    """A broker process on ``port`` (``command`` starts it; its output goes to ``log``), which
+    may be stopped and started again on the same port (an outage). Used by ``running_broker``
+    and by the sink tests' brokers (``tests/integration/brokers.py``)."""
+
+    name: str
+    port: int
+    command: list[str]
+    log: Path
+    process: subprocess.Popen[bytes] | None = field(default=None, init=False)
+
+    def start(self) -> None:
+        """Start it and wait until it listens; RuntimeError with its log's tail if it does
+        not within ``READY_TIMEOUT_S``."""
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(
+                self.command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not self._listening():
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"{self.name} did not listen: {self._log_tail()}")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        """Stop it as its service would (SIGTERM: redis-server writes its AOF on the way)."""
+        process, self.process = self.process, None
+        if process is None:
+            return
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+    def _listening(self) -> bool:
+        if self.process is None or self.process.poll() is not None:
+            raise RuntimeError(f"{self.name} exited: {self._log_tail()}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 0.5):
+            return True
+        return False
+
+    def _log_tail(self) -> str:
+        return self.log.read_text(errors="replace")[-2000:]
 
 
 @dataclass(frozen=True)
@@ -35,28 +86,12 @@ class LocalBroker:
 
 
 def find_program(name: str, package: str) -> str:
-    """The program's path (Debian puts mosquitto in /usr/sbin, which a PATH may lack)."""
+    """The program's path (Debian puts mosquitto in /usr/sbin, which a PATH may lack);
+    RuntimeError naming the package when it is not installed."""
     for candidate in (shutil.which(name), f"/usr/sbin/{name}"):
         if candidate and Path(candidate).exists():
             return candidate
-    raise RuntimeError(f"duomo bench --sinks needs {name}: apt-get install {package}")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_listening(process: subprocess.Popen[bytes], port: int, log: Path) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the broker exited: {log.read_text()[-2000:]}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"the broker did not listen on {port}: {log.read_text()[-2000:]}")
+    raise RuntimeError(f"{name} is not installed: apt-get install {package}")
 
 
 @contextlib.contextmanager
@@ -64,8 +99,7 @@ def running_broker(kind: str, folder: Path) -> Iterator[LocalBroker]:
     """A broker of ``kind`` ("mqtt": mosquitto, "redis": redis-server) in ``folder``."""
     program = find_program(*PROGRAMS[kind])
     folder.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
-    log = folder / f"{kind}.log"
+    port = free_port()
     if kind == "mqtt":
         config = folder / "mosquitto.conf"
         config.write_text(
@@ -77,15 +111,10 @@ def running_broker(kind: str, folder: Path) -> Iterator[LocalBroker]:
         command = [program, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                    "--appendonly", "no", "--dir", str(folder)]  # fmt: skip
         url = f"redis://127.0.0.1:{port}/0"
-    with log.open("ab") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    broker = Broker(PROGRAMS[kind][0], port, command, folder / f"{kind}.log")
+    broker.start()
     try:
-        _wait_listening(process, port, log)
-        yield LocalBroker(kind, url, psutil.Process(process.pid))
+        assert broker.process is not None
+        yield LocalBroker(kind, url, psutil.Process(broker.process.pid))
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        broker.stop()
