@@ -23,12 +23,14 @@ The clip is ``tools.bench.camera_clip``'s (cached under ``.bench/clips``). Calle
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -60,7 +62,8 @@ def _log(message: str) -> None:
     print(f"duomo bench: fleet: {message}", file=sys.stderr, flush=True)
 
 
-def _duomo(*args: str, timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:
+def duomo(*args: str, timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:
+    """``duomo ARGS`` from the checkout, its output captured."""
     return subprocess.run(
         [sys.executable, "-m", "duomo.supervisor", *args],
         capture_output=True, text=True, timeout=timeout_s, cwd=ROOT,
@@ -87,11 +90,25 @@ class CameraSim:
         self.process.wait(30)
 
 
-def _sources(socket: Path) -> list[dict[str, Any]]:
-    done = _duomo("source", "list", "--json", "--socket", str(socket))
+def source_list(socket: Path) -> list[dict[str, Any]]:
+    """``duomo source list --json`` of the supervisor on ``socket``."""
+    done = duomo("source", "list", "--json", "--socket", str(socket))
     if done.returncode != 0:
         raise RuntimeError(f"duomo source list: {done.stderr}")
     return list(json.loads(done.stdout))
+
+
+@contextlib.contextmanager
+def serving(config: Path, socket: Path) -> Iterator[None]:
+    """A supervisor started on ``config`` at ``socket`` (``duomo start``), stopped at the end
+    (also ``tools.bench.sink_cameras``'s)."""
+    started = duomo("start", "-c", str(config), "--socket", str(socket), timeout_s=300)
+    if started.returncode != 0:
+        raise RuntimeError(f"duomo start: {started.stdout}{started.stderr}")
+    try:
+        yield
+    finally:
+        duomo("stop", "--socket", str(socket), timeout_s=120)
 
 
 def _worker_cpu_s(pids: set[int]) -> float:
@@ -114,19 +131,14 @@ def trial(url: str, n: int, slots: int, settings: FleetSettings, workdir: Path) 
         raw["models"][0].update(max_batch=settings.max_batch, max_delay_ms=0)
     config.write_text(yaml.safe_dump(raw))
     socket = workdir / "d.sock"
-    started = _duomo("start", "-c", str(config), "--socket", str(socket), timeout_s=300)
-    if started.returncode != 0:
-        raise RuntimeError(f"duomo start: {started.stdout}{started.stderr}")
-    try:
+    with serving(config, socket):
         time.sleep(settings.warmup_s)
-        before = {s["name"]: s for s in _sources(socket)}
+        before = {s["name"]: s for s in source_list(socket)}
         pids = {s["worker"] for s in before.values() if s["worker"] is not None}
         cpu_before = _worker_cpu_s(pids)
         time.sleep(settings.window_s)
         cpu_s = _worker_cpu_s(pids) - cpu_before
-        after = {s["name"]: s for s in _sources(socket)}
-    finally:
-        _duomo("stop", "--socket", str(socket), timeout_s=120)
+        after = {s["name"]: s for s in source_list(socket)}
     decoded = sum(after[n]["decoded"] - before[n]["decoded"] for n in after)
     answers = {n: after[n]["answered"] - before[n]["answered"] for n in after}
     answered = sum(answers.values())

@@ -28,7 +28,7 @@ import yaml
 
 from tools.bench.brokers import running_broker
 from tools.bench.camera_clip import make_clip
-from tools.bench.fleet import CLIPS, FPS, CameraSim, _duomo, _sources
+from tools.bench.fleet import CLIPS, FPS, CameraSim, duomo, serving, source_list
 from tools.bench.servers import supervisor_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,7 +46,7 @@ class SinkCameraSettings:
 
 
 def _sinks(socket: Path) -> dict[str, dict[str, Any]]:
-    done = _duomo("status", "--json", "--socket", str(socket))
+    done = duomo("status", "--json", "--socket", str(socket))
     if done.returncode != 0:
         raise RuntimeError(f"duomo status: {done.stderr}")
     return {s["name"]: s for s in json.loads(done.stdout).get("sinks", [])}
@@ -67,18 +67,13 @@ def trial(
             source.update(sinks=list(brokers), emit="both")
     config.write_text(yaml.safe_dump(raw))
     socket = workdir / "d.sock"
-    started = _duomo("start", "-c", str(config), "--socket", str(socket), timeout_s=300)
-    if started.returncode != 0:
-        raise RuntimeError(f"duomo start: {started.stdout}{started.stderr}")
-    try:
+    with serving(config, socket):
         time.sleep(settings.warmup_s)
-        before = {s["name"]: s for s in _sources(socket)}
+        before = {s["name"]: s for s in source_list(socket)}
         sinks_before = _sinks(socket) if on else {}
         time.sleep(settings.window_s)
-        after = {s["name"]: s for s in _sources(socket)}
+        after = {s["name"]: s for s in source_list(socket)}
         sinks_after = _sinks(socket) if on else {}
-    finally:
-        _duomo("stop", "--socket", str(socket), timeout_s=120)
     window = settings.window_s
     answered = sum(after[n]["answered"] - before[n]["answered"] for n in names)
     sinks = {
