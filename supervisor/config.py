@@ -432,7 +432,7 @@ def _resolve_models(
             continue
         for role, file in roles.items():
             resolved = (root / file).resolve()
-            if not resolved.is_file():
+            if not resolved.is_file() and not (executor.data_file and not resolved.exists()):
                 field = f"{where}.files.{role}" if key == "files" else f"{where}.file"
                 if model.backend == "acl" and resolved.suffix == ".om":
                     problems.append((field, f"{UNBUILT_OM}: {resolved} (tools/atc_convert.py)"))

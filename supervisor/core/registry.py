@@ -177,10 +177,13 @@ class ModelRegistry:
 
 def _signature(resolved: ResolvedModel) -> tuple[Any, ...]:
     """What a model was built from: its entry, its executor class and its files' sizes and
-    times. A user's executor module whose file changed is imported again by the config loader
-    (``resolve_executor``), so its class is a new object and the model a changed one."""
+    times (a data file's, a gallery's, not: it serves its changes itself). A user's executor
+    module whose file changed is imported again by the config loader (``resolve_executor``),
+    so its class is a new object and the model a changed one."""
 
     def stamp(path: Path) -> tuple[int, int]:
+        if resolved.executor.data_file:
+            return (0, 0)
         try:
             st = path.stat()
         except OSError:

@@ -15,6 +15,9 @@ pipeline does at run time is ``supervisor.dataflow.pipelines``'.
             model: face_embedding
             for_each: {step: detect, input: landmarks, min_score: 0.5, largest: 8}
             reinfer_every: 5                     # reuse a tracked face's embedding 5 frames
+          - name: identity
+            model: people                        # a gallery: the embedding in, a name out
+            for_each: {step: embedding, input: result}
 """
 
 from __future__ import annotations
@@ -36,10 +39,12 @@ class ForEach(StrictModel):
     of its size on each side and resized to ``resize`` [width, height] if set; ``landmarks``:
     the frame and the object's landmarks, for a task that aligns them itself; ``quad``: the
     frame and the object's box as four corner points, for a task that warps the quadrilateral
-    itself (a text line))."""
+    itself (a text line); ``result``: the result of ``step``, itself an earlier per-object step,
+    on the object — the step runs on each object that one answered (an embedding, for a
+    gallery to name))."""
 
     step: str
-    input: Literal["box", "landmarks", "quad"] = "box"
+    input: Literal["box", "landmarks", "quad", "result"] = "box"
     min_score: float = Field(default=0.0, ge=0.0, le=1.0)
     min_size: float = Field(default=0.0, ge=0.0)  # px, the box's shorter side
     largest: int | None = Field(default=None, ge=1, le=1024)  # the N largest boxes
@@ -182,11 +187,13 @@ def _for_each_problems(
     if order.index(each.step) > order.index(step.name):
         return [(f"{at}.step", f"step {each.step!r} comes later; name an earlier step")]
     if source.for_each is not None:
+        return _result_problems(at, step, tasks)
+    if each.input == "result":
         return [
             (
-                f"{at}.step",
-                f"step {each.step!r} runs per object itself; for_each names a step that runs "
-                "on the whole frame",
+                f"{at}.input",
+                f"step {each.step!r} runs on the whole frame; input: result takes an earlier "
+                "per-object step's result (name that step)",
             )
         ]
     problems = []
@@ -201,12 +208,48 @@ def _for_each_problems(
         )
     mine = tasks.get(step.model)
     takes: frozenset[str] = getattr(mine, "object_inputs", frozenset())
-    if each.input != "box" and mine is not None and each.input not in takes:
+    if mine is not None and takes == {"result"}:
+        problems.append(
+            (
+                f"{at}.input",
+                f"model {step.model!r} takes an earlier step's result, not an image: name a "
+                "per-object step with input: result",
+            )
+        )
+    elif each.input != "box" and mine is not None and each.input not in takes:
         problems.append(
             (
                 f"{at}.input",
                 f"model {step.model!r} takes no {each.input}; use input: box (a crop)",
             )
+        )
+    return problems
+
+
+def _result_problems(
+    at: str, step: StepConfig, tasks: Mapping[str, type | None]
+) -> list[tuple[str, str]]:
+    """A step over an earlier per-object step: it takes that step's result, no image cut."""
+    each = step.for_each
+    assert each is not None
+    if each.input != "result":
+        return [
+            (
+                f"{at}.input",
+                f"step {each.step!r} runs per object; a step over it takes its result "
+                "(input: result)",
+            )
+        ]
+    problems = [
+        (f"{at}.{field}", f"a step over another step's result cuts no image; drop {field}")
+        for field in ("margin", "resize", "largest")
+        if field in each.model_fields_set
+    ]
+    mine = tasks.get(step.model)
+    takes: frozenset[str] = getattr(mine, "object_inputs", frozenset())
+    if mine is not None and "result" not in takes:
+        problems.append(
+            (f"{at}.input", f"model {step.model!r} takes an image, not another step's result")
         )
     return problems
 

@@ -10,7 +10,9 @@ filters becomes a request to that step's model: its payload is a view of the fra
 the slot, cropped to the object's box, or the frame with the object's landmarks (the worker's
 image work: ``worker.executors.object_crops``; here, which objects: ``select``) — nothing goes
 back to the producer between steps, and a second-stage model batches chips of many frames and
-streams together in its own batcher. No step waits for another: a callback queues and returns,
+streams together in its own batcher. A step over a per-object step's result (``input: result``:
+a gallery over the embedding) is queued, per object, when that result is there (made, or
+reused from the track), with the result as its payload. No step waits for another: a callback queues and returns,
 so no worker ever holds its device's compute gate while another step runs.
 
 The answer, given when the last step's request is answered (on that thread): the first step's
@@ -34,7 +36,7 @@ import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import structlog
@@ -98,6 +100,12 @@ class ServedPipeline:
             for s in self._whole
         }
         self._objects_key = {s.name: objects_keys.get(s.model) for s in self._whole}
+        # per per-object step: the steps that take its result (``input: result``)
+        self._after: dict[str, tuple[StepConfig, ...]] = {
+            s.name: tuple(c for c in self.steps if c.for_each and c.for_each.step == s.name)
+            for s in self.steps
+            if s.for_each is not None
+        }
         # the keys per-object steps add to an object, in step order
         self.nested = tuple(s.name for s in self.steps if s.for_each and not s.merge)
         self.stats = ModelStats()
@@ -316,6 +324,15 @@ def select(objects: Sequence[Mapping[str, Any]], each: ForEach) -> list[int]:
     return chosen
 
 
+class _Place(NamedTuple):
+    """Where an object is in its stream: its tracker and track (None: not tracked) and the
+    tracker's frame number."""
+
+    tracker: IouTracker | None
+    track: Track | None
+    frame_no: int
+
+
 class _Run:
     """One pipeline request in flight: the requests it is waiting for, and its answer."""
 
@@ -421,22 +438,27 @@ class _Run:
                 pipeline.count(child.name, skipped=1)
                 continue
             for i in chosen:
-                self._run_on(
-                    child, objects[i], frame, tracker, tracks[i] if tracks else None, frame_no
-                )
+                place = _Place(tracker, tracks[i] if tracks else None, frame_no)
+                self._run_on(child, objects[i], frame, place)
 
-    def _run_on(
-        self,
-        step: StepConfig,
-        item: dict[str, Any],
-        frame: Any,
-        tracker: IouTracker | None,
-        track: Track | None,
-        frame_no: int,
+    def _run_after(
+        self, step: StepConfig, item: dict[str, Any], result: Any, place: _Place
     ) -> None:
-        """Queue ``step`` on one object (or answer it from the object's track)."""
+        """``step`` answered ``item`` with ``result``: queue the steps that take that result."""
+        for child in self.pipeline._after.get(step.name, ()):
+            assert child.for_each is not None
+            if self.request.cancelled or self.error is not None:
+                return
+            if isinstance(result, dict) and select([item], child.for_each):
+                self._run_on(child, item, result, place)
+
+    def _run_on(self, step: StepConfig, item: dict[str, Any], source: Any, place: _Place) -> None:
+        """Queue ``step`` on one object (or answer it from the object's track); ``source``: the
+        frame, or for a step over another per-object step (``input: result``) that one's result
+        on the object."""
         pipeline = self.pipeline
         assert step.for_each is not None
+        tracker, track, frame_no = place
         if track is not None and tracker is not None and step.reuses:
             with tracker.lock:
                 kept = track.kept.get(step.name)
@@ -447,9 +469,13 @@ class _Run:
             if fresh and kept is not None:
                 self._join(step, item, {**kept.result, "reused": True})
                 pipeline.count(step.name, reused=1)
+                self._run_after(step, item, kept.result, place)
                 return
         try:
-            payload = object_payload(frame, item, step.for_each)
+            if step.for_each.input == "result":
+                payload = source  # read, never changed: it is also the object's sub-result
+            else:
+                payload = object_payload(source, item, step.for_each)
         except DuomoError as err:
             item[step.name] = _error_entry(err)
             pipeline.count(step.name, errors=1)
@@ -462,7 +488,7 @@ class _Run:
             payload, _unset, request.priority, request.deadline_s,
             flow=request.flow, weight=request.weight,
         )  # fmt: skip
-        sub.on_done = functools.partial(self._object_done, step, item, keep, sub)
+        sub.on_done = functools.partial(self._object_done, step, item, keep, place, sub)
         with self.lock:
             self.outstanding += 1
         try:
@@ -476,10 +502,12 @@ class _Run:
         step: StepConfig,
         item: dict[str, Any],
         keep: tuple[IouTracker, Track, int, float] | None,
+        place: _Place,
         sub: Request,
         outcome: Outcome,
     ) -> None:
-        """One object's request was answered: its result (or error) joins the object."""
+        """One object's request was answered: its result (or error) joins the object, and the
+        steps over that result are queued."""
         if outcome.error is not None:
             item[step.name] = _error_entry(outcome.error)
             self.pipeline.count(step.name, errors=1)
@@ -491,6 +519,13 @@ class _Run:
                     kept = track.kept.get(step.name)
                     if kept is None or kept.frame <= frame_no:
                         track.kept[step.name] = Kept(outcome.result, frame_no, area)
+            try:
+                self._run_after(step, item, outcome.result, place)
+            except Exception:  # a bug must still answer the frame
+                log.exception("pipeline step failed", pipeline=self.pipeline.name, step=step.name)
+                self.error = InternalError(
+                    f"pipeline {self.pipeline.name!r}: the steps after {step.name!r} failed"
+                )
         if outcome.abandoned:
             with self.lock:
                 self.abandoned.append(sub)

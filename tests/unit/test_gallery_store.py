@@ -46,6 +46,22 @@ def test_a_new_gallery_is_empty_owner_only_and_knows_its_model(tmp_path: Path) -
         GalleryStore.create(path, "sface", 128)
 
 
+def test_a_missing_gallery_is_made_once_whole_and_nothing_else_is_touched(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "deep" / "people.gallery"
+    assert GalleryStore.create_missing(path, "sface", 128) is True
+    assert GalleryStore.create_missing(path, "sface", 128) is False  # there: left as it is
+    with GalleryStore.open(path, "sface", 128) as made:
+        assert made.counts() == (0, 0)
+    assert (path.stat().st_mode & 0o777) == 0o600
+    assert sorted(p.name for p in path.parent.iterdir()) == ["people.gallery"]  # no leftovers
+    other = tmp_path / "notes.txt"
+    other.write_text("not a gallery")
+    assert GalleryStore.create_missing(other, "sface", 128) is False
+    assert other.read_text() == "not a gallery"
+
+
 def test_enrol_list_and_remove(store: GalleryStore) -> None:
     store.add("Ada", unit(1), {"badge": 7})
     store.add("Bo", np.stack([unit(2), 3 * unit(3)]))  # scaled to unit length when stored

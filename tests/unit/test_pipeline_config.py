@@ -23,6 +23,7 @@ MODELS: list[dict[str, Any]] = [
         "files": {"age": "age.onnx", "gender": "gender.onnx"},
     },
     {"name": "classify", "task": "classification", "file": "classify.onnx"},
+    {"name": "people", "task": "gallery", "file": "people.gallery"},  # made at its first load
 ]
 
 
@@ -38,6 +39,11 @@ def embedding(**overrides: Any) -> dict[str, Any]:
 def attributes(**overrides: Any) -> dict[str, Any]:
     each = {"step": "detect", "input": "landmarks"}
     return {"name": "attributes", "model": "face_attributes", "for_each": each, **overrides}
+
+
+def identity(**overrides: Any) -> dict[str, Any]:
+    each = {"step": "embedding", "input": "result"}
+    return {"name": "identity", "model": "people", "for_each": each, **overrides}
 
 
 def faces(*steps: dict[str, Any], **top: Any) -> dict[str, Any]:
@@ -97,8 +103,72 @@ def test_the_demo_shaped_pipeline_loads_with_its_defaults(tmp_path: Path) -> Non
 def test_the_demo_config_declares_the_faces_pipeline() -> None:
     demo = yaml.safe_load(DEMO_CONFIG.read_text())
     (pipeline,) = [p for p in demo["pipelines"] if p["name"] == "faces"]
-    assert [s["model"] for s in pipeline["steps"]] == ["face", "face_embedding", "face_attributes"]
-    assert all(s["for_each"]["input"] == "landmarks" for s in pipeline["steps"][1:])
+    assert [s["model"] for s in pipeline["steps"]] == [
+        "face", "face_embedding", "face_attributes", "people",
+    ]  # fmt: skip
+    assert [s["for_each"]["input"] for s in pipeline["steps"][1:]] == [
+        "landmarks", "landmarks", "result",
+    ]  # fmt: skip
+    (people,) = [m for m in demo["models"] if m["name"] == "people"]
+    assert people["task"] == "gallery"
+
+
+def test_a_step_over_an_earlier_steps_result(tmp_path: Path) -> None:
+    path = write(tmp_path, [faces(detect(), embedding(), identity(reinfer_every=3), tracker={})])
+    loaded = load_config(path)
+    step = loaded.config.pipelines[0].steps[2]
+    assert step.for_each is not None and (step.for_each.step, step.for_each.input) == (
+        "embedding", "result",
+    )  # fmt: skip
+    assert step.reuses
+    assert not (tmp_path / "people.gallery").exists()  # a check makes nothing; a load does
+
+
+@pytest.mark.parametrize(
+    ("steps", "where", "reason"),
+    [
+        (
+            [detect(), embedding(), identity(for_each={"step": "detect", "input": "result"})],
+            "pipelines[faces].steps[identity].for_each.input",
+            "runs on the whole frame; input: result takes an earlier per-object step's result",
+        ),
+        (
+            [detect(), embedding(), identity(for_each={"step": "detect"})],
+            "pipelines[faces].steps[identity].for_each.input",
+            "model 'people' takes an earlier step's result, not an image",
+        ),
+        (
+            [detect(), embedding(), identity(for_each={"step": "embedding", "input": "box"})],
+            "pipelines[faces].steps[identity].for_each.input",
+            "a step over it takes its result (input: result)",
+        ),
+        (
+            [
+                detect(),
+                embedding(),
+                {"name": "again", "model": "classify",
+                 "for_each": {"step": "embedding", "input": "result"}},
+            ],
+            "pipelines[faces].steps[again].for_each.input",
+            "model 'classify' takes an image, not another step's result",
+        ),
+        (
+            [
+                detect(),
+                embedding(),
+                identity(for_each={"step": "embedding", "input": "result", "resize": [8, 8]}),
+            ],
+            "pipelines[faces].steps[identity].for_each.resize",
+            "cuts no image; drop resize",
+        ),
+    ],
+)  # fmt: skip
+def test_what_a_step_over_a_result_may_not_be(
+    tmp_path: Path, steps: list[dict[str, Any]], where: str, reason: str
+) -> None:
+    found = problems(write(tmp_path, [faces(*steps)]))
+    assert [w for w, _ in found] == [where]
+    assert reason in found[0][1]
 
 
 def test_an_unknown_model(tmp_path: Path) -> None:
@@ -151,13 +221,6 @@ def test_for_each_over_a_result_without_objects(tmp_path: Path) -> None:
             "step 'classes' (model 'classify') has no objects in its result to run for_each over",
         )
     ]
-
-
-def test_for_each_over_a_step_that_itself_runs_per_object(tmp_path: Path) -> None:
-    nested = {"name": "again", "model": "classify", "for_each": {"step": "embedding"}}
-    found = problems(write(tmp_path, [faces(detect(), embedding(), nested)]))
-    assert [w for w, _ in found] == ["pipelines[faces].steps[again].for_each.step"]
-    assert "runs per object itself" in found[0][1]
 
 
 def test_for_each_over_a_later_step(tmp_path: Path) -> None:

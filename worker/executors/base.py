@@ -163,6 +163,9 @@ class Executor(ABC):
     # what of an object, besides a crop of its box, a ``for_each`` may hand one of its requests
     # (``{"image": frame, name: the object's value}``; "landmarks": a face task)
     object_inputs: ClassVar[frozenset[str]] = frozenset()
+    # its file is data it keeps itself (a gallery): ``open`` makes a missing one, and it serves
+    # changes to it without a reload, so a reload does not replace the model when it changed
+    data_file: ClassVar[bool] = False
 
     @classmethod
     def session_settings(cls, role: str, settings: SessionSettings) -> SessionSettings:

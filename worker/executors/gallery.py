@@ -1,6 +1,7 @@
 """The ``gallery`` task: an embedding in, the enrolled identity it matches out.
 
-The model's ``file`` is a gallery (``worker.galleries.store``) made for ``embedding_model``'s
+The model's ``file`` is a gallery (``worker.galleries.store``; a missing one is made empty at
+the first load) made for ``embedding_model``'s
 ``dimension``-long embeddings; a gallery of another model or dimension, or a file that is not
 one, fails the load with the reason. Its identities are searched exactly, by cosine, in memory
 (``worker.galleries.snapshot``); enrolments and removals by any process are served from the next
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import structlog
 from pydantic import Field
 
 from duomo.ipc.errors import InvalidArgumentError
@@ -45,7 +47,9 @@ from duomo.worker.executors.base import (
 )
 from duomo.worker.galleries.entries import unit_vectors
 from duomo.worker.galleries.session import GallerySession
-from duomo.worker.galleries.store import GalleryLimits
+from duomo.worker.galleries.store import GalleryLimits, GalleryStore
+
+log = structlog.get_logger("duomo.gallery")
 
 SFACE_SAME_PERSON = 0.363  # OpenCV FaceRecognizerSF's cosine threshold (face_embedding's note)
 
@@ -70,6 +74,9 @@ class GalleryExecutor(Executor):
     """Search a gallery file for each request's embedding; a batch is one matrix product."""
 
     Params = GalleryParams
+    # in a pipeline: the result of an earlier per-object step (``for_each: {input: result}``)
+    object_inputs = frozenset({"result"})
+    data_file = True  # made empty at the first load; enrolments are served as they come
 
     @classmethod
     def open(
@@ -81,8 +88,10 @@ class GalleryExecutor(Executor):
         settings: SessionSettings,
     ) -> Executor:
         """The executor over the gallery file (``files["model"]``), read into memory: no backend
-        runs a gallery, it is searched here."""
+        runs a gallery, it is searched here. A missing file is made, an empty gallery."""
         assert isinstance(params, GalleryParams)
+        if GalleryStore.create_missing(files["model"], params.embedding_model, params.dimension):
+            log.info("gallery created", file=str(files["model"]), model=params.embedding_model)
         session = GallerySession.open(
             files["model"], params.embedding_model, params.dimension, params.limits, settings
         )

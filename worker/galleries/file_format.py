@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -78,6 +79,24 @@ def create_file(path: Path, embedding_model: str, dimension: int) -> sqlite3.Con
         path.unlink(missing_ok=True)
         raise
     return conn
+
+
+def create_missing_file(path: Path, embedding_model: str, dimension: int) -> bool:
+    """An empty gallery at ``path`` unless a file is there already: True if this call made it.
+    Safe when processes race (a supervisor's instances, a command beside it): the gallery is
+    made under a temporary name and linked into place whole, so no reader sees half a file."""
+    if path.exists():
+        return False
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.new")
+    create_file(temporary, embedding_model, dimension).close()  # the last close empties the WAL
+    try:
+        os.link(temporary, path)
+    except FileExistsError:
+        return False
+    finally:
+        for leftover in (temporary, *(Path(f"{temporary}{end}") for end in ("-wal", "-shm"))):
+            leftover.unlink(missing_ok=True)
+    return True
 
 
 @contextlib.contextmanager

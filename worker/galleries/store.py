@@ -51,6 +51,7 @@ from duomo.worker.galleries.file_format import (
     GalleryFileError,
     connect,
     create_file,
+    create_missing_file,
     read_meta,
     write_transaction,
 )
@@ -119,6 +120,16 @@ class GalleryStore:
             )
         conn = create_file(path, embedding_model, dimension)
         return cls(path, conn, embedding_model, dimension)
+
+    @staticmethod
+    def create_missing(path: Path, embedding_model: str, dimension: int) -> bool:
+        """An empty gallery at ``path`` unless a file is there: True if this call made it
+        (several processes may race to; one makes it whole, the others find it)."""
+        if not embedding_model or dimension < 1:
+            raise InvalidArgumentError(
+                "a gallery needs an embedding model's name and dimension ≥ 1"
+            )
+        return create_missing_file(path, embedding_model, dimension)
 
     @classmethod
     def open(
