@@ -89,9 +89,13 @@ def write_config(
     **top: object,
 ) -> Path:
     """The demo config with only ``models`` (each updated by ``overrides[name]``), the
-    ``extra`` model entries after them, and top-level keys set from ``top``."""
+    ``extra`` model entries after them, and top-level keys set from ``top``. A gallery model
+    (``people``) gets its own file in ``folder``: a test enrols only in its own."""
     raw = yaml.safe_load(DEMO_CONFIG.read_text())
     raw["model_root"] = str(ROOT / "models")
+    for model in raw["models"]:
+        if model["task"] == "gallery":
+            model["file"] = str(folder / f"{model['name']}.gallery")
     chosen = [{**m, **(overrides or {}).get(m["name"], {})} for m in raw["models"]]
     raw["models"] = [m for m in chosen if m["name"] in models] + list(extra)
     raw.pop("gateway", None)  # (its fixed ports): a test that wants one passes gateway=...

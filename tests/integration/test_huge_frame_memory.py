@@ -195,7 +195,7 @@ def shrink_arena(socket: Path) -> None:
 
 def test_a_huge_frame_to_every_model_leaves_nothing_behind(tmp_path: Path) -> None:
     pipelines = yaml.safe_load(DEMO_CONFIG.read_text())["pipelines"]
-    config = write_config(tmp_path, list(MODELS), pipelines=pipelines)
+    config = write_config(tmp_path, [*MODELS, "people"], pipelines=pipelines)  # (faces' gallery)
     reference = tmp_path / "reference.json"
     with running_supervisor(config) as supervisor:
         rings = our_segments()

@@ -34,6 +34,7 @@ from duomo.ipc.errors import DuomoError, UnavailableError
 from duomo.ipc.status_records import ModelStatus
 from duomo.supervisor.config import load_config
 from duomo.supervisor.core.engine import Engine
+from duomo.worker.galleries.store import GalleryStore
 from tests.conftest import DEMO_CONFIG, IMAGES, ROOT, fixture_image
 from tests.integration.harness import (
     SupervisorProcess,
@@ -43,7 +44,7 @@ from tests.integration.harness import (
     write_config,
 )
 
-FACE_MODELS = ["face", "face_embedding", "face_attributes"]
+FACE_MODELS = ["face", "face_embedding", "face_attributes", "people"]
 IMAGE_TASK = "tests.fakes.faulty_executor:FaultyImageExecutor"
 NEVER_RESTARTED = {"max_consecutive_failures": 1_000_000}  # (the watchdog leaves it failing)
 PROBE = {"name": "probe", "task": IMAGE_TASK, "files": {}, "max_batch": 8, "max_delay_ms": 0}
@@ -63,6 +64,12 @@ REUSE = {
             "reinfer_area_ratio": 1.5,
         },
         {"name": "attributes", "model": "face_attributes", "for_each": LANDMARKS},
+        {
+            "name": "identity",
+            "model": "people",
+            "for_each": {"step": "embedding", "input": "result"},
+            "reinfer_every": 3,
+        },
     ],
 }
 FAULTY = {
@@ -159,7 +166,8 @@ def test_the_astronaut_one_face_its_mirror_image_and_another_person(engine: Engi
     camera = engine.infer("faces", CAMERA, timeout_s=60)
     assert [len(r["faces"]) for r in (astronaut, mirror, camera)] == [1, 1, 1]
     (face,) = astronaut["faces"]
-    assert set(face) == {"box", "score", "landmarks", "embedding", "attributes"}  # no track_id
+    assert set(face) == {"box", "score", "landmarks", "embedding", "attributes", "identity"}
+    assert face["identity"] == {"name": None, "similarity": None}  # an empty gallery
     assert face["score"] > 0.8 and len(face["landmarks"]) == 5
     mine = vector(face)
     assert mine.shape == (128,) and abs(np.linalg.norm(mine) - 1.0) < 1e-4
@@ -178,6 +186,28 @@ def test_the_astronaut_one_face_its_mirror_image_and_another_person(engine: Engi
     np.testing.assert_allclose(
         engine.infer("face_embedding", request, timeout_s=60)["embedding"], mine, atol=1e-5
     )
+
+
+def test_a_step_over_the_embedding_names_the_face_enrolled_meanwhile(
+    engine: Engine, folder: Path
+) -> None:
+    """``identity`` takes each face's embedding (``input: result``); an enrolment in the
+    gallery file is searched from the next frame on, without a reload, and so is a removal."""
+    embedded = vector(engine.infer("faces", ASTRONAUT, timeout_s=60)["faces"][0])
+    with GalleryStore.open(folder / "engine" / "people.gallery") as gallery:
+        gallery.add("Eileen Collins", embedded)
+        try:
+            mirror = engine.infer("faces", MIRROR, timeout_s=60)["faces"][0]["identity"]
+            camera = engine.infer("faces", CAMERA, timeout_s=60)["faces"][0]["identity"]
+        finally:
+            gallery.remove("Eileen Collins", vacuum=True)
+        again = engine.infer("faces", MIRROR, timeout_s=60)["faces"][0]["identity"]
+    assert mirror["name"] == "Eileen Collins" and mirror["similarity"] > 0.9, mirror
+    assert camera["name"] is None and camera["similarity"] < 0.363, camera
+    assert again == {"name": None, "similarity": None}  # empty again
+    # the embedding it was given is the face's, and the step comes last in the face's keys
+    mosaic = engine.infer("faces", MOSAIC, timeout_s=60)["faces"]
+    assert [list(f)[-3:] for f in mosaic] == [["embedding", "attributes", "identity"]] * 3
 
 
 def test_a_frame_without_a_face_runs_no_second_step_and_is_counted(engine: Engine) -> None:
@@ -346,6 +376,10 @@ def test_a_tracked_face_reuses_its_embedding_for_reinfer_every_frames(
         assert len({f["track_id"] for f in faces}) == 1
         reused = [f["embedding"].get("reused", False) for f in faces]
         assert reused == [False, True, True, True, True, False, True]  # frames 2..5, then 7
+        # the identity, over the embedding (reused or not), is kept with the track as well
+        named = [f["identity"].get("reused", False) for f in faces]
+        assert named == [False, True, True, False, True, True, False]  # reinfer_every 3
+        assert all(f["identity"]["name"] is None for f in faces)
         first = vector(faces[0])
         assert all(float(vector(f) @ first) > 0.9999 for f in faces)
         assert all("reused" not in f["attributes"] for f in faces)  # reinfer_every 1: each frame
@@ -383,6 +417,7 @@ def test_status_counts_per_pipeline_and_step(sup: SupervisorProcess) -> None:
     assert delta["detect"] == {"runs": 6, "skipped": 0, "reused": 0, "errors": 0}
     assert delta["embedding"] == {"runs": 1, "skipped": 1, "reused": 4, "errors": 0}
     assert delta["attributes"] == {"runs": 5, "skipped": 1, "reused": 0, "errors": 0}
+    assert delta["identity"] == {"runs": 2, "skipped": 0, "reused": 3, "errors": 0}
     text = duomo(sup.socket, "status")
     assert text.returncode == 0, text.stderr
     assert "faces_reuse" in text.stdout and "face_embedding" in text.stdout

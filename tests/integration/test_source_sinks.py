@@ -150,7 +150,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         ):
             mqtt_url = f"mqtt://127.0.0.1:{broker.port}"
             config = write_config(
-                folder, ["face", "face_embedding", "face_attributes"], pipelines=[faces],
+                folder, ["face", "face_embedding", "face_attributes", "people"], pipelines=[faces],
                 sources=[
                     {"name": name, "url": sim.urls[0], "pipeline": "faces", "max_fps": 5,
                      "sinks": ["broker", "lake", *(["small"] if name == BOUNDED else [])],
@@ -417,7 +417,7 @@ def test_config_errors_name_the_field(tmp_path: Path) -> None:
     untracked = {**faces, "name": "faces_untracked"}
     untracked.pop("tracker", None)
     lake = {"name": "lake", "kind": "redis", "url": "redis://:pa55word@127.0.0.1:1/0"}
-    models = ["face", "face_embedding", "face_attributes"]
+    models = ["face", "face_embedding", "face_attributes", "people"]
     config = write_config(
         tmp_path, models, pipelines=[faces, untracked], sinks=[lake],
         sources=[
