@@ -28,7 +28,9 @@ it from its frame; the best crop so far goes, as a JPEG, into that visit's ``obj
 
 The sub-results are each step's result on the object (every key of the object but ``box``,
 ``score``, ``landmarks``, ``track_id``; a reused result's ``reused`` marker left out), merged
-over the visit: a step skipped on one frame keeps its last result.
+over the visit: a step skipped on one frame keeps its last result, and a gallery's match
+(``identity``: ``{"name", "similarity"}``) keeps its name through frames that match no one (a
+face turned away), so an identity found is one ``object_updated`` and another name another.
 
 Pure and single-threaded: used by ``video.sink_events`` on a source's answer-reading thread.
 """
@@ -82,7 +84,9 @@ class _Visit:
         self.box, self.score, self.missed = box, score, 0
         self.frames += 1
         self.last_seen, self.last_when, self.last_frame = when.at, when, frame
-        self.results.update(results)
+        for step, result in results.items():
+            if not (_unnamed(result) and _named(self.results.get(step))):
+                self.results[step] = result  # (a person found stays found for the visit)
 
     def object(self, left: bool = False, thumbnail: bool = False) -> TrackedObject:
         jpeg = jpeg_b64(self.thumbnail) if thumbnail and self.thumbnail is not None else None
@@ -174,6 +178,16 @@ def _sub_results(item: Mapping[str, Any]) -> dict[str, Any]:
             value = {k: v for k, v in value.items() if k != "reused"}
         out[str(key)] = value
     return out
+
+
+def _named(value: Any) -> bool:
+    """A gallery's match with a name (``{"name": "Ada", "similarity": 0.8}``)."""
+    return isinstance(value, Mapping) and isinstance(value.get("name"), str)
+
+
+def _unnamed(value: Any) -> bool:
+    """A gallery's answer of no match (``{"name": null, "similarity": …}``)."""
+    return isinstance(value, Mapping) and "name" in value and value["name"] is None
 
 
 def _settled(value: Any) -> Any:

@@ -67,6 +67,29 @@ def test_a_settled_change_is_an_update_float_jitter_is_not() -> None:
     assert set(left.object.results) == {"embedding", "attributes"}
 
 
+def test_an_identity_found_is_one_update_and_stays_with_the_visit() -> None:
+    def named(name: str | None, similarity: float = 0.5) -> dict[str, Any]:
+        return {**face(1), "identity": {"name": name, "similarity": similarity}}
+
+    visits = ObjectVisits(max_missed=5)
+    seen = [
+        [named(None, 0.1)], [named(None, 0.2)],  # appeared, no one yet
+        [named("Ada", 0.71)],  # found: updated
+        [named("Ada", 0.64)], [named(None, 0.2)],  # the same, then a frame that matches no one
+        [{**named("Ada"), "identity": {"name": "Ada", "similarity": 0.7, "reused": True}}],
+        [named("Bob", 0.52)],  # another name: updated
+    ]  # fmt: skip
+    changes = [c for n, faces in enumerate(seen) for c in visits.update(
+        {"faces": faces}, FrameTime(1000.0 + n), n)]  # fmt: skip
+    assert [(c.kind, c.frame) for c in changes] == [
+        ("object_appeared", 1), ("object_updated", 2), ("object_updated", 6),
+    ]  # fmt: skip
+    assert changes[0].object.results["identity"] == {"name": None, "similarity": 0.2}
+    assert changes[1].object.results["identity"] == {"name": "Ada", "similarity": 0.71}
+    (left,) = visits.end()
+    assert left.object.results["identity"] == {"name": "Bob", "similarity": 0.52}
+
+
 def test_events_are_numbered_once_and_appended_to_every_sink(tmp_path: Path) -> None:
     bounds = OutboxConfig()
     plan = EventPlan(tmp_path, (SinkTarget("a", bounds), SinkTarget("b", bounds)), "both", 1)
