@@ -61,11 +61,14 @@ def _log(message: str) -> None:
 
 def sharing_config(base: Path, out: Path, share: bool, instances: int) -> Path:
     """``base`` with an absolute ``model_root`` and, on every model, ``instances`` and
-    ``share_weights: share``; written to ``out``."""
+    ``share_weights: share``; written to ``out``. A gallery is left as it is: its matrix is
+    data each instance builds for itself, never a file's weights to share."""
     raw = yaml.safe_load(base.read_text(encoding="utf-8"))
     root = raw.get("model_root")
     raw["model_root"] = str((base.parent / root).resolve()) if root else str(base.parent)
     for model in raw["models"]:
+        if model.get("task") == "gallery":
+            continue
         model["instances"] = instances
         model["share_weights"] = share
     out.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
