@@ -12,8 +12,8 @@ image work: ``worker.executors.object_crops``; here, which objects: ``select``) 
 back to the producer between steps, and a second-stage model batches chips of many frames and
 streams together in its own batcher. A step over a per-object step's result (``input: result``:
 a gallery over the embedding) is queued, per object, when that result is there (made, or
-reused from the track), with the result as its payload. No step waits for another: a callback queues and returns,
-so no worker ever holds its device's compute gate while another step runs.
+reused from the track), with the result as its payload. No step waits for another: a callback
+queues and returns, so no worker ever holds its device's compute gate while another step runs.
 
 The answer, given when the last step's request is answered (on that thread): the first step's
 result, each object of an iterated step with one key per step run on it — that step's result,
