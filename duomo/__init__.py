@@ -42,6 +42,9 @@ from duomo.ipc.status_records import (
 
 if TYPE_CHECKING:
     from duomo.ipc.client import Client, ModelHandle, Slot
+    from duomo.ipc.galleries import GalleryHandle
+    from duomo.ipc.gallery_faces import EnrolmentError
+    from duomo.ipc.gallery_records import GalleryInfo
     from duomo.ipc.stream import Filler, FrameTime, Stream, StreamAnswer
 
 __all__ = [  # the same names as duomo.ipc's (tests/unit/test_producer_api.py pins them)
@@ -50,9 +53,12 @@ __all__ = [  # the same names as duomo.ipc's (tests/unit/test_producer_api.py pi
     "DeadlineExceededError",
     "DeviceStatus",
     "DuomoError",
+    "EnrolmentError",
     "ErrorCode",
     "Filler",
     "FrameTime",
+    "GalleryHandle",
+    "GalleryInfo",
     "InternalError",
     "InvalidArgumentError",
     "ModelChangedError",

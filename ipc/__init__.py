@@ -45,11 +45,20 @@ from duomo.ipc.status_records import (
 
 if TYPE_CHECKING:
     from duomo.ipc.client import Client, ModelHandle, Slot
+    from duomo.ipc.galleries import GalleryHandle
+    from duomo.ipc.gallery_faces import EnrolmentError
+    from duomo.ipc.gallery_records import GalleryInfo
     from duomo.ipc.stream import Filler, FrameTime, Stream, StreamAnswer
 
 _FROM_CLIENT = ("Client", "ModelHandle", "Slot")
 _FROM_STREAM = ("Filler", "FrameTime", "Stream", "StreamAnswer")
-LAZY_NAMES = _FROM_CLIENT + _FROM_STREAM  # loaded on first use (``duomo`` forwards them here)
+_FROM_GALLERIES = {  # a gallery's handle, record and enrolment error, by module
+    "GalleryHandle": "duomo.ipc.galleries",
+    "GalleryInfo": "duomo.ipc.gallery_records",
+    "EnrolmentError": "duomo.ipc.gallery_faces",
+}
+# loaded on first use (``duomo`` forwards them here)
+LAZY_NAMES = _FROM_CLIENT + _FROM_STREAM + tuple(_FROM_GALLERIES)
 
 __all__ = [
     "Client",
@@ -57,9 +66,12 @@ __all__ = [
     "DeadlineExceededError",
     "DeviceStatus",
     "DuomoError",
+    "EnrolmentError",
     "ErrorCode",
     "Filler",
     "FrameTime",
+    "GalleryHandle",
+    "GalleryInfo",
     "InternalError",
     "InvalidArgumentError",
     "ModelChangedError",
@@ -84,4 +96,6 @@ def __getattr__(name: str) -> Any:
         return getattr(importlib.import_module("duomo.ipc.client"), name)
     if name in _FROM_STREAM:
         return getattr(importlib.import_module("duomo.ipc.stream"), name)
+    if name in _FROM_GALLERIES:
+        return getattr(importlib.import_module(_FROM_GALLERIES[name]), name)
     raise AttributeError(f"module 'ipc' has no attribute {name!r}")

@@ -16,7 +16,9 @@ reads the socket, where each answer goes), an attached model (``ipc.handle.Model
 slots in ``ipc.slots``) and a camera's stream (``ipc.stream.Stream``, opened with one
 ``ipc.stream_settings.StreamSettings``). This module makes the link and hands it to the
 handles and streams it makes; none of them imports this module, and the link lives and dies
-with its client (``close``). ``ModelHandle`` and ``Slot`` are importable from here too.
+with its client (``close``). A gallery model (``ipc.galleries.GalleryHandle``: enrol, remove,
+list, search) works through the client's own ``request`` and ``model``. ``ModelHandle`` and
+``Slot`` are importable from here too.
 
 A frame larger than the model's default slot area grows the handle's ring by itself
 (``ipc.slots``), within the supervisor's limits on ring memory. A ring is a sealed memfd whose
@@ -47,6 +49,8 @@ from pathlib import Path
 from typing import Any
 
 from duomo.ipc.errors import DuomoError
+from duomo.ipc.galleries import GalleryHandle, gallery_infos
+from duomo.ipc.gallery_records import GalleryInfo
 from duomo.ipc.handle import ModelHandle
 from duomo.ipc.link import ATTACH_TIMEOUT_S, READ_SLICE_S, ClientLink
 from duomo.ipc.runtime_dir import default_socket_path
@@ -217,6 +221,38 @@ class Client:
         """
         ring_id, ring = self._link.attach_ring(name, slots)
         return ModelHandle(self, self._link, name, ring_id, ring)
+
+    def gallery(self, name: str) -> GalleryHandle:
+        """The gallery model ``name`` (a model whose task is ``gallery``): enrol people from
+        images, remove them, list them and search images for them (``ipc.galleries``).
+
+        No round trip here: each of the handle's methods asks the supervisor. ``add`` runs the
+        gallery's pipeline on each image (exactly one face each, else ``EnrolmentError``, an
+        ``InvalidArgumentError`` naming the image: nothing is written) and enrols the faces'
+        embeddings in one change; ``remove`` leaves nothing of the person in the gallery file or
+        its WAL. A change is live for the next frame, without a reload.
+
+        Example:
+            people = client.gallery("people")
+            people.add("Ada", [photo], metadata={"badge": 7})  # {"identity", "replaced"}
+            people.search(frame)   # [{"box", "score", "identity": {"name", "similarity"}}]
+            people.identities()    # [{"name", "metadata", "created", "embeddings": 1}]
+            people.remove("Ada")
+
+        Args:
+            name: The gallery model's name in the supervisor's configuration.
+
+        Returns:
+            The handle (``GalleryHandle``: ``info``, ``add``, ``remove``, ``identities``,
+                ``search``); it holds nothing to close.
+        """
+        return GalleryHandle(self, name)
+
+    def galleries(self) -> list[GalleryInfo]:
+        """Every gallery model the supervisor has, one ``GalleryInfo`` record each (its file,
+        embedding model, counts, bounds, and the pipeline that enrols into it): one
+        ``request`` round trip, with its errors."""
+        return gallery_infos(self)
 
     def stream(
         self,

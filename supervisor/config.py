@@ -35,6 +35,7 @@ from duomo.worker.backends.acl_backend import AclOptions
 from duomo.worker.backends.ort_backend import OrtOptions
 from duomo.worker.config_model import NAME_PATTERN, StrictModel
 from duomo.worker.executors import resolve_executor
+from duomo.worker.executors.base import Executor
 from duomo.worker.health import HealthPolicy
 from duomo.worker.thread_budget import available_cores, usable_cores
 
@@ -189,7 +190,7 @@ class ResolvedModel:
     """A model entry with its executor class, validated params and absolute file paths."""
 
     config: ModelConfig
-    executor: type
+    executor: type[Executor]
     params: StrictModel
     files: dict[str, Path]
 

@@ -29,7 +29,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "producer-api.md"
-CLASSES = ("Client", "ModelHandle", "Slot", "Stream", "StreamAnswer", "FrameTime", "Filler")
+CLASSES = (
+    "Client", "ModelHandle", "Slot", "Stream", "StreamAnswer", "FrameTime", "Filler",
+    "GalleryHandle", "GalleryInfo",
+)  # fmt: skip
 CODE_SECTIONS = ("Example", "Examples")
 LIST_SECTIONS = ("Args", "Arguments", "Attributes", "Raises", "Returns", "Yields")
 TEXT_SECTIONS = ("Note", "Notes", "Warning", "Blocks")

@@ -4,7 +4,8 @@ The reactor (``supervisor.process.reactor``) calls ``ControlHandlers.handle`` fo
 message of an authenticated client, on its own thread. ``handle`` parses the message once (the
 protocol: ``supervisor.process.control_messages``) and dispatches on its operation to one handler
 each (``_on_<op>``). Most answer at once; the slow ones (``reload``, ``load``, ``unload``,
-attaching a model that was never loaded) queue for the one control-job thread (``ControlJobs``)
+attaching a model that was never loaded, a gallery's page of identities, enrolment and removal:
+a removal vacuums the file) queue for the one control-job thread (``ControlJobs``)
 and answer when done, so the reactor never waits for a model. A handler that fails unexpectedly
 answers INTERNAL with a fixed message; the details go to the log. ``handle`` never raises.
 
@@ -45,6 +46,7 @@ from duomo.supervisor.config import LoadedConfig, tracked_pipelines
 from duomo.supervisor.core.engine import Engine
 from duomo.supervisor.dataflow.pipelines import ServedPipeline
 from duomo.supervisor.dataflow.streams import StreamRegistry
+from duomo.supervisor.galleries.keeper import GalleryKeeper
 from duomo.supervisor.process.attachment import Attachment, layout_for, ring_charge
 from duomo.supervisor.process.connection import Connection
 from duomo.supervisor.process.control_jobs import ControlJob, ControlJobs
@@ -52,6 +54,10 @@ from duomo.supervisor.process.control_messages import (
     Attach,
     ControlMessage,
     Detach,
+    Galleries,
+    GalleryAdd,
+    GalleryIdentities,
+    GalleryRemove,
     Load,
     Models,
     Ping,
@@ -136,6 +142,7 @@ class ControlHandlers:
         self._model_status = model_status
         self._trace = trace
         self.sinks = sinks
+        self.galleries = GalleryKeeper(config)
         # operation -> its handler, which takes that operation's message (``control_messages``)
         self._handlers: dict[str, Handler] = {
             Models.op: self._on_models,
@@ -156,6 +163,10 @@ class ControlHandlers:
             SourceRemove.op: self._on_source_remove,
             SinkReports.op: self._on_sink_report,
             SinkTarget.op: self._on_sink,
+            Galleries.op: self._on_galleries,
+            GalleryIdentities.op: self._on_gallery_identities,
+            GalleryAdd.op: self._on_gallery_add,
+            GalleryRemove.op: self._on_gallery_remove,
         }
 
     def handle(self, conn: Connection, message: dict[str, Any]) -> Reply | None:
@@ -346,6 +357,30 @@ class ControlHandlers:
         tracked = tracked_pipelines(self._config().config)
         max_missed = tracked.get(request.pipeline) if request.pipeline is not None else None
         return {"ok": True, **self._sink_hub().target(request.name), "max_missed": max_missed}
+
+    def _on_galleries(self, caller: Caller, request: Galleries) -> Reply:
+        return {"ok": True, "galleries": [i.to_dict() for i in self.galleries.infos()]}
+
+    def _on_gallery_identities(self, caller: Caller, request: GalleryIdentities) -> None:
+        self.galleries.model(request.gallery)  # NotFoundError at once
+        page = functools.partial(
+            self.galleries.identities,
+            request.gallery, request.after, request.limit, request.embeddings,
+        )  # fmt: skip
+        self._later(caller, request, page)
+
+    def _on_gallery_add(self, caller: Caller, request: GalleryAdd) -> None:
+        self.galleries.model(request.gallery)  # NotFoundError at once
+        add = functools.partial(
+            self.galleries.add,
+            request.gallery, request.name, request.embeddings, request.replace, request.metadata,
+        )  # fmt: skip
+        self._later(caller, request, add)
+
+    def _on_gallery_remove(self, caller: Caller, request: GalleryRemove) -> None:
+        self.galleries.model(request.gallery)  # NotFoundError at once
+        remove = functools.partial(self.galleries.remove, request.gallery, request.name)
+        self._later(caller, request, remove)
 
     def _model_info(self, name: str) -> ModelInfo:
         """One model (or pipeline) of the ``models`` reply; its slot layout once known."""

@@ -11,66 +11,79 @@ naming the operation and the field; an operation not listed here is INVALID_ARGU
 "unknown control operation"; an unexpected failure is INTERNAL with a fixed message naming
 the operation (and its model), never the exception's text, which goes to the supervisor log.
 
-=========  ===========================================  ========================================
-op         fields                                       reply (besides ``ok: true``)
-=========  ===========================================  ========================================
-models     —                                            ``models``: one object per model: name,
-                                                        task, backend, state, max_batch; once
-                                                        loaded also inputs, result, outputs,
-                                                        output_tensors, batched (``ModelInfo``)
-attach     ``model`` str; ``slots`` int 1..64 (4);      ``ring`` int, ``layout``
-           ``inputs`` {input: bytes ≥ 0} (none): the    (``RingLayout``), ``descriptor: true``:
-           room a larger frame needs                    the ring's sealed memfd rides with the
-                                                        reply (``SCM_RIGHTS``); a model never
-                                                        loaded is loaded first (later)
-detach     ``ring`` int                                 — (its queued work is dropped, the
-                                                        segment unmapped once nothing reads it)
-status     ``model`` str (none: the whole supervisor)   ``status``: the supervisor's state
-                                                        (``ipc.status_records.SupervisorStatus``);
-                                                        with ``model``, ``model_status``: that
-                                                        model's alone (``ModelStatus``)
-stop       ``wait`` bool (false)                        — at once; with ``wait``, once stopped:
-                                                        ``cut`` int, the requests cut
-reload     ``model`` str (none: the whole config)       ``added``, ``removed``, ``replaced``:
-                                                        lists of model names (later)
-load       ``model`` str                                ``load``: the model's status once READY
-                                                        (later)
-unload     ``model`` str                                ``unload``: ``model``,
-                                                        ``answered_unavailable`` int (later)
-stream_    ``name`` str (1..64 printable); ``models``   ``stream`` int: its id, for the slot
-open       [str] (1..16); ``policy`` latest|fifo        headers' stream block
-           (latest); ``weight`` [0.001, 1000] (1);
-           ``fps`` (0, 1000] (none); ``stall_after_s``
-           (5)
-stream_    ``stream`` int                               — (the stream is ``ended``)
+==========  ===========================================  ========================================
+op          fields                                       reply (besides ``ok: true``)
+==========  ===========================================  ========================================
+models      —                                            ``models``: one object per model: name,
+                                                         task, backend, state, max_batch; once
+                                                         loaded also inputs, result, outputs,
+                                                         output_tensors, batched (``ModelInfo``)
+attach      ``model`` str; ``slots`` int 1..64 (4);      ``ring`` int, ``layout``
+            ``inputs`` {input: bytes ≥ 0} (none): the    (``RingLayout``), ``descriptor: true``:
+            room a larger frame needs                    the ring's sealed memfd rides with the
+                                                         reply (``SCM_RIGHTS``); a model never
+                                                         loaded is loaded first (later)
+detach      ``ring`` int                                 — (its queued work is dropped, the
+                                                         segment unmapped once nothing reads it)
+status      ``model`` str (none: the whole supervisor)   ``status``: the supervisor's state
+                                                         (``ipc.status_records.SupervisorStatus``);
+                                                         with ``model``, ``model_status``: that
+                                                         model's alone (``ModelStatus``)
+stop        ``wait`` bool (false)                        — at once; with ``wait``, once stopped:
+                                                         ``cut`` int, the requests cut
+reload      ``model`` str (none: the whole config)       ``added``, ``removed``, ``replaced``:
+                                                         lists of model names (later)
+load        ``model`` str                                ``load``: the model's status once READY
+                                                         (later)
+unload      ``model`` str                                ``unload``: ``model``,
+                                                         ``answered_unavailable`` int (later)
+stream_     ``name`` str (1..64 printable); ``models``   ``stream`` int: its id, for the slot
+open        [str] (1..16); ``policy`` latest|fifo        headers' stream block
+            (latest); ``weight`` [0.001, 1000] (1);
+            ``fps`` (0, 1000] (none); ``stall_after_s``
+            (5)
+stream_     ``stream`` int                               — (the stream is ``ended``)
 close
-ping       —                                            —
-source_    ``worker`` int ≥ 0, ``pid`` int; ``sources``  ``assigned``: the definitions of the
-report     [``SourceReport``] (≤ 4096): a source        sources it should decode now
-           worker's word on its sources
-sources    —                                            ``sources``: [``SourceStatus``]
-source     ``name`` str                                 ``source``: its ``SourceStatus``
-source_    ``source`` {a ``sources:`` entry's fields}   ``source``: its ``SourceStatus`` (kept in
-add                                                     the source database before the reply)
-source_    ``name`` str                                 — (a config source: INVALID_ARGUMENT)
+ping        —                                            —
+source_     ``worker`` int ≥ 0, ``pid`` int; ``sources``  ``assigned``: the definitions of the
+report      [``SourceReport``] (≤ 4096): a source        sources it should decode now
+            worker's word on its sources
+sources     —                                            ``sources``: [``SourceStatus``]
+source      ``name`` str                                 ``source``: its ``SourceStatus``
+source_     ``source`` {a ``sources:`` entry's fields}   ``source``: its ``SourceStatus`` (kept in
+add                                                      the source database before the reply)
+source_     ``name`` str                                 — (a config source: INVALID_ARGUMENT)
 remove
-sink_      ``sinks`` [``SinkStatus``] (≤ 1024): the     ``sinks``: the sink definitions now;
-report     sink worker's word on its sinks              ``directory``: their outboxes' folder
-sink       ``name`` str; ``pipeline`` str (none)        ``directory``, ``sink`` (its name and
-                                                        outbox bounds): where ``duomo stream
-                                                        --sink`` appends (no sink worker:
-                                                        UNAVAILABLE); ``max_missed``: the
-                                                        pipeline tracker's (null: none)
-=========  ===========================================  ========================================
+sink_       ``sinks`` [``SinkStatus``] (≤ 1024): the     ``sinks``: the sink definitions now;
+report      sink worker's word on its sinks              ``directory``: their outboxes' folder
+sink        ``name`` str; ``pipeline`` str (none)        ``directory``, ``sink`` (its name and
+                                                         outbox bounds): where ``duomo stream
+                                                         --sink`` appends (no sink worker:
+                                                         UNAVAILABLE); ``max_missed``: the
+                                                         pipeline tracker's (null: none)
+galleries   —                                            ``galleries``: [``GalleryInfo``], every
+                                                         model whose task is ``gallery``
+gallery_    ``gallery`` str; ``after`` str (none);       ``identities``: a page of [{name,
+identities  ``limit`` int 1..1000 (500); ``embeddings``  metadata, created, embeddings: a count,
+            bool (false)                                 or the vectors}] by name, under ~512 KiB;
+                                                         ``next``: the name to ask after (null:
+                                                         the end) (later)
+gallery_    ``gallery`` str; ``name`` str;               ``identity`` {name, embeddings: n},
+add         ``embeddings`` [[float]] (1..1024: the       ``replaced`` bool (later)
+            gallery's bound checks); ``replace`` bool
+            (false); ``metadata`` object (none)
+gallery_    ``gallery`` str; ``name`` str                ``removed``: the name, gone from the
+remove                                                   file and its WAL (later)
+==========  ===========================================  ========================================
 
 A model that is not served is NOT_FOUND, and so is a ring (or stream) this client has not
-attached (opened); a stream name a live stream has is INVALID_ARGUMENT, and one past
-``limits.max_streams`` RESOURCE_EXHAUSTED;
-``attach`` past 64 rings per client or the ``limits`` on slots and ring memory is
-RESOURCE_EXHAUSTED. The
-slow operations (marked "later") are control jobs, answered when done, in the order they came;
-past ``limits.control_queue`` (or ``control_queue_per_client``) waiting, RESOURCE_EXHAUSTED at
-once.
+attached (opened), and a gallery the config does not have, or a name it does not hold; a
+gallery's name already enrolled (``gallery_add`` without ``replace``) is INVALID_ARGUMENT, and
+one past its bounds RESOURCE_EXHAUSTED; a stream name a live stream has is INVALID_ARGUMENT, and
+one past ``limits.max_streams`` RESOURCE_EXHAUSTED; ``attach`` past 64 rings per client or the
+``limits`` on slots and ring memory is RESOURCE_EXHAUSTED. The slow operations (marked "later")
+are control jobs, answered when done, in the order they came; past ``limits.control_queue`` (or
+``control_queue_per_client``) waiting, RESOURCE_EXHAUSTED at once.
 
 Each operation is one dataclass whose ``parse`` reads its fields; ``parse_control`` picks it
 by ``op`` (``ControlHandlers.handle``, ``supervisor.process.control_handlers``, then dispatches
@@ -137,6 +150,24 @@ class Fields:
         if isinstance(value, dict):
             return value
         raise self._wrong(name, "an object")
+
+    def optional_object(self, name: str) -> dict[str, Any] | None:
+        return None if self._message.get(name) is None else self.object(name)
+
+    def vectors(self, name: str, most: int) -> list[list[float]]:
+        """A list of 1..``most`` lists of numbers (their length is the reader's to check)."""
+        value = self._message.get(name)
+        if (
+            isinstance(value, list)
+            and 1 <= len(value) <= most
+            and all(
+                isinstance(v, list)
+                and all(type(x) in (int, float) for x in v)  # (a bool is no number here)
+                for v in value
+            )
+        ):
+            return value
+        raise self._wrong(name, f"a list of 1..{most} lists of numbers")
 
     def objects(self, name: str, most: int) -> list[dict[str, Any]]:
         """A list of at most ``most`` objects."""
@@ -447,6 +478,75 @@ class SinkTarget(ControlMessage):
         return cls(fields.text("name"), fields.optional_text("pipeline"))
 
 
+# -- the galleries (supervisor.galleries.keeper) -------------------------------------------------
+
+MAX_PAGE = 1000  # identities in one page
+DEFAULT_PAGE = 500
+MAX_VECTORS = 1024  # embeddings in one enrolment (the gallery's own bound is checked after)
+
+
+@dataclass(frozen=True)
+class Galleries(ControlMessage):
+    """``galleries``: every gallery model (``GalleryInfo``)."""
+
+    op = "galleries"
+
+
+@dataclass(frozen=True)
+class GalleryIdentities(ControlMessage):
+    """``gallery_identities``: a page of ``gallery``'s identities, by name, after ``after``."""
+
+    op = "gallery_identities"
+    gallery: str
+    after: str | None = None
+    limit: int = DEFAULT_PAGE
+    embeddings: bool = False  # the vectors themselves, not their count
+
+    @classmethod
+    def parse(cls, fields: Fields) -> GalleryIdentities:
+        return cls(
+            fields.text("gallery"),
+            fields.optional_text("after"),
+            fields.integer("limit", default=DEFAULT_PAGE, low=1, high=MAX_PAGE),
+            fields.flag("embeddings"),
+        )
+
+
+@dataclass(frozen=True)
+class GalleryAdd(ControlMessage):
+    """``gallery_add``: enrol ``name`` into ``gallery`` with ``embeddings``."""
+
+    op = "gallery_add"
+    gallery: str
+    name: str
+    embeddings: list[list[float]]
+    replace: bool = False
+    metadata: dict[str, Any] | None = None
+
+    @classmethod
+    def parse(cls, fields: Fields) -> GalleryAdd:
+        return cls(
+            fields.text("gallery"),
+            fields.text("name"),
+            fields.vectors("embeddings", most=MAX_VECTORS),
+            fields.flag("replace"),
+            fields.optional_object("metadata"),
+        )
+
+
+@dataclass(frozen=True)
+class GalleryRemove(ControlMessage):
+    """``gallery_remove``: remove ``name`` from ``gallery``, and every trace of it."""
+
+    op = "gallery_remove"
+    gallery: str
+    name: str
+
+    @classmethod
+    def parse(cls, fields: Fields) -> GalleryRemove:
+        return cls(fields.text("gallery"), fields.text("name"))
+
+
 MESSAGES: dict[str, type[ControlMessage]] = {
     m.op: m
     for m in (
@@ -468,6 +568,10 @@ MESSAGES: dict[str, type[ControlMessage]] = {
         SourceRemove,
         SinkReports,
         SinkTarget,
+        Galleries,
+        GalleryIdentities,
+        GalleryAdd,
+        GalleryRemove,
     )
 }
 

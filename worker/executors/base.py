@@ -168,6 +168,12 @@ class Executor(ABC):
     data_file: ClassVar[bool] = False
 
     @classmethod
+    def check_data_file(cls, params: StrictModel, path: Path) -> str:
+        """What ``duomo check`` says of a ``data_file`` task's file: what it holds; ValueError
+        with the reason for one it cannot serve."""
+        raise NotImplementedError(f"{cls.__name__} keeps no data file")
+
+    @classmethod
     def session_settings(cls, role: str, settings: SessionSettings) -> SessionSettings:
         """What the session for ``role`` is opened with: ``settings``, and whether its input
         shapes vary per request (backends plan memory differently for those)."""

@@ -35,7 +35,7 @@ import numpy as np
 import structlog
 from pydantic import Field
 
-from duomo.ipc.errors import InvalidArgumentError
+from duomo.ipc.errors import DuomoError, InvalidArgumentError
 from duomo.worker.backends.base import Backend, ModelSession, SessionSettings
 from duomo.worker.config_model import StrictModel
 from duomo.worker.executors.base import (
@@ -98,6 +98,20 @@ class GalleryExecutor(Executor):
         executor = cls(params, {"model": session}, max_batch)
         executor.device = settings.device
         return executor
+
+    @classmethod
+    def check_data_file(cls, params: StrictModel, path: Path) -> str:
+        """The gallery's contents (``duomo check``); ValueError for a file it cannot serve."""
+        assert isinstance(params, GalleryParams)
+        try:
+            with GalleryStore.open(path, params.embedding_model, params.dimension) as store:
+                identities, embeddings = store.counts()
+        except DuomoError as err:
+            raise ValueError(err.message) from None
+        return (
+            f"a gallery of {identities} identities, {embeddings} embeddings "
+            f"({params.embedding_model}, {params.dimension} long)"
+        )
 
     def __init__(
         self, params: StrictModel, sessions: Mapping[str, ModelSession], max_batch: int

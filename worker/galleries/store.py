@@ -199,15 +199,23 @@ class GalleryStore:
             embeddings = self._conn.execute("SELECT count(*) FROM embeddings").fetchone()[0]
         return int(identities), int(embeddings)
 
-    def identities(self, with_embeddings: bool = False) -> list[Identity]:
-        """Every identity by name: its metadata, when it was enrolled and how many embeddings it
-        has; the embeddings themselves only ``with_embeddings``."""
+    def identities(
+        self, with_embeddings: bool = False, after: str | None = None, limit: int | None = None
+    ) -> list[Identity]:
+        """The identities by name — every one, or a page: at most ``limit`` of those named
+        after ``after`` — each with its metadata, when it was enrolled and how many embeddings
+        it has; the embeddings themselves only ``with_embeddings``. A page reads its own rows
+        (by the names' index), not the whole file."""
         with self._read():
             rows = self._conn.execute(
-                "SELECT i.id, i.name, i.metadata, i.created, count(e.id) FROM identities i"
-                " LEFT JOIN embeddings e ON e.identity = i.id GROUP BY i.id ORDER BY i.name"
+                "SELECT i.id, i.name, i.metadata, i.created,"
+                " (SELECT count(*) FROM embeddings e WHERE e.identity = i.id)"
+                " FROM identities i WHERE i.name > ? ORDER BY i.name LIMIT ?",
+                ("" if after is None else after, -1 if limit is None else limit),
             ).fetchall()
-            vectors = self._vectors_by_identity() if with_embeddings else {}
+            vectors = {}
+            if with_embeddings:
+                vectors = self._vectors_of([row[0] for row in rows], every=limit is None)
         return [
             Identity(name, _json_object(metadata), created, count, vectors.get(ident))
             for ident, name, metadata, created, count in rows
@@ -384,11 +392,22 @@ class GalleryStore:
     def _bump(self) -> None:
         self._conn.execute("UPDATE meta SET value = value + 1 WHERE key = 'version'")
 
-    def _vectors_by_identity(self) -> dict[int, np.ndarray]:
+    def _vectors_of(self, owners: list[int], every: bool) -> dict[int, np.ndarray]:
+        """The embeddings of ``owners`` (identity ids), by owner; ``every``: of all of them,
+        read in one scan."""
         grouped: dict[int, list[bytes]] = {}
-        for owner, vector in self._conn.execute(
-            "SELECT identity, vector FROM embeddings ORDER BY identity, id"
-        ):
+        if every:
+            rows = self._conn.execute(
+                "SELECT identity, vector FROM embeddings ORDER BY identity, id"
+            )
+        else:
+            marks = ",".join("?" * len(owners))
+            rows = self._conn.execute(
+                f"SELECT identity, vector FROM embeddings WHERE identity IN ({marks})"
+                " ORDER BY identity, id",
+                owners,
+            )
+        for owner, vector in rows:
             grouped.setdefault(owner, []).append(vector)
         dimension = self.dimension
         return {
