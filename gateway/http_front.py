@@ -16,6 +16,8 @@ Routes (``{m}`` a model, ``{v}`` its version, optional wherever Triton makes it 
 ``/v2/systemsharedmemory/…``                    register, status, unregister (``allow_shm``)
 ``GET|POST /v1/sources``, ``GET|DELETE …/{n}``  the supervisor's managed sources
                                                 (``gateway.sources_api``)
+``/v1/galleries[/{g}[/identities[/{n}]]]``      the supervisor's galleries: list, enrol from
+``POST /v1/galleries/{g}/search``               images, remove, search (``gateway.galleries_api``)
 ==============================================  ================================================
 
 Called by uvicorn on the worker's event loop. Every error is ``{"error": message}`` with the
@@ -42,6 +44,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from duomo.gateway import protocol
+from duomo.gateway.galleries_api import GalleriesApi, route_of
 from duomo.gateway.http_errors import HttpError, only
 from duomo.gateway.inference import Answer, read_answer, write_inputs
 from duomo.gateway.link import SupervisorLink
@@ -86,6 +89,7 @@ class HttpFront:
         self.regions = regions
         self.options = options
         self.sources = SourcesApi(link)
+        self.galleries = GalleriesApi(link)
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # (lifespan is off; websockets are not served)
@@ -98,7 +102,10 @@ class HttpFront:
         except HttpError as err:
             reply = _error(err.status, err.message)
         else:
-            reply = await self.respond(method, scope["path"], headers, body)
+            reply = await self.respond(
+                method, scope["path"], headers, body, scope.get("query_string", b""),
+                scope.get("raw_path"),
+            )  # fmt: skip
         response_headers = [
             (b"content-type", reply.content_type),
             (b"content-length", b"%d" % len(reply.body)),
@@ -123,11 +130,19 @@ class HttpFront:
             raise HttpError(401, "missing or wrong bearer token (Authorization: Bearer <token>)")
 
     async def respond(
-        self, method: str, path: str, headers: dict[bytes, bytes], body: bytes
+        self,
+        method: str,
+        path: str,
+        headers: dict[bytes, bytes],
+        body: bytes,
+        query: bytes = b"",
+        raw_path: bytes | None = None,
     ) -> Reply:
-        """The reply to one request, whatever goes wrong (any HTTP stack can serve this)."""
+        """The reply to one request, whatever goes wrong (any HTTP stack can serve this);
+        ``path`` percent-decoded, ``raw_path`` as sent (None: ``path``), ``query`` after its
+        ``?``."""
         try:
-            return await self._route(method, path, headers, body)
+            return await self._route(method, path, headers, body, query, raw_path)
         except DuomoError as err:
             return _error(protocol.HTTP_STATUS[err.code], err.message)
         except HttpError as err:
@@ -137,11 +152,21 @@ class HttpFront:
             return _error(500, "internal error")
 
     async def _route(
-        self, method: str, path: str, headers: dict[bytes, bytes], body: bytes
+        self,
+        method: str,
+        path: str,
+        headers: dict[bytes, bytes],
+        body: bytes,
+        query: bytes,
+        raw_path: bytes | None,
     ) -> Reply:
         parts = [p for p in path.split("/") if p]
         if parts[:2] == ["v1", "sources"]:
             return await self._sources(method, parts[2:], body)
+        if parts[:2] == ["v1", "galleries"]:
+            route = parts[2:] if raw_path is None else route_of(raw_path)
+            status, value = await self.galleries.respond(method, route, query, _json_body(body))
+            return Reply(status, orjson.dumps(value))
         if parts[:1] != ["v2"]:
             raise HttpError(404, f"no endpoint {path[:100]!r}")
         route = parts[1:]

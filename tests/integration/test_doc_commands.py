@@ -17,7 +17,8 @@ an Ascend card, or a cluster — and its reason is documented in this file, so t
 is not skipped: it fails.
 The ``curl`` examples of ``docs/gateway.md`` need a supervisor with its gateway:
 ``test_the_gateway_curl_examples`` runs each of their blocks whole, in ``bash``, against one
-(on a free port instead of the documented 8000), and checks the answer.
+(on a free port instead of the documented 8000), and checks the answer; their galleries block
+needs a gallery and a token of its own: ``tests/integration/test_gallery_gateway.py`` runs it.
 The example of ``docs/streams.md`` ("Try it": a demo clip played through ``duomo stream``) needs
 a supervisor too: ``test_the_streams_guide_example`` runs its block whole against one (its
 ``/tmp/`` files in the test's own folder) and checks the answers; the commands that need a
@@ -75,6 +76,10 @@ MANAGED = (
     "removes sources through duomo source and /v1/sources, with a supervisor's own, and reads "
     "their answers' tail; test_source_health.py runs duomo source tail"
 )
+GALLERIES_RUN_BELOW = (
+    "a line of the gateway's galleries example, which needs a supervisor with a gallery: "
+    "test_gallery_gateway.py runs its block whole against one and checks the answers"
+)
 SINKS_PAGE = ROOT / "docs" / "sinks.md"
 SINKS_RUN_BELOW = (
     "a line of the sinks guide, which starts brokers, a camera and a supervisor of its own: "
@@ -86,6 +91,12 @@ def block_commands(block: str) -> list[str]:
     """The command lines of a bash block (comments and blank lines left out)."""
     commands = (line.split(" #", 1)[0].strip() for line in block.splitlines())
     return [c for c in commands if c and not c.startswith("#")]
+
+
+def galleries_guide_commands() -> list[str]:
+    """Each line of the gateway page's galleries block (the one that calls /v1/galleries)."""
+    blocks = FENCE.finditer(CURL_PAGE.read_text("utf-8"))
+    return [c for m in blocks if "/v1/galleries" in m.group(3) for c in block_commands(m.group(3))]
 
 
 def sinks_guide_commands() -> list[str]:
@@ -149,6 +160,7 @@ NOT_RUN: list[tuple[str, str]] = [
         "serves until stopped, from the reader's own files; test_camera_sim.py runs it",
     ),
     *((re.escape(command), SINKS_RUN_BELOW) for command in sinks_guide_commands()),
+    *((re.escape(command), GALLERIES_RUN_BELOW) for command in galleries_guide_commands()),
     *(
         (pattern, CURL_RUN_BELOW)
         for pattern in (
@@ -211,9 +223,10 @@ def test_every_command_is_run_or_says_why_not(page: str, command: str) -> None:
 
 
 def curl_blocks() -> list[str]:
-    """The bash blocks of ``docs/gateway.md`` that call the gateway with curl."""
+    """The bash blocks of ``docs/gateway.md`` that call the gateway with curl (but the
+    galleries block: test_gallery_gateway.py runs it)."""
     blocks = [m.group(3) for m in FENCE.finditer(CURL_PAGE.read_text("utf-8"))]
-    return [block for block in blocks if "curl " in block]
+    return [block for block in blocks if "curl " in block and "/v1/galleries" not in block]
 
 
 def free_address() -> str:
