@@ -41,7 +41,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
+from tests.conftest import DEMO_CONFIG
 from tests.integration.harness import ROOT, running_supervisor, write_config
 
 pytestmark = pytest.mark.integration
@@ -80,6 +82,11 @@ GALLERIES_RUN_BELOW = (
     "a line of the gateway's galleries example, which needs a supervisor with a gallery: "
     "test_gallery_gateway.py runs its block whole against one and checks the answers"
 )
+GALLERIES_PAGE = ROOT / "docs" / "galleries.md"
+GUIDE_RUN_BELOW = (
+    "a line of the galleries guide, which needs a supervisor with a gallery: "
+    "test_the_galleries_guide runs its block whole against one and checks the answers"
+)
 SINKS_PAGE = ROOT / "docs" / "sinks.md"
 SINKS_RUN_BELOW = (
     "a line of the sinks guide, which starts brokers, a camera and a supervisor of its own: "
@@ -93,10 +100,20 @@ def block_commands(block: str) -> list[str]:
     return [c for c in commands if c and not c.startswith("#")]
 
 
-def galleries_guide_commands() -> list[str]:
+def gateway_galleries_commands() -> list[str]:
     """Each line of the gateway page's galleries block (the one that calls /v1/galleries)."""
     blocks = FENCE.finditer(CURL_PAGE.read_text("utf-8"))
     return [c for m in blocks if "/v1/galleries" in m.group(3) for c in block_commands(m.group(3))]
+
+
+def galleries_guide() -> str:
+    """The galleries page's "Try it" block (the one that enrols with duomo gallery add)."""
+    (block,) = [
+        m.group(3)
+        for m in FENCE.finditer(GALLERIES_PAGE.read_text("utf-8"))
+        if "duomo gallery add" in m.group(3)
+    ]
+    return block
 
 
 def sinks_guide_commands() -> list[str]:
@@ -160,7 +177,8 @@ NOT_RUN: list[tuple[str, str]] = [
         "serves until stopped, from the reader's own files; test_camera_sim.py runs it",
     ),
     *((re.escape(command), SINKS_RUN_BELOW) for command in sinks_guide_commands()),
-    *((re.escape(command), GALLERIES_RUN_BELOW) for command in galleries_guide_commands()),
+    *((re.escape(command), GALLERIES_RUN_BELOW) for command in gateway_galleries_commands()),
+    *((re.escape(command), GUIDE_RUN_BELOW) for command in block_commands(galleries_guide())),
     *(
         (pattern, CURL_RUN_BELOW)
         for pattern in (
@@ -252,6 +270,32 @@ def test_the_gateway_curl_examples(tmp_path: Path, demo_config: object) -> None:
             assert (output["name"], output["datatype"], output["shape"]) == ("RESULT", "BYTES", [1])
             answers.append(json.loads(output["data"][0])["top"][0])
     assert answers[1]["index"] == 967, "the coffee photo, as the page says (espresso)"
+
+
+def test_the_galleries_guide(tmp_path: Path, demo_config: object) -> None:
+    """The galleries page's block, whole, against a supervisor of the demo's face models and
+    ``faces`` with a gallery of its own: the astronaut enrolled is named in her mirror image
+    and only there, exported, then removed."""
+    block = galleries_guide()
+    demo = yaml.safe_load(DEMO_CONFIG.read_text())
+    models = ["face", "face_embedding", "face_attributes", "people"]
+    config = write_config(tmp_path, models, pipelines=demo["pipelines"])
+    with running_supervisor(config) as sup:
+        done = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", block.replace("/tmp/", f"{tmp_path}/")],
+            cwd=ROOT, capture_output=True, text=True, timeout=180,
+            env={**os.environ, "DUOMO_SOCKET": str(sup.socket)},
+        )  # fmt: skip
+    assert done.returncode == 0, f"{block}\nexited {done.returncode}: {done.stderr}"
+    said = done.stdout
+    assert "enrolled Eileen Collins in people (1 embedding)" in said
+    assert said.count("identity: name Eileen Collins, similarity 0.9") == 1, said  # the mirror
+    assert said.count("identity: name None, similarity 0.1") == 1, said  # the cameraman
+    found, gone = [line for line in said.splitlines() if line.startswith("   1  ")]
+    assert "Eileen Collins" in found and "(nobody)" in gone, said
+    export = json.loads((tmp_path / "people.json").read_text())
+    assert [i["name"] for i in export["identities"]] == ["Eileen Collins"]
+    assert "removed Eileen Collins from people" in said
 
 
 def test_the_streams_guide_example(tmp_path: Path, demo_config: object) -> None:
