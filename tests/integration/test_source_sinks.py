@@ -33,6 +33,7 @@ import pytest
 import redis
 import yaml
 
+from duomo.ipc.client import Client
 from duomo.sinks.events import decode_event
 from tests.conftest import DEMO_CONFIG, fixture_image, poll
 from tests.integration.brokers import running_mosquitto, running_redis
@@ -50,6 +51,7 @@ from tools.bench.brokers import Broker
 pytestmark = pytest.mark.integration
 
 CAMERAS = [f"cam{n}" for n in range(4)]
+NAME = "Eileen Collins"  # the clip's face, enrolled in the gallery once the cameras play
 FPS, CLIP_S, FACE_S = 10, 6, 2
 MAX_MISSED = 3
 THUMBNAILS = "cam0"  # its object_left events carry the face's picture
@@ -171,6 +173,10 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             subscriber = Subscriber(broker.port, USER, PASSWORD)
             try:
                 with running_supervisor(config, log=folder / "supervisor.log") as sup:
+                    # enrolled while the cameras play: their visits from then on are named
+                    with Client(sup.socket, timeout_s=60) as client:
+                        astronaut = fixture_image("astronaut.png")[..., :3]
+                        client.gallery("people").add(NAME, [astronaut])
                     yield Fleet(sup, subscriber, lake, metrics_at, config)
             finally:
                 subscriber.close()
@@ -187,12 +193,16 @@ def seqs_in_order(events: list[dict[str, Any]]) -> list[int]:
 
 
 def test_four_cameras_events_reach_mqtt_and_redis_once_each_in_order(fleet: Fleet) -> None:
+    def named(event: dict[str, Any]) -> bool:
+        return event["object"]["results"].get("identity", {}).get("name") == NAME
+
     def visits_done() -> bool:
         at_redis = fleet.redis_events()
         at_mqtt = {topic.split("/")[1] for topic, _ in list(fleet.mqtt.messages)
                    if topic.endswith("/object_left")}  # fmt: skip
         return all(
-            any(e["kind"] == "object_left" for e in at_redis[c]) and c in at_mqtt for c in CAMERAS
+            any(e["kind"] == "object_left" and named(e) for e in at_redis[c]) and c in at_mqtt
+            for c in CAMERAS
         )
 
     poll(visits_done, timeout_s=50)
@@ -224,6 +234,15 @@ def test_four_cameras_events_reach_mqtt_and_redis_once_each_in_order(fleet: Flee
                 assert story[0] == "object_appeared" and story[-1] == "object_left", story
                 assert story.count("object_appeared") == 1 and story.count("object_left") == 1
                 assert len(story) <= 5, story
+                # the identity found stays with the visit: once named, every later event is
+                visit = [
+                    e for e in events if e["kind"] != "answer" and e["object"]["track"] == track
+                ]
+                first = next((i for i, e in enumerate(visit) if named(e)), len(visit))
+                assert all(named(e) for e in visit[first:]), story
+                if 0 < first < len(visit):  # found during the visit: an update says so
+                    assert visit[first]["kind"] == "object_updated", story
+            assert any(named(e) for e in events if e["kind"] == "object_left"), camera
             gone = next(e for e in events if e["kind"] == "object_left")["object"]
             # (the first and last frame's capture times, each on its clock: a camera's own
             # once its sender reports came, its arrival before: not comparable across that)
