@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from duomo.ipc.errors import NotFoundError
 from duomo.ipc.gallery_records import GalleryInfo
 from duomo.supervisor.config import LoadedConfig
@@ -36,6 +38,7 @@ from duomo.worker.executors.gallery import GalleryParams
 from duomo.worker.galleries.entries import Identity
 from duomo.worker.galleries.store import GalleryLimits, GalleryStore
 
+log = structlog.get_logger("duomo.galleries")
 GALLERY_TASK = "gallery"
 DEFAULT_PAGE = 500
 MAX_PAGE = 1000
@@ -180,6 +183,9 @@ class GalleryKeeper:
             held = store.counts()[0]
             store.add(name, embeddings, metadata, replace, model.limits)
             replaced = store.counts()[0] == held  # (one more identity: a new one)
+        # the audit trail: who was enrolled where, never what they look like
+        log.info("gallery enrolled", gallery=gallery, name=name, embeddings=len(embeddings),
+                 replaced=replaced)  # fmt: skip
         return {"identity": {"name": name, "embeddings": len(embeddings)}, "replaced": replaced}
 
     def remove(self, gallery: str, name: str) -> dict[str, Any]:
@@ -187,6 +193,7 @@ class GalleryKeeper:
         the file or its WAL): ``{"removed": name}``; NotFoundError if not enrolled."""
         with self.model(gallery).open() as store:
             store.remove(name, vacuum=True)
+        log.info("gallery removed", gallery=gallery, name=name, vacuumed=True)
         return {"removed": name}
 
 
