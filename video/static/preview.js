@@ -110,10 +110,13 @@ function caption(ctx, text, x, y, colour) {
   ctx.fillText(text, x + 3, y - 2);
 }
 
-// What a pipeline said of one face (docs/pipelines.md): its track and its attributes.
+// What a pipeline said of one face (docs/pipelines.md): its track, who it is (a gallery's
+// name, docs/galleries.md) and its attributes.
 function pipelineSaid(face) {
   const said = [];
   if (Number.isInteger(face.track_id)) said.push(`#${face.track_id}`);
+  const identity = face.identity;
+  if (identity && typeof identity.name === "string") said.push(identity.name);
   const attributes = face.attributes;
   if (attributes && typeof attributes.gender === "string") said.push(attributes.gender);
   if (attributes && Number.isFinite(attributes.age)) said.push(`${Math.round(attributes.age)}`);
