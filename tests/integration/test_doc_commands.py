@@ -272,6 +272,19 @@ def test_the_gateway_curl_examples(tmp_path: Path, demo_config: object) -> None:
     assert answers[1]["index"] == 967, "the coffee photo, as the page says (espresso)"
 
 
+def run_block(block: str, config: Path, folder: Path) -> str:
+    """Run a page's bash block whole against a supervisor on ``config`` (its ``/tmp/`` files in
+    ``folder``); what it printed. It must exit 0."""
+    with running_supervisor(config) as sup:
+        done = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", block.replace("/tmp/", f"{folder}/")],
+            cwd=ROOT, capture_output=True, text=True, timeout=180,
+            env={**os.environ, "DUOMO_SOCKET": str(sup.socket)},
+        )  # fmt: skip
+    assert done.returncode == 0, f"{block}\nexited {done.returncode}: {done.stderr}"
+    return done.stdout
+
+
 def test_the_galleries_guide(tmp_path: Path, demo_config: object) -> None:
     """The galleries page's block, whole, against a supervisor of the demo's face models and
     ``faces`` with a gallery of its own: the astronaut enrolled is named in her mirror image
@@ -280,14 +293,7 @@ def test_the_galleries_guide(tmp_path: Path, demo_config: object) -> None:
     demo = yaml.safe_load(DEMO_CONFIG.read_text())
     models = ["face", "face_embedding", "face_attributes", "people"]
     config = write_config(tmp_path, models, pipelines=demo["pipelines"])
-    with running_supervisor(config) as sup:
-        done = subprocess.run(
-            ["bash", "-euo", "pipefail", "-c", block.replace("/tmp/", f"{tmp_path}/")],
-            cwd=ROOT, capture_output=True, text=True, timeout=180,
-            env={**os.environ, "DUOMO_SOCKET": str(sup.socket)},
-        )  # fmt: skip
-    assert done.returncode == 0, f"{block}\nexited {done.returncode}: {done.stderr}"
-    said = done.stdout
+    said = run_block(block, config, tmp_path)
     assert "enrolled Eileen Collins in people (1 embedding)" in said
     assert said.count("identity: name Eileen Collins, similarity 0.9") == 1, said  # the mirror
     assert said.count("identity: name None, similarity 0.1") == 1, said  # the cameraman
@@ -302,14 +308,7 @@ def test_the_streams_guide_example(tmp_path: Path, demo_config: object) -> None:
     (block,) = [
         m.group(3) for m in FENCE.finditer(STREAMS_PAGE.read_text("utf-8")) if "/tmp/" in m.group(3)
     ]
-    config = write_config(tmp_path, ["face", "ocr"])
-    with running_supervisor(config) as sup:
-        done = subprocess.run(
-            ["bash", "-euo", "pipefail", "-c", block.replace("/tmp/", f"{tmp_path}/")],
-            cwd=ROOT, capture_output=True, text=True, timeout=180,
-            env={**os.environ, "DUOMO_SOCKET": str(sup.socket)},
-        )  # fmt: skip
-        assert done.returncode == 0, f"{block}\nexited {done.returncode}: {done.stderr}"
+    run_block(block, write_config(tmp_path, ["face", "ocr"]), tmp_path)
     lines = [json.loads(line) for line in (tmp_path / "answers.jsonl").read_text().splitlines()]
     # the clip's 40 frames, each answered once by each model: OK, or superseded by a newer one
     assert sorted((line["frame"], line["model"]) for line in lines) == [
