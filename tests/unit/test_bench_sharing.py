@@ -21,7 +21,11 @@ def test_the_config_has_every_model_at_n_instances_with_sharing_on_or_off(tmp_pa
     for share in (True, False):
         raw = yaml.safe_load(sharing_config(DEMO_CONFIG, tmp_path / "c.yaml", share, 2).read_text())
         assert [m["name"] for m in raw["models"]] == [m["name"] for m in demo["models"]]
-        assert {(m["instances"], m["share_weights"]) for m in raw["models"]} == {(2, share)}
+        networks = [m for m in raw["models"] if m["task"] != "gallery"]
+        assert {(m["instances"], m["share_weights"]) for m in networks} == {(2, share)}
+        # a gallery's matrix is data each instance builds, not weights: left as it is
+        (people,) = [m for m in raw["models"] if m["task"] == "gallery"]
+        assert people["instances"] == 1 and "share_weights" not in people
         assert Path(raw["model_root"]).is_absolute()
         assert (Path(raw["model_root"]) / demo["models"][0]["files"]["det"]).is_file()
         assert raw["pipelines"] == demo["pipelines"]
