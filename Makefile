@@ -3,14 +3,16 @@
 #                 config (with its KServe v2 gateway), feed it frames from a producer in another
 #                 process, send one request through tritonclient, one through the pipeline
 #                 faces, show its status, stop it
-#   make test   - install, fetch the models, lint, type-check and run the whole test suite, on
-#                 three workers and then the tests that need the machine alone (it first
-#                 installs the programs the tests drive: see TOOLS; a test that skips fails
-#                 with CI=true, as in CI: tests/conftest.py)
+#   make test   - install, fetch the models and the test images (the photos the galleries'
+#                 tests enrol: tools/prepare_models.py --test-images), lint, type-check and run
+#                 the whole test suite, on three workers and then the tests that need the
+#                 machine alone (it first installs the programs the tests drive: see TOOLS; a
+#                 test that skips fails with CI=true, as in CI: tests/conftest.py)
 #   make unit   - the unit tier alone (tests/unit), in seconds: no models, no Debian tools; the
 #                 edit-test loop
 #   make bench  - the benchmark of docs/benchmarks.md (installs Triton and Mosec into .bench/)
-# Everything lives in .venv; the models in models/ (both ignored by git).
+# Everything lives in .venv; the models in models/, the test images in models/test_images/ (both
+# ignored by git).
 
 PYTHON ?= python3
 VENV   := .venv
@@ -19,7 +21,7 @@ STAMP  := $(VENV)/.installed
 IMAGES := tests/fixtures/images
 SOCKET ?= /tmp/duomo-demo-$(shell id -u)/duomo.sock
 
-.PHONY: demo test unit models lint tools bench clean
+.PHONY: demo test unit models test-models lint tools bench clean
 
 # the demo's last look: the success counters on the supervisor's /metrics (configs/default.yaml)
 export SHOW_METRICS = import urllib.request; text = urllib.request.urlopen("http://127.0.0.1:8002/metrics").read().decode(); print(*(line for line in text.splitlines() if line.startswith("duomo_inference_request_success_total")), sep="\n")
@@ -32,6 +34,10 @@ $(STAMP): pyproject.toml
 
 models: $(STAMP)
 	$(BIN)/python tools/prepare_models.py
+
+# the models and the photos the galleries' tests and bench enrol (models/test_images/)
+test-models: $(STAMP)
+	$(BIN)/python tools/prepare_models.py --test-images
 
 demo: models
 	$(BIN)/duomo check -c configs/default.yaml
@@ -98,14 +104,14 @@ tools: $(BIN)/kubectl
 # their time (paced models, back-offs, periodic keepers), and a third worker fills it.
 TEST_WORKERS ?= 3
 
-test: models lint tools
+test: test-models lint tools
 	$(BIN)/python -m pytest -q -rs -n $(TEST_WORKERS) -m "not serial"; status=$$?; \
 	$(BIN)/python -m pytest -q -rs -m serial || status=1; exit $$status
 
 unit: $(STAMP) $(BIN)/kubectl   # (test_manifests.py renders with the venv's kubectl)
 	$(BIN)/python -m pytest tests/unit -q -rs
 
-bench: models
+bench: test-models
 	$(BIN)/duomo bench $(BENCH_ARGS)
 
 clean:

