@@ -12,6 +12,10 @@ query and per batch. Every query is an enrolled embedding with noise added, and 
 as its own name (a wrong answer fails the part). numpy's BLAS threads are as the process has
 them (the report says how many cores).
 
+Then, unless told not to, the pipeline part (``tools.bench.gallery_pipeline``): ``faces``
+frames per second with and without its ``identity`` step on 4-face frames, and enrolment through
+the producer API in images per second, in a supervisor of its own.
+
 Called by ``tools.bench.run``; its section is added to the report here (``add_part``).
 """
 
@@ -30,6 +34,8 @@ from duomo.worker.backends.base import Backend, SessionSettings
 from duomo.worker.executors.base import StageTimer
 from duomo.worker.executors.gallery import GalleryExecutor, GalleryParams
 from duomo.worker.galleries.store import GalleryLimits, GalleryStore, NewIdentity
+from tools.bench.gallery_pipeline import GalleryPipelineSettings, run_gallery_pipeline
+from tools.bench.gallery_pipeline import markdown as pipeline_markdown
 from tools.bench.report import add_part
 
 DIMENSION = 128
@@ -143,12 +149,22 @@ def markdown(raw: dict[str, Any]) -> str:
             f"{t['load_s']:.2f} | {'—' if per_identity is None else f'{per_identity:.0f}'} | "
             f"{t['search']['1']['per_query_ms']:.3f} | {t['search']['8']['per_query_ms']:.3f} |"
         )
-    return "\n".join(lines) + "\n"
+    section = "\n".join(lines) + "\n"
+    if raw.get("pipeline") is not None:
+        section += pipeline_markdown(raw["pipeline"])
+    return section
 
 
-def bench_galleries(out: Path, sizes: tuple[int, ...], seconds: float) -> str:
-    """``duomo bench --galleries``: run it and add it to the report in ``out``; its section."""
+def bench_galleries(
+    out: Path,
+    sizes: tuple[int, ...],
+    seconds: float,
+    pipeline: GalleryPipelineSettings | None = None,
+) -> str:
+    """``duomo bench --galleries``: run it (with ``pipeline``, the pipeline part too) and add it
+    to the report in ``out``; its section."""
     raw = run_galleries(sizes, seconds)
+    raw["pipeline"] = None if pipeline is None else run_gallery_pipeline(pipeline)
     section = markdown(raw)
     add_part(out, "galleries", raw, section)
     return section

@@ -34,7 +34,9 @@ mixed load, ``tools.bench.mixed_load``:
    cameras into ``faces`` with sinks on against off (answered/s, the delay to acknowledgement).
 9. **galleries** (``--galleries``, or ``--galleries-only`` without 1–3) —
    ``tools.bench.galleries``: a gallery model at 1 000, 100 000 and 1 000 000 identities: search
-   time per query at batch 1 and 8, memory per identity, load time, enrolment rate.
+   time per query at batch 1 and 8, memory per identity, load time, enrolment rate; then
+   ``tools.bench.gallery_pipeline``: ``faces`` frames/s with and without its ``identity`` step on
+   4-face frames, and enrolment through the producer API (images/s).
 
 Run as ``python -m tools.bench.run`` from the checkout, which is what ``duomo bench`` does
 (``supervisor.operators.cli.run_bench``), with ``BENCH_CALLER_DIR_ENV`` set to the directory it
@@ -175,6 +177,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--gallery-seconds", type=float, default=3.0,
         help="seconds of searches at each batch size (default 3)",
     )  # fmt: skip
+    parser.add_argument(
+        "--gallery-pipeline-seconds", type=float, default=10.0,
+        help="seconds per round of faces with and without identity on 4-face frames "
+        "(default 10; 0: the pipeline part not run)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--gallery-pipeline-rounds", type=int, default=2,
+        help="rounds of the pipeline part, each with and without, interleaved (default 2)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--gallery-enrol-images", type=int, default=30,
+        help="single-face images enrolled through the producer API, timed (default 30)",
+    )  # fmt: skip
     # the shared-weights benchmark (issue 36: tools.bench.sharing), after the rest or alone
     _part_flags(
         parser, "sharing",
@@ -244,9 +259,12 @@ def bench(args: argparse.Namespace) -> int:
         gallery_sizes = tuple(int(n) for n in args.gallery_sizes.split(","))
     except ValueError:
         gallery_sizes = ()
-    if galleries and (not gallery_sizes or min(gallery_sizes) < 8 or args.gallery_seconds <= 0):
-        print("duomo bench: --gallery-sizes: numbers of at least 8; --gallery-seconds > 0",
-              file=sys.stderr)  # fmt: skip
+    if galleries and (not gallery_sizes or min(gallery_sizes) < 8 or args.gallery_seconds <= 0
+                      or args.gallery_pipeline_seconds < 0 or args.gallery_pipeline_rounds < 1
+                      or args.gallery_enrol_images < 1):  # fmt: skip
+        print("duomo bench: --gallery-sizes: numbers of at least 8; --gallery-seconds > 0; "
+              "--gallery-pipeline-seconds ≥ 0; --gallery-pipeline-rounds and "
+              "--gallery-enrol-images ≥ 1", file=sys.stderr)  # fmt: skip
         return 2
     only = (args.cameras_only, args.pipelines_only, args.sharing_only, args.fleet_only,
             args.sinks_only, args.galleries_only)  # fmt: skip
@@ -280,8 +298,15 @@ def bench(args: argparse.Namespace) -> int:
         print(bench_sinks(out, args.sink_events, args.sink_cameras, args.sink_window))
     if galleries:
         from tools.bench.galleries import bench_galleries
+        from tools.bench.gallery_pipeline import GalleryPipelineSettings
 
-        print(bench_galleries(out, gallery_sizes, args.gallery_seconds))
+        pipeline = None
+        if args.gallery_pipeline_seconds > 0:
+            pipeline = GalleryPipelineSettings(
+                seconds=args.gallery_pipeline_seconds, rounds=args.gallery_pipeline_rounds,
+                enrol_images=args.gallery_enrol_images,
+            )  # fmt: skip
+        print(bench_galleries(out, gallery_sizes, args.gallery_seconds, pipeline))
     print(f"duomo bench: report in {out}", file=sys.stderr)
     return 0
 
