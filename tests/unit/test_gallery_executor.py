@@ -5,7 +5,9 @@ charged as the model's weights at its size now."""
 
 from __future__ import annotations
 
+import gc
 import threading
+import weakref
 from pathlib import Path
 from typing import Any, cast
 
@@ -220,3 +222,23 @@ def test_its_matrix_is_charged_as_its_weights_at_its_size_now(tmp_path: Path) ->
     answer(executor, [unit_rows(1, seed=14)[0]])  # the next batch takes the change
     grown = session.memory.weights
     assert grown.key == share.key and 2 * matrix <= grown.nbytes < 2 * matrix * 1.05
+
+
+def test_a_closed_gallery_lets_its_matrix_go_at_once(enrolled: tuple[Path, np.ndarray]) -> None:
+    """An unload gives the matrix back: no reference cycle keeps it until the garbage
+    collector's next full pass (measured before the fix: an unloaded 100 000-identity gallery
+    kept its 51 MB resident, and a load after it took 51 MB more)."""
+    executor = open_gallery(enrolled[0])
+    matrix = weakref.ref(executor.session.snapshot.matrix)
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        executor.session.close()
+        assert matrix() is None  # closed: the snapshot is let go
+        executor = open_gallery(enrolled[0])
+        session = weakref.ref(executor.session)
+        del executor
+        assert session() is None  # dropped: freed by its count, with no collector pass
+    finally:
+        if collecting:
+            gc.enable()

@@ -25,6 +25,7 @@ It is a ``ModelSession`` so that the worker, the ledger and ``status`` handle it
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -53,9 +54,12 @@ class GalleryMemory(SessionMemory):
     only it uses, of the snapshot's size now)."""
 
     def __init__(self, session: GallerySession, device: int) -> None:
-        self._session = session
+        # (weakly: the session holds its memory, and a cycle would keep the matrix of an
+        # unloaded gallery resident until the garbage collector's next full pass)
+        self._session = weakref.ref(session)
         self._device = device
         self._key = f"gallery:{session.path}:{id(session)}"
+        self._name = session.path.name
         self.buffers = HostBuffers()
 
     @property
@@ -68,9 +72,9 @@ class GalleryMemory(SessionMemory):
 
     @property
     def weights(self) -> MemoryShare:
-        return MemoryShare(
-            self._key, self._session.path.name, self._device, self._session.snapshot.nbytes
-        )
+        session = self._session()
+        nbytes = session.snapshot.nbytes if session is not None else 0
+        return MemoryShare(self._key, self._name, self._device, nbytes)
 
 
 class GallerySession(ModelSession):
@@ -176,4 +180,6 @@ class GallerySession(ModelSession):
         return {"identity": identities, "similarity": similarities}
 
     def close(self) -> None:
+        """Close the file and let the matrix go at once (an unload gives its memory back)."""
         self._store.close()
+        self.snapshot = GallerySnapshot.empty(self.snapshot.dimension)

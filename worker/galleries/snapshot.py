@@ -55,6 +55,14 @@ class GallerySnapshot:
             contents.version, matrix, contents.row_identity, contents.name_bytes, contents.name_ends
         )
 
+    @classmethod
+    def empty(cls, dimension: int) -> GallerySnapshot:
+        """No identity (version 0: before any read of a file)."""
+        return cls(
+            0, np.zeros((dimension, 0), np.float32), np.zeros(0, np.int32), b"",
+            np.zeros(0, np.int64),
+        )  # fmt: skip
+
     @property
     def dimension(self) -> int:
         return int(self.matrix.shape[0])
