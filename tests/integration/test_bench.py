@@ -15,9 +15,10 @@ from pathlib import Path
 
 import psutil
 import pytest
+import yaml
 
 from tests.conftest import DEMO_CONFIG, ROOT
-from tests.integration.harness import our_segments, poll, short_socket_dir
+from tests.integration.harness import our_segments, poll, short_socket_dir, write_config
 
 SMOKE = ROOT / "configs" / "bench" / "smoke.yaml"
 PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
@@ -149,14 +150,24 @@ def test_bench_rejects_a_bad_workload_with_the_field(tmp_path: Path) -> None:
 
 
 def test_bench_sharing_only_measures_both_settings(demo_config: object, tmp_path: Path) -> None:
-    """``--sharing-only``: one round (sharing on, then off) of the demo config at two instances
-    a model under the smoke workload's producers; both trials answer correctly, the ledger counts
-    one copy of each file's weights with sharing on and more with it off, and the supervisor
-    holds less after load with sharing on (about one copy of the demo's 105 MB of weights)."""
+    """``--sharing-only``: one round (sharing on, then off) of the demo config's two models the
+    smoke workload sends to (face and classify: the part runs the workload's config whole, and
+    the demo's other four would only lengthen it) at two instances a model under the smoke
+    workload's producers; both trials answer correctly, the ledger counts one copy of each
+    file's weights with sharing on and more with it off, and the supervisor holds less after
+    load with sharing on (about one copy of their 26 MB of weights)."""
     out = tmp_path / "report"
+    workload = yaml.safe_load(SMOKE.read_text())
+    workload["config"] = str(write_config(tmp_path, ["face", "classify"]))
+    workload["models"] = [
+        {**m, "images": [str((SMOKE.parent / i).resolve()) for i in m["images"]]}
+        for m in workload["models"]
+    ]
+    smoke = tmp_path / "smoke.yaml"
+    smoke.write_text(yaml.safe_dump(workload))
     with left_behind() as left:
         run = subprocess.run(
-            [sys.executable, "-m", "duomo.supervisor", "bench", "-w", str(SMOKE), "--out",
+            [sys.executable, "-m", "duomo.supervisor", "bench", "-w", str(smoke), "--out",
              str(out), "--sharing-only", "--sharing-rounds", "1", "--sharing-window", "2"],
             cwd=ROOT, capture_output=True, text=True, timeout=600,
         )  # fmt: skip
