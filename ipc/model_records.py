@@ -118,6 +118,17 @@ class ComputeShare(Record):
 
 
 @dataclass(frozen=True)
+class GalleryFigures(Record):
+    """What a gallery model serves (``worker.galleries``): its identities and their embeddings
+    in the snapshot its next batch searches, and the file's change counter it was read at (a
+    change to the file is taken at the model's next batch)."""
+
+    identities: int
+    embeddings: int
+    version: int
+
+
+@dataclass(frozen=True)
 class TimedCount(Record):
     """Triton's count and cumulative nanoseconds of one kind of statistic."""
 
@@ -244,6 +255,7 @@ class ModelStatus(Record):
     evictable: bool | None
     capacity: ModelCapacity
     compute: ComputeShare | None = field(default=None, metadata=LEFT_OUT_WHEN_NONE)
+    gallery: GalleryFigures | None = field(default=None, metadata=LEFT_OUT_WHEN_NONE)
 
     @property
     def ok(self) -> int:

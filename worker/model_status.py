@@ -21,6 +21,7 @@ from duomo.ipc.model_records import (
     ModelStatus,
     Placement,
 )
+from duomo.worker.galleries.session import GallerySession
 from duomo.worker.served_model import ServedModel
 
 
@@ -122,4 +123,5 @@ def model_status(
         evictable=evictable,
         capacity=stream_capacity(model, now),
         compute=compute,
+        gallery=GallerySession.served(sessions),
     )

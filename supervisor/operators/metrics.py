@@ -56,6 +56,7 @@ from duomo.supervisor.core.engine import Engine
 from duomo.supervisor.dataflow.streams import STATES, StreamRegistry
 from duomo.supervisor.operators.sink_metrics import sink_families
 from duomo.supervisor.operators.source_metrics import source_families
+from duomo.worker.galleries.session import GallerySession
 from duomo.worker.model_spec import ModelState
 from duomo.worker.model_status import stream_capacity
 from duomo.worker.stats import TOTALS, HistogramState
@@ -234,6 +235,14 @@ class DuomoCollector(Collector):
         wasted = counter(
             "model_predictions_wasted", "Predicted loads unloaded again before any request."
         )
+        identities = GaugeMetricFamily(
+            "duomo_gallery_identities",
+            "People in a loaded gallery model as it serves them (a change to its file is "
+            "taken at its next batch).", labels=m,
+        )  # fmt: skip
+        embeddings = GaugeMetricFamily(
+            "duomo_gallery_embeddings", "Their embeddings: the columns of its matrix.", labels=m
+        )
 
         now = time.monotonic()
         for name, model in list(self.engine.models.items()):
@@ -278,6 +287,11 @@ class DuomoCollector(Collector):
             predicted.add_metric([name], model.predictions.loads)
             hits.add_metric([name], model.predictions.hits)
             wasted.add_metric([name], model.predictions.wasted)
+            sessions = [s for on in model.instances.sessions_by_device().values() for s in on]
+            gallery = GallerySession.served(sessions)
+            if gallery is not None:
+                identities.add_metric([name], gallery.identities)
+                embeddings.add_metric([name], gallery.embeddings)
         yield from (success, failure, superseded, items, executions, *durations.values())
         yield from (latency, batch, over, offered, served)
         if bound.samples:
@@ -287,6 +301,8 @@ class DuomoCollector(Collector):
         yield from (predicted, hits, wasted)
         if window.samples:
             yield window
+        if identities.samples:
+            yield from (identities, embeddings)
 
     def _devices(self) -> Iterator[Metric]:
         d = ["device"]

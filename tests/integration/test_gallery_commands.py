@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 import cv2
 import numpy as np
 import pytest
+import yaml
 
 from duomo.ipc.client import Client
 from duomo.ipc.errors import InvalidArgumentError, NotFoundError
@@ -29,7 +31,7 @@ from duomo.supervisor.galleries import keeper as keeper_module
 from duomo.supervisor.galleries.keeper import GalleryKeeper
 from duomo.worker.galleries.store import GalleryStore, NewIdentity
 from tests.conftest import IMAGES, fixture_image
-from tests.integration.harness import duomo, running_supervisor, write_config
+from tests.integration.harness import duomo, free_port, running_supervisor, write_config
 
 D = 128
 FACES = [
@@ -50,7 +52,8 @@ def gallery_config(folder: Path) -> Path:
     and a gallery ``staff`` (in ``folder`` too) that no pipeline uses."""
     staff = {"name": "staff", "task": "gallery", "file": str(folder / "staff.gallery")}
     models = ["face", "face_embedding", "people"]
-    return write_config(folder, models, extra=[staff], pipelines=FACES)
+    metrics = {"http": f"127.0.0.1:{free_port()}"}
+    return write_config(folder, models, extra=[staff], pipelines=FACES, metrics=metrics)
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +140,18 @@ def test_enrolled_with_the_producer_api(client: Client) -> None:
     assert info.file.endswith("people.gallery") and info.dimension == D
     (face,) = people.search(fixture_image("camera.png"))
     assert face["identity"]["name"] == "Cameraman"
+    # what the model serves (its search ran after the change): in status and on /metrics
+    info = people.info()
+    served = client.status().models["people"].gallery
+    assert served is not None and (served.identities, served.embeddings) == (
+        info.identities, info.embeddings,
+    )  # fmt: skip
+    address = yaml.safe_load(Path(client.status().config).read_text())["metrics"]["http"]
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    assert f'duomo_gallery_identities{{model="people"}} {float(info.identities)}' in text
+    assert f'duomo_gallery_embeddings{{model="people"}} {float(info.embeddings)}' in text
+    assert 'duomo_gallery_identities{model="face"}' not in text
     listed = {i["name"]: i["embeddings"] for i in people.identities()}
     assert listed["Cameraman"] == 2
     assert [g.name for g in client.galleries()] == ["people", "staff"]

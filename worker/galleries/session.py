@@ -33,6 +33,7 @@ import numpy as np
 import structlog
 
 from duomo.ipc.errors import DuomoError
+from duomo.ipc.model_records import GalleryFigures
 from duomo.worker.backends.base import (
     HostBuffers,
     MemoryShare,
@@ -149,6 +150,11 @@ class GallerySession(ModelSession):
             self._refused = version
         return self.snapshot
 
+    def figures(self) -> GalleryFigures:
+        """What it serves now (from any thread: the snapshot is read whole)."""
+        snapshot = self.snapshot
+        return GalleryFigures(snapshot.identities, int(snapshot.matrix.shape[1]), snapshot.version)
+
     def search(
         self, snapshot: GallerySnapshot, queries: np.ndarray, threshold: float
     ) -> list[Match]:
@@ -178,6 +184,12 @@ class GallerySession(ModelSession):
             outputs["similarity"][...] = similarities
             return dict(outputs)
         return {"identity": identities, "similarity": similarities}
+
+    @staticmethod
+    def served(sessions: Sequence[ModelSession]) -> GalleryFigures | None:
+        """What the first of a model's ``sessions`` that is a gallery serves (None: none is)."""
+        found = next((s for s in sessions if isinstance(s, GallerySession)), None)
+        return found.figures() if found is not None else None
 
     def close(self) -> None:
         """Close the file and let the matrix go at once (an unload gives its memory back)."""
