@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import time
 import weakref
 from pathlib import Path
 from typing import Any, cast
@@ -19,8 +20,14 @@ from duomo.worker.backends.base import Backend, SessionSettings
 from duomo.worker.executors import resolve_executor
 from duomo.worker.executors.base import StageTimer
 from duomo.worker.executors.gallery import GalleryExecutor, GalleryParams
+from duomo.worker.galleries import session as session_module
 from duomo.worker.galleries.session import GallerySession
-from duomo.worker.galleries.store import GalleryFileError, GalleryStore, NewIdentity
+from duomo.worker.galleries.store import (
+    GalleryFileError,
+    GalleryLimits,
+    GalleryStore,
+    NewIdentity,
+)
 
 D = 128
 NOT_A_BACKEND = cast(Backend, None)  # a gallery opens no backend session
@@ -168,6 +175,38 @@ def test_a_change_past_the_bounds_keeps_the_last_good_gallery(tmp_path: Path) ->
         writer.add("Bo", vectors[1])
     assert answer(executor, [vectors[0], vectors[1]])[0]["name"] == "Ada"
     assert executor.session.snapshot.identities == 1
+
+
+def test_a_large_gallery_reads_a_change_in_the_background_and_serves_the_last_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past ``BACKGROUND_EMBEDDINGS`` (here 10) a change is read on a thread of its own: the
+    batch that first sees it searches the last snapshot, never waits for the read, and a
+    later one the new; a change past the bounds read so keeps the last good one."""
+    monkeypatch.setattr(session_module, "BACKGROUND_EMBEDDINGS", 10)
+    path = tmp_path / "people.db"
+    vectors = unit_rows(22, seed=15)
+    with GalleryStore.create(path, "sface", D) as store:
+        store.add_many([NewIdentity(f"p{i}", v) for i, v in enumerate(vectors[:20])])
+    executor = open_gallery(path, max_identities=21)
+    session = executor.session
+    served = session.snapshot
+    with GalleryStore.open(path, "sface", D) as writer:
+        writer.add("Newcomer", vectors[20])
+        assert session.current() is served  # the read began; this batch searches the last
+        deadline = time.monotonic() + 10
+        while session.current() is served and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert session.snapshot.identities == 21
+        assert answer(executor, [vectors[20]])[0]["name"] == "Newcomer"
+        writer.add("Past the bound", vectors[21], limits=GalleryLimits(max_identities=22))
+        good = session.current()
+        deadline = time.monotonic() + 10
+        while session._reading is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
+            session.current()
+        assert session.current() is good and good.identities == 21  # the last good goes on
+    assert answer(executor, [vectors[21]])[0]["name"] is None
 
 
 def test_under_a_concurrent_writer_each_batch_sees_one_version_whole(tmp_path: Path) -> None:
