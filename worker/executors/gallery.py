@@ -1,12 +1,12 @@
 """The ``gallery`` task: an embedding in, the enrolled identity it matches out.
 
 The model's ``file`` is a gallery (``worker.galleries.store``; a missing one is made empty at
-the first load) made for ``embedding_model``'s
-``dimension``-long embeddings; a gallery of another model or dimension, or a file that is not
-one, fails the load with the reason. Its identities are searched exactly, by cosine, in memory
-(``worker.galleries.snapshot``); enrolments and removals by any process are served from the next
-batch on, without a reload (``worker.galleries.session``), and the matrix is charged to the
-model like weights.
+the first load) made for ``embedding_model``'s ``dimension``-long embeddings; a gallery of
+another model or dimension, or a file that is not one, fails the load with the reason. Its
+identities are searched exactly, by cosine, in memory (``worker.galleries.snapshot``);
+enrolments and removals by any process are served from the next batch on (a large gallery's
+once read on a thread of its own), without a reload (``worker.galleries.session``), and the
+matrix is charged to the model like weights.
 
 Request, through a slot: ``embedding`` (float32 D). In-process (``Engine.infer``, a pipeline's
 step): a float32 array of D, a list of D numbers, or ``{"embedding": [...]}`` as the
