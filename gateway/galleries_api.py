@@ -7,7 +7,8 @@ console).
 ``GET /v1/galleries/{g}``                      one (404 when there is none)
 ``GET /v1/galleries/{g}/identities``           ``{"identities": [...], "next": null}``: every
                                                identity, its embeddings counted;
-                                               ``?embeddings=true``: the vectors themselves;
+                                               ``?embeddings=true``: the vectors themselves
+                                               (past 2 000 identities, by page only);
                                                ``?limit=N`` (1..1000, with ``&after=NAME``): one
                                                page, ``next`` the name to ask after for the
                                                following one (null: it was the last)
@@ -56,6 +57,9 @@ from duomo.ipc.gallery_records import GalleryInfo
 
 GALLERIES_TIMEOUT_S = 60.0  # a removal vacuums the file: seconds for a large gallery
 PAGE_LIMIT = 500  # identities a control reply carries when every page is asked for
+# identities with their vectors one answer holds when no page is asked for (about 5 MB of
+# JSON): a caller who wants more pages through them, so no answer grows with the gallery
+ALL_WITH_EMBEDDINGS = 2000
 MAX_PAGE_LIMIT = 1000  # the supervisor's bound on one page
 ENROL_FIELDS = frozenset({"name", "images", "replace", "metadata"})
 IMAGE_IN_PIPELINE = "image"  # the slot input a pipeline's root step takes
@@ -128,6 +132,12 @@ class GalleriesApi:
             after = page["next"]
             if after is None:
                 return {"identities": found, "next": None}
+            if embeddings and len(found) >= ALL_WITH_EMBEDDINGS:
+                raise InvalidArgumentError(
+                    f"gallery {gallery[:100]!r} holds more than {ALL_WITH_EMBEDDINGS} "
+                    "identities: ask for their embeddings page by page (?embeddings=true"
+                    "&limit=N&after=NAME)"
+                )
 
     async def _page(
         self, gallery: str, after: str | None, limit: int, embeddings: bool

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
+from duomo.worker.galleries.store import GalleryStore, NewIdentity
 from tests.conftest import IMAGES, ROOT
 from tests.integration.harness import free_port, running_supervisor, write_config
 from tests.integration.test_pipelines import ASTRONAUT, BLANK, CAMERA, MIRROR
@@ -242,3 +243,19 @@ def test_the_guide_curl_examples(gw: Gateway) -> None:
     assert face["identity"]["name"] == "Eileen Collins" and face["identity"]["similarity"] > 0.99
     assert removed == {"removed": "Eileen Collins"}
     assert names(gw) == []
+
+
+def test_a_large_gallerys_vectors_come_by_page_only(gw: Gateway) -> None:
+    """More than 2 000 identities: all their vectors in one answer is refused with what to
+    do instead; a page of them, and every name without them, are answered. (Last in the
+    file: it leaves the gallery large.)"""
+    rows = np.random.default_rng(3).standard_normal((2100, 128)).astype(np.float32)
+    with GalleryStore.open(gw.gallery) as store:
+        store.add_many([NewIdentity(f"crowd-{i:04d}", row) for i, row in enumerate(rows)])
+    status, refused = gw.call("GET", "/v1/galleries/people/identities?embeddings=true")
+    assert status == 400 and "page by page" in refused["error"], refused
+    status, page = gw.call("GET", "/v1/galleries/people/identities?embeddings=true&limit=1000")
+    # (a page is cut at about 512 KiB of JSON: some 180 identities with a vector each)
+    assert status == 200 and 100 < len(page["identities"]) <= 1000 and page["next"]
+    assert all(len(i["embeddings"][0]) == 128 for i in page["identities"])
+    assert len(names(gw)) >= 2100
