@@ -144,8 +144,10 @@ def test_answers_carry_the_cameras_clock_when_it_sends_reports(
         camera_sim([clip], "--fps", str(FPS), "--clock-offset-s", str(CLOCK_OFFSET_S)) as timed,
         camera_sim([clip], "--fps", str(FPS), "--no-sender-reports") as silent,
     ):
-        add(sup, "timed", timed.url("/gate"))
-        add(sup, "silent", silent.url("/gate"))
+        # (answered at 10 fps: a model over capacity beside two 50 fps decoders on two cores
+        # made a decoder 77 ms late once, past the bound; the clock is the subject, not it)
+        add(sup, "timed", timed.url("/gate"), "--max-fps", "10")
+        add(sup, "silent", silent.url("/gate"), "--max-fps", "10")
         poll(lambda: source(sup, "timed")["answered"] >= 10, timeout_s=60)
         poll(lambda: source(sup, "silent")["answered"] >= 10, timeout_s=60)
         timed_lines = [(t, line) for t, line in tail(sup, "timed", 20) if "result" in line]
