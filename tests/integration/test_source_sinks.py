@@ -219,9 +219,10 @@ def test_four_cameras_events_reach_mqtt_and_redis_once_each_in_order(fleet: Flee
                 expected = ANSWER_KEYS if event["kind"] == "answer" else OBJECT_KEYS
                 assert set(event) == expected, event
                 assert event["pipeline"] == "faces" and event["source"] == camera
-            # answers' frames count up; each answer says when its frame was captured
+            # each frame answered once; a pipeline answers a frame when its last step is done,
+            # so a frame with a face may come after a later one with none (docs/pipelines.md)
             frames = [e["frame"] for e in events if e["kind"] == "answer"]
-            assert frames == sorted(frames) and len(set(frames)) == len(frames)
+            assert len(set(frames)) == len(frames), frames
             # one visit, one track: exactly one appeared, one left (a handful in between)
             by_track: dict[int, list[str]] = defaultdict(list)
             for event in events:
