@@ -4,9 +4,10 @@ The reactor (``supervisor.process.reactor``) calls ``ControlHandlers.handle`` fo
 message of an authenticated client, on its own thread. ``handle`` parses the message once (the
 protocol: ``supervisor.process.control_messages``) and dispatches on its operation to one handler
 each (``_on_<op>``). Most answer at once; the slow ones (``reload``, ``load``, ``unload``,
-attaching a model that was never loaded, a gallery's page of identities, enrolment and removal:
-a removal vacuums the file) queue for the one control-job thread (``ControlJobs``)
-and answer when done, so the reactor never waits for a model. A handler that fails unexpectedly
+attaching a model that was never loaded, and everything that reads or writes a gallery file:
+the galleries' records, a page of identities, enrolment and removal, which vacuums the file)
+queue for the one control-job thread (``ControlJobs``) and answer when done, so the reactor
+never waits for a model or a file. A handler that fails unexpectedly
 answers INTERNAL with a fixed message; the details go to the log. ``handle`` never raises.
 
 ``attach`` is charged against the ``limits`` on slots and ring memory per client and in all
@@ -358,8 +359,13 @@ class ControlHandlers:
         max_missed = tracked.get(request.pipeline) if request.pipeline is not None else None
         return {"ok": True, **self._sink_hub().target(request.name), "max_missed": max_missed}
 
-    def _on_galleries(self, caller: Caller, request: Galleries) -> Reply:
-        return {"ok": True, "galleries": [i.to_dict() for i in self.galleries.infos()]}
+    def _on_galleries(self, caller: Caller, request: Galleries) -> None:
+        # (each record counts its file's rows: milliseconds to tens of them at a million, never
+        # on the reactor's thread)
+        def records() -> Reply:
+            return {"galleries": [i.to_dict() for i in self.galleries.infos()]}
+
+        self._later(caller, request, records)
 
     def _on_gallery_identities(self, caller: Caller, request: GalleryIdentities) -> None:
         self.galleries.model(request.gallery)  # NotFoundError at once

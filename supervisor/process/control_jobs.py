@@ -1,9 +1,11 @@
-"""The slow control messages (``reload``, ``load``, ``unload``, attaching a model never loaded):
-one thread runs them in the order they arrived, from a bounded queue.
+"""The slow control messages (``reload``, ``load``, ``unload``, attaching a model never loaded,
+and the ``galleries`` and ``gallery_*`` messages, which read or write a gallery's file): one
+thread runs them in the order they arrived, from a bounded queue.
 
 Owned by ``Supervisor``; its control handlers (``supervisor.process.control_handlers``) submit
-from the reactor thread so the reactor never waits for a model. They would run one at a time
-anyway (each takes the engine's lifecycle lock), so one thread costs no throughput, and a client
+from the reactor thread so the reactor never waits for a model or a file. The model jobs would
+run one at a time anyway (each takes the engine's lifecycle lock), so one thread costs no
+throughput, and a client
 that pipelines hundreds of them adds no thread: past ``limits.control_queue`` waiting jobs in
 all, or ``limits.control_queue_per_client`` of one client's, ``submit`` answers
 RESOURCE_EXHAUSTED at once, so one client cannot fill the queue for the others.
