@@ -174,6 +174,12 @@ class Instances:
         started = [w.busy_since for w in self.workers if w.busy_since is not None]
         return now - min(started) if started else 0.0
 
+    def sessions(self) -> list[ModelSession]:
+        """Its instances' sessions, all of them."""
+        return [
+            s for w in self.workers if w.executor is not None for s in w.executor.sessions.values()
+        ]
+
     def sessions_by_device(self) -> dict[int, list[ModelSession]]:
         """Its instances' sessions, by the device each instance runs on."""
         found: dict[int, list[ModelSession]] = {d: [] for d in self._spec.devices}

@@ -82,7 +82,7 @@ def model_status(
     ``memory`` against its budget (the memory ledger's), its idle workers' ``idle_spin`` counts,
     its config flags (None: no longer in the config) and its share of its compute gates'
     time (None: the ``load`` reply's, which has none)."""
-    sessions = [s for on in model.instances.sessions_by_device().values() for s in on]
+    sessions = model.instances.sessions()
     depth = model.batcher.depth
     now = time.monotonic()
     figures = model.stats.snapshot()

@@ -142,8 +142,7 @@ def _shares_of(model: ServedModel) -> list[MemoryShare]:
     say now."""
     return [
         share
-        for on in model.instances.sessions_by_device().values()
-        for session in on
+        for session in model.instances.sessions()
         for share in (session.memory.weights, session.memory.shared_work)
         if share is not None
     ]

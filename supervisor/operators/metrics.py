@@ -287,8 +287,7 @@ class DuomoCollector(Collector):
             predicted.add_metric([name], model.predictions.loads)
             hits.add_metric([name], model.predictions.hits)
             wasted.add_metric([name], model.predictions.wasted)
-            sessions = [s for on in model.instances.sessions_by_device().values() for s in on]
-            gallery = GallerySession.served(sessions)
+            gallery = GallerySession.served(model.instances.sessions())
             if gallery is not None:
                 identities.add_metric([name], gallery.identities)
                 embeddings.add_metric([name], gallery.embeddings)

@@ -29,7 +29,9 @@ class FakeModel:
         self.spec = SimpleNamespace(
             name=name, devices=(0,), instances=1, placement=lambda i: SimpleNamespace(device=0)
         )
-        self.instances = SimpleNamespace(sessions_by_device=lambda: {0: [session]})
+        self.instances = SimpleNamespace(
+            sessions_by_device=lambda: {0: [session]}, sessions=lambda: [session]
+        )
         self.loaded = True
 
     @property
