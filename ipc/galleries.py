@@ -20,7 +20,7 @@ Imports only ``ipc``: the handle reaches the supervisor through the client's pub
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -34,6 +34,19 @@ if TYPE_CHECKING:
 
 WRITE_TIMEOUT_S = 120.0  # a write waits its turn on the control-job thread, and a vacuum
 INFER_TIMEOUT_S = 60.0  # an image through the pipeline (a model may load first)
+
+
+def every_page(page: Callable[[str | None], Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Every identity of a gallery, page after page: ``page(after)`` answers one page of
+    ``gallery_identities`` (``{"identities", "next"}``), those named after ``after``."""
+    found: list[dict[str, Any]] = []
+    after: str | None = None
+    while True:
+        reply = page(after)
+        found.extend(reply["identities"])
+        after = reply["next"]
+        if after is None:
+            return found
 
 
 def gallery_infos(client: Client) -> list[GalleryInfo]:
@@ -107,9 +120,31 @@ class GalleryHandle:
         info = self.info()
         answers = self._run(info, images)
         embeddings = [single_embedding(a, info, label) for a, label in zip(answers, shown)]
+        return self.add_embeddings(name, embeddings, replace, metadata)
+
+    def add_embeddings(
+        self,
+        name: str,
+        embeddings: Sequence[Sequence[float]],
+        replace: bool = False,
+        metadata: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Enrol ``name`` with ``embeddings`` already made (the gallery's embedding model's,
+        each of its dimension), in one change: what ``add`` does once its images passed.
+
+        Returns:
+            ``{"identity": {"name", "embeddings"}, "replaced": bool}``.
+
+        Raises:
+            InvalidArgumentError: A bad name, metadata or vector, or ``name`` already enrolled
+                without ``replace``.
+            ResourceExhaustedError: Past the gallery's bounds.
+            NotFoundError: No such gallery.
+        """
         reply = self.client.request(
             "gallery_add", timeout_s=WRITE_TIMEOUT_S, gallery=self.name, name=name,
-            embeddings=embeddings, replace=replace, metadata=metadata,
+            embeddings=[list(map(float, e)) for e in embeddings], replace=replace,
+            metadata=metadata,
         )  # fmt: skip
         return {"identity": reply["identity"], "replaced": reply["replaced"]}
 
@@ -127,17 +162,14 @@ class GalleryHandle:
     def identities(self, embeddings: bool = False) -> list[dict[str, Any]]:
         """Every identity, by name: ``{"name", "metadata", "created", "embeddings"}``, where
         ``embeddings`` is how many it has, or (``embeddings=True``) the vectors themselves."""
-        found: list[dict[str, Any]] = []
-        after: str | None = None
-        while True:
-            page = self.client.request(
+
+        def page(after: str | None) -> dict[str, Any]:
+            return self.client.request(
                 "gallery_identities", timeout_s=WRITE_TIMEOUT_S, gallery=self.name,
                 after=after, embeddings=embeddings,
             )  # fmt: skip
-            found.extend(page["identities"])
-            after = page["next"]
-            if after is None:
-                return found
+
+        return every_page(page)
 
     def search(self, image: np.ndarray) -> list[dict[str, Any]]:
         """Each face the gallery's pipeline finds in ``image``, in its answer's order:

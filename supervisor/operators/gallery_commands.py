@@ -40,7 +40,7 @@ from typing import Any, Protocol
 from duomo.ipc.client import Client
 from duomo.ipc.command_line import EXIT_INVALID, EXIT_OK, exit_code
 from duomo.ipc.errors import DuomoError, InvalidArgumentError
-from duomo.ipc.galleries import GalleryHandle
+from duomo.ipc.galleries import GalleryHandle, every_page
 from duomo.ipc.gallery_faces import enrolment_pipeline, identified_faces, single_embedding
 from duomo.ipc.gallery_records import GalleryInfo
 from duomo.ipc.json_values import json_default
@@ -155,10 +155,9 @@ class SupervisorGalleries:
         replace: bool,
         metadata: dict[str, Any] | None,
     ) -> dict[str, Any]:
-        return self.client.request(
-            "gallery_add", timeout_s=120, gallery=gallery, name=name, embeddings=embeddings,
-            replace=replace, metadata=metadata,
-        )  # fmt: skip
+        return GalleryHandle(self.client, gallery).add_embeddings(
+            name, embeddings, replace, metadata
+        )
 
     def remove(self, gallery: str, name: str) -> None:
         GalleryHandle(self.client, gallery).remove(name)
@@ -211,14 +210,9 @@ class FileGalleries:
         self.keeper.remove(gallery, name)
 
     def identities(self, gallery: str, embeddings: bool) -> list[dict[str, Any]]:
-        found: list[dict[str, Any]] = []
-        after: str | None = None
-        while True:
-            page = self.keeper.identities(gallery, after, embeddings=embeddings)
-            found.extend(page["identities"])
-            after = page["next"]
-            if after is None:
-                return found
+        return every_page(
+            lambda after: self.keeper.identities(gallery, after, embeddings=embeddings)
+        )
 
     def close(self) -> None:
         if self._engine is not None:
